@@ -1,0 +1,1 @@
+//! environment-bus (in progress).

@@ -1,0 +1,266 @@
+//! The `Authorizer` port: who may do what. Core asks; environment-policy answers.
+//!
+//! Core maps each of its operations onto one [`AccessRequest`]:
+//! - `act`: [`Action::Write`] (put) or [`Action::Delete`] on [`Resource::Key`] for every changed key;
+//! - `read`/`list`/`diff`/`history`: [`Action::Read`] on the key, the prefix or the branch;
+//! - branch creation, merge, restore, undo, mark: [`Action::Write`] on [`Resource::Branch`], with the
+//!   operation's name in the context attribute `operation`;
+//! - effects: [`Action::Execute`] on [`Resource::Service`] (the effect's target);
+//! - gc: [`Action::Delete`] on [`Resource::Environment`]; verify: [`Action::Read`] on it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::{Key, KeyPrefix};
+
+/// The longest actor id accepted.
+pub const MAX_ACTOR_LEN: usize = 128;
+
+/// Who acts: a human, an agent or a service, spelled `kind:name` by convention
+/// (`agent:coder-1`, `human:alice`).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ActorId(String);
+
+/// An actor id that is empty, too long or contains control characters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid actor id {0:?}: it must be 1..=128 printable characters")]
+pub struct ActorIdError(pub String);
+
+impl ActorId {
+    /// Validates an actor id.
+    pub fn new(id: impl Into<String>) -> Result<ActorId, ActorIdError> {
+        let id = id.into();
+        if id.is_empty() || id.len() > MAX_ACTOR_LEN || id.chars().any(char::is_control) {
+            return Err(ActorIdError(id));
+        }
+        Ok(ActorId(id))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ActorId {
+    type Error = ActorIdError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        ActorId::new(s)
+    }
+}
+
+impl From<ActorId> for String {
+    fn from(a: ActorId) -> String {
+        a.0
+    }
+}
+
+impl fmt::Display for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ActorId({})", self.0)
+    }
+}
+
+/// What an actor wants to do.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Action {
+    /// Read a key, a prefix, a branch's history.
+    Read,
+    /// Create or change.
+    Write,
+    /// Remove.
+    Delete,
+    /// Run a program or perform an external effect.
+    Execute,
+    /// Publish to a queue topic.
+    Publish,
+    /// Consume from a queue topic.
+    Consume,
+    /// Grant or reject an approval request.
+    Approve,
+    /// Hand rights to another actor.
+    Delegate,
+    /// An action declared by the policy's schema.
+    Custom(String),
+}
+
+impl Action {
+    /// The action's name as rules spell it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Action::Read => "read",
+            Action::Write => "write",
+            Action::Delete => "delete",
+            Action::Execute => "execute",
+            Action::Publish => "publish",
+            Action::Consume => "consume",
+            Action::Approve => "approve",
+            Action::Delegate => "delegate",
+            Action::Custom(s) => s,
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an action is done to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Resource {
+    /// One key: a workspace path (`fs`) or a domain object (`obj`).
+    Key(Key),
+    /// Everything under a prefix (listing, diffing).
+    Prefix(KeyPrefix),
+    /// A branch (history, merge, restore, marks).
+    Branch(String),
+    /// A secret, by reference name.
+    Secret(String),
+    /// An external service or network endpoint, as a URL or a target name.
+    Service(String),
+    /// A program to execute with its arguments.
+    Program {
+        /// The program (a path or a name looked up on `PATH`).
+        program: String,
+        /// Its arguments.
+        args: Vec<String>,
+    },
+    /// A queue topic.
+    Topic(String),
+    /// The environment as a whole (gc, verify).
+    Environment,
+}
+
+/// How risky an action is judged by the caller; conditions may depend on it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub enum Risk {
+    /// Routine.
+    #[default]
+    Low,
+    /// Worth a second look.
+    Medium,
+    /// Destructive or hard to undo.
+    High,
+}
+
+/// A value of a request attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AttrValue {
+    /// A boolean.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A string.
+    Str(String),
+}
+
+/// Everything about a request besides who, what and to what.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Context {
+    /// The branch the action works on.
+    pub branch: Option<String>,
+    /// The caller's judgement of the action's risk.
+    pub risk: Risk,
+    /// Free attributes (`operation`, `kind`, …) that conditions may test.
+    pub attrs: BTreeMap<String, AttrValue>,
+    /// A serialized capability token presented with the request.
+    pub token: Option<String>,
+    /// The id of a granted approval presented with the request.
+    pub approval: Option<String>,
+}
+
+/// One question for the [`Authorizer`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessRequest {
+    /// Who asks.
+    pub actor: ActorId,
+    /// What they want to do.
+    pub action: Action,
+    /// To what.
+    pub resource: Resource,
+    /// Under which circumstances.
+    pub context: Context,
+}
+
+/// The answer's outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// The action may happen.
+    Allow,
+    /// The action must not happen.
+    Deny,
+    /// The action may happen once someone approves it.
+    NeedsApproval {
+        /// What must be approved, in words.
+        what: String,
+        /// Who may approve (actors or groups).
+        from: Vec<String>,
+        /// The id of the durable approval request, when one was filed.
+        request: Option<String>,
+    },
+}
+
+/// An answer with its reasons.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Allow, deny or needs approval.
+    pub verdict: Verdict,
+    /// The ids of the rules that decided it (empty for a default deny).
+    pub rules: Vec<String>,
+    /// The version of the policy that decided it.
+    pub policy_version: u64,
+    /// A short text an LLM can act on; may be empty for an allow.
+    pub explanation: String,
+}
+
+impl Decision {
+    /// An allow with no rule behind it (for [`AllowAll`]).
+    pub fn allow_unconditionally() -> Decision {
+        Decision {
+            verdict: Verdict::Allow,
+            rules: Vec::new(),
+            policy_version: 0,
+            explanation: String::new(),
+        }
+    }
+
+    /// Whether the action may happen now.
+    pub fn is_allowed(&self) -> bool {
+        matches!(self.verdict, Verdict::Allow)
+    }
+}
+
+/// Decides whether an action may happen. Implementations must be fast (they sit on every action)
+/// and must never allow by mistake: anything they cannot decide is a deny.
+pub trait Authorizer: Send + Sync {
+    /// Decides one request.
+    fn authorize(&self, request: &AccessRequest) -> Decision;
+}
+
+/// Allows everything. For an environment embedded by a single trusted program; anything shared
+/// between actors should use environment-policy.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AllowAll;
+
+impl Authorizer for AllowAll {
+    fn authorize(&self, _request: &AccessRequest) -> Decision {
+        Decision::allow_unconditionally()
+    }
+}

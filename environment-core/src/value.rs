@@ -1,0 +1,230 @@
+//! Values: content plus metadata.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hash::Hash;
+
+/// Content at most this long is kept inline in the tree node; longer content goes to the blob
+/// store. Small enough that a directory node of small files stays small.
+pub const INLINE_MAX: usize = 64;
+
+/// What a key holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A symbolic link; the target is in [`Meta::symlink_target`].
+    Symlink,
+    /// A directory marker (keeps an empty directory and its mode).
+    Dir,
+    /// A named pipe (recorded, never opened).
+    Fifo,
+    /// A Unix socket (recorded, never opened).
+    Socket,
+    /// A character or block device (recorded, never opened).
+    Device,
+    /// A build or run artifact.
+    Artifact,
+    /// A review of a change.
+    Review,
+    /// The result of a test run.
+    TestResult,
+    /// A reference to something outside: an issue, a pull request, a deployment.
+    ExternalRef,
+    /// A reference to a secret: a name and a provider, never the secret's value.
+    SecretRef,
+    /// Two sides of a merge that changed the same key differently; see [`crate::Conflict`].
+    Conflict,
+}
+
+/// Where the bytes of a value are.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Content {
+    /// Small content held in the tree node itself.
+    Inline(Vec<u8>),
+    /// Content in the blob store, named by its blake3 hash.
+    Blob(Hash),
+}
+
+impl fmt::Debug for Content {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Content::Inline(b) => write!(f, "Inline({:?})", crate::key::escape(b)),
+            Content::Blob(h) => write!(f, "Blob({})", h.short(12)),
+        }
+    }
+}
+
+/// Everything about a value but its bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Meta {
+    /// What the key holds.
+    pub kind: EntryKind,
+    /// Unix mode bits, including setuid/setgid/sticky (file type bits excluded).
+    pub mode: u32,
+    /// Length of the content in bytes (for a sparse file, its apparent size).
+    pub size: u64,
+    /// The target of a symlink, as bytes.
+    pub symlink_target: Option<Vec<u8>>,
+    /// Modification time in nanoseconds since the epoch, when the value came from a file.
+    pub mtime_ns: Option<i64>,
+    /// Free-form attributes (content type, producer, device numbers…).
+    pub attributes: BTreeMap<String, String>,
+}
+
+impl Meta {
+    /// Metadata of the given kind with no mode, size or attributes.
+    pub fn of(kind: EntryKind) -> Meta {
+        Meta {
+            kind,
+            mode: 0,
+            size: 0,
+            symlink_target: None,
+            mtime_ns: None,
+            attributes: BTreeMap::new(),
+        }
+    }
+}
+
+/// A value stored at a key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Value {
+    /// The bytes, inline or in the blob store.
+    pub content: Content,
+    /// Kind, mode, size and the rest.
+    pub meta: Meta,
+}
+
+impl Value {
+    /// A regular file with mode 0644.
+    pub fn file(bytes: impl Into<Vec<u8>>) -> Value {
+        Value::with_kind(EntryKind::File, bytes).mode(0o644)
+    }
+
+    /// A value of any kind with the given bytes.
+    pub fn with_kind(kind: EntryKind, bytes: impl Into<Vec<u8>>) -> Value {
+        let bytes = bytes.into();
+        let mut meta = Meta::of(kind);
+        meta.size = bytes.len() as u64;
+        Value {
+            content: Content::Inline(bytes),
+            meta,
+        }
+    }
+
+    /// A symlink to `target`.
+    pub fn symlink(target: impl Into<Vec<u8>>) -> Value {
+        let target = target.into();
+        let mut meta = Meta::of(EntryKind::Symlink);
+        meta.mode = 0o777;
+        meta.size = target.len() as u64;
+        meta.symlink_target = Some(target);
+        Value {
+            content: Content::Inline(Vec::new()),
+            meta,
+        }
+    }
+
+    /// A directory marker with mode 0755.
+    pub fn dir() -> Value {
+        let mut meta = Meta::of(EntryKind::Dir);
+        meta.mode = 0o755;
+        Value {
+            content: Content::Inline(Vec::new()),
+            meta,
+        }
+    }
+
+    /// A secret reference. Only the name and provider are stored.
+    pub fn secret_ref(secret: &SecretRef) -> Value {
+        Value::with_kind(
+            EntryKind::SecretRef,
+            serde_json::to_vec(secret).unwrap_or_default(),
+        )
+    }
+
+    /// Sets the mode bits.
+    pub fn mode(mut self, mode: u32) -> Value {
+        self.meta.mode = mode;
+        self
+    }
+
+    /// Sets an attribute.
+    pub fn attr(mut self, name: impl Into<String>, value: impl Into<String>) -> Value {
+        self.meta.attributes.insert(name.into(), value.into());
+        self
+    }
+
+    /// The blob this value refers to, if its content is in the blob store.
+    pub fn blob(&self) -> Option<Hash> {
+        match self.content {
+            Content::Blob(h) => Some(h),
+            Content::Inline(_) => None,
+        }
+    }
+}
+
+/// A reference to a secret held elsewhere (a vault, an environment variable of the supervisor,
+/// a keyring). The environment stores only this reference; the value is resolved at the moment of
+/// use into a [`SecretValue`] and never written down.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SecretRef {
+    /// The secret's name at its provider.
+    pub name: String,
+    /// Who holds it (e.g. `env`, `keyring`, `vault`).
+    pub provider: String,
+}
+
+/// A resolved secret. Its `Debug`, `Display` and `Serialize` all print `[redacted]`; the only way
+/// to the bytes is [`SecretValue::expose`], which makes every use greppable.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(String);
+
+impl SecretValue {
+    /// Wraps a resolved secret.
+    pub fn new(value: impl Into<String>) -> SecretValue {
+        SecretValue(value.into())
+    }
+
+    /// The secret itself, for the one place that must hand it to a child process.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+const REDACTED: &str = "[redacted]";
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl fmt::Display for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl Serialize for SecretValue {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(REDACTED)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_values_never_print() {
+        let s = SecretValue::new("hunter2");
+        assert_eq!(format!("{s:?} {s}"), "[redacted] [redacted]");
+        assert_eq!(serde_json::to_string(&s).unwrap(), "\"[redacted]\"");
+        assert_eq!(s.expose(), "hunter2");
+    }
+}

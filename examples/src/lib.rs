@@ -1,0 +1,1 @@
+//! Examples of assembling an Environment; see `src/bin/`.
