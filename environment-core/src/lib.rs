@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod authz;
+pub mod clock;
 pub mod event;
 pub mod hash;
 pub mod key;
@@ -12,6 +13,7 @@ pub use authz::{
     AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,
     Risk, Verdict,
 };
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use event::{Event, EventFilter, PublishError, Publisher};
 pub use hash::Hash;
 pub use key::{Key, KeyError, KeyPrefix, Namespace};
