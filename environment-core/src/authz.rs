@@ -39,6 +39,11 @@ impl ActorId {
         Ok(ActorId(id))
     }
 
+    /// The environment itself, as the author of its own bookkeeping operations.
+    pub fn system() -> ActorId {
+        ActorId("system:environment".to_owned())
+    }
+
     /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0

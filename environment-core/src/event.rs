@@ -66,13 +66,10 @@ impl EventFilter {
         self.branch.as_ref().is_none_or(|b| *b == event.branch)
             && self.actor.as_ref().is_none_or(|a| *a == event.actor)
             && self.flags.is_none_or(|f| event.flags.contains(f))
-            && self.prefix.as_ref().is_none_or(|p| {
-                event
-                    .summary
-                    .keys
-                    .iter()
-                    .any(|k: &Key| k.starts_with(p))
-            })
+            && self
+                .prefix
+                .as_ref()
+                .is_none_or(|p| event.summary.keys.iter().any(|k: &Key| k.starts_with(p)))
     }
 }
 

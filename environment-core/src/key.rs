@@ -158,7 +158,11 @@ mod serde_bytes_compat {
 /// Checks a relative path; shared by keys and key prefixes.
 pub(crate) fn validate_path(path: &[u8], allow_empty: bool) -> Result<(), KeyError> {
     if path.is_empty() {
-        return if allow_empty { Ok(()) } else { Err(KeyError::Empty) };
+        return if allow_empty {
+            Ok(())
+        } else {
+            Err(KeyError::Empty)
+        };
     }
     let shown = || escape(path);
     if path.len() > MAX_KEY_LEN {

@@ -1,0 +1,256 @@
+//! Errors of the environment and their rendering for an agent.
+
+use std::path::PathBuf;
+
+use crate::authz::{ActorIdError, Decision, Verdict};
+use crate::hash::Hash;
+use crate::key::{Key, KeyError};
+use crate::op::OpId;
+
+/// What the blob store can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlobError {
+    /// No blob with this hash.
+    #[error("blob {0} is not in the blob store")]
+    Missing(Hash),
+    /// The blob's bytes no longer hash to its name: it was damaged on disk.
+    #[error("blob {expected} is corrupt: its content hashes to {actual}")]
+    Corrupt {
+        /// The blob's name.
+        expected: Hash,
+        /// What its bytes hash to now.
+        actual: Hash,
+    },
+    /// The filesystem refused.
+    #[error("blob store I/O at {path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// Why an act touching keys that moved underneath it was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleWrite {
+    /// The keys the action wanted to change that changed since its base version.
+    pub keys: Vec<Key>,
+    /// The operations that changed them (newest first).
+    pub ops: Vec<OpId>,
+    /// The version the action was based on.
+    pub base: OpId,
+    /// The branch's head now: re-read at this version.
+    pub current: OpId,
+}
+
+/// Everything an environment operation can fail with. A returned error means the operation did
+/// not happen and nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvError {
+    /// A malformed key.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// A malformed actor id.
+    #[error(transparent)]
+    Actor(#[from] ActorIdError),
+    /// The blob store failed.
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    /// No operation with this id (or id prefix, mark or branch name).
+    #[error("unknown version {0:?}")]
+    UnknownVersion(String),
+    /// A version prefix that names more than one operation.
+    #[error("ambiguous version prefix {prefix:?}: {count} operations start with it")]
+    AmbiguousVersion {
+        /// The prefix given.
+        prefix: String,
+        /// How many operations matched.
+        count: usize,
+    },
+    /// No branch with this name.
+    #[error("unknown branch {0:?}")]
+    UnknownBranch(String),
+    /// A branch with this name exists already.
+    #[error("branch {0:?} already exists")]
+    BranchExists(String),
+    /// A mark with this name exists already.
+    #[error("mark {0:?} already exists")]
+    MarkExists(String),
+    /// A branch or mark name that is not allowed.
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A value larger than the configured limit.
+    #[error("the value for {key} is {size} bytes; the limit is {limit}")]
+    ValueTooLarge {
+        /// The key.
+        key: Key,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Too many changes in one act, or an intent text too long.
+    #[error("the request is too large: {0}")]
+    RequestTooLarge(String),
+    /// The same key twice in one act.
+    #[error("key {0} appears more than once in one act")]
+    DuplicateKey(Key),
+    /// The head moved and changed keys this action also changes.
+    #[error(
+        "stale write: {} changed since version {} (by {} operation(s)); the head is now {}",
+        fmt_keys(&.0.keys), .0.base.short(), .0.ops.len(), .0.current.short()
+    )]
+    Conflict(Box<StaleWrite>),
+    /// The authorizer did not allow the action.
+    #[error("not allowed: {}", .0.explanation)]
+    NotAllowed(Box<Decision>),
+    /// An effect key reused with a different request.
+    #[error("idempotency key {key:?} was used before with a different request")]
+    IdempotencyKeyReused {
+        /// The key.
+        key: String,
+    },
+    /// No effect with this id.
+    #[error("unknown effect {0}")]
+    UnknownEffect(u64),
+    /// An effect state change that its current state does not allow.
+    #[error("effect {id} is {from} and cannot become {to}")]
+    InvalidEffectTransition {
+        /// The effect.
+        id: u64,
+        /// Its state.
+        from: &'static str,
+        /// The state asked for.
+        to: &'static str,
+    },
+    /// Nothing to undo: the head is the first operation of its branch's history.
+    #[error("nothing to undo on branch {0:?}")]
+    NothingToUndo(String),
+    /// The implementation does not offer this capability.
+    #[error("this environment does not support {0}")]
+    Unsupported(&'static str),
+    /// `verify()` found damage.
+    #[error("integrity check failed at {at}: {detail}")]
+    Integrity {
+        /// The first broken record (an op id, a node hash, a table row).
+        at: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The environment's home is not usable.
+    #[error("environment home {path}: {detail}")]
+    Home {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// SQLite failed.
+    #[error("database: {0}")]
+    Db(#[from] rusqlite::Error),
+    /// A stored record could not be decoded.
+    #[error("undecodable stored record ({what}): {detail}")]
+    Decode {
+        /// Which record.
+        what: &'static str,
+        /// The decoder's complaint.
+        detail: String,
+    },
+    /// The transaction holding the operation failed to commit; nothing of it was stored.
+    #[error("the transaction could not commit: {0}")]
+    CommitFailed(String),
+    /// The environment was closed (its writer thread is gone).
+    #[error("the environment is closed")]
+    Closed,
+}
+
+fn fmt_keys(keys: &[Key]) -> String {
+    let shown: Vec<String> = keys.iter().take(5).map(|k| k.to_string()).collect();
+    let more = keys.len().saturating_sub(5);
+    if more > 0 {
+        format!("{} and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
+/// Results of environment operations.
+pub type Result<T, E = EnvError> = std::result::Result<T, E>;
+
+/// Renders an error for a language model: first that the action was not performed, then why,
+/// then what to do next.
+pub trait ForAgent {
+    /// The text to put in the model's context.
+    fn for_agent(&self) -> String;
+}
+
+const NOT_DONE: &str = "The action was NOT performed: nothing changed, and it must not be \
+                        reported as done.";
+
+impl ForAgent for EnvError {
+    fn for_agent(&self) -> String {
+        let next = match self {
+            EnvError::Conflict(c) => format!(
+                "Re-read {} at version {} (the current head), redo your change on top of it, and \
+                 act again with base version {}.",
+                fmt_keys(&c.keys),
+                c.current,
+                c.current
+            ),
+            EnvError::NotAllowed(d) => match &d.verdict {
+                Verdict::NeedsApproval { from, .. } => format!(
+                    "Request approval from {} and retry with the granted approval; do not retry \
+                     before it is granted.",
+                    if from.is_empty() {
+                        "an authorized approver".to_owned()
+                    } else {
+                        from.join(" or ")
+                    }
+                ),
+                _ => "Do not retry the same action; ask a human whether it should be allowed, or \
+                      choose an action you are allowed to take."
+                    .to_owned(),
+            },
+            EnvError::Key(_) | EnvError::DuplicateKey(_) => {
+                "Use a relative path with no `.`, `..`, empty segment or NUL byte, each key once."
+                    .to_owned()
+            }
+            EnvError::UnknownVersion(_) | EnvError::AmbiguousVersion { .. } => {
+                "List the history to find a valid version (a longer id prefix, a mark or a branch \
+                 name)."
+                    .to_owned()
+            }
+            EnvError::UnknownBranch(_) => "List the branches and pick an existing one.".to_owned(),
+            EnvError::BranchExists(_) | EnvError::MarkExists(_) => {
+                "Pick another name, or use the existing one.".to_owned()
+            }
+            EnvError::ValueTooLarge { .. } | EnvError::RequestTooLarge(_) => {
+                "Split the change into smaller parts.".to_owned()
+            }
+            EnvError::IdempotencyKeyReused { .. } => {
+                "Use a new idempotency key for a different request; the earlier effect stands."
+                    .to_owned()
+            }
+            EnvError::Unsupported(_) => {
+                "Use another capability; this one is not available here.".to_owned()
+            }
+            EnvError::Integrity { .. } | EnvError::Blob(BlobError::Corrupt { .. }) => {
+                "Stop and tell a human: the environment's storage is damaged.".to_owned()
+            }
+            _ => "Report the error to a human if it persists.".to_owned(),
+        };
+        let why = match self {
+            EnvError::NotAllowed(d) if !d.explanation.is_empty() => d.explanation.clone(),
+            other => other.to_string(),
+        };
+        format!("{NOT_DONE} Reason: {why}. Next: {next}")
+    }
+}

@@ -1,0 +1,419 @@
+//! The action path: authorize, store content, apply, record, announce — one transaction.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use serde::{Deserialize, Serialize};
+
+use super::{Inner, LocalEnvironment, MAIN, OpDraft, head_in};
+use crate::authz::{Action, ActorId, Resource};
+use crate::blob::WriteGuard;
+use crate::db::TxEffects;
+use crate::error::{EnvError, Result, StaleWrite};
+use crate::key::Key;
+use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId, Operation};
+use crate::tree::{self, Applied, NodeSource, Put, TreeEdit};
+use crate::value::{Content, INLINE_MAX, Value};
+
+/// One change an act makes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    /// Create or replace the value at a key. Inline content longer than [`INLINE_MAX`] is moved
+    /// to the blob store; blob content must already be stored.
+    Put(Key, Value),
+    /// Remove the key (a no-op if it is absent).
+    Delete(Key),
+}
+
+impl Change {
+    /// The key changed.
+    pub fn key(&self) -> &Key {
+        match self {
+            Change::Put(k, _) | Change::Delete(k) => k,
+        }
+    }
+}
+
+/// A request to change the environment.
+#[derive(Clone, Debug)]
+pub struct ActRequest {
+    /// Who acts.
+    pub actor: ActorId,
+    /// The branch to change.
+    pub branch: String,
+    /// The version the actor read before deciding (`None`: whatever the head is).
+    pub base: Option<OpId>,
+    /// Why.
+    pub intent: Intent,
+    /// What to change; each key at most once.
+    pub changes: Vec<Change>,
+    /// Caller flags: only [`OpFlags::AUTO_CAPTURE`], [`OpFlags::QUIET`], [`OpFlags::COMMAND`] and
+    /// [`OpFlags::FAILED`] are accepted; the others are the environment's to set.
+    pub flags: OpFlags,
+    /// Effect ids the operation refers to.
+    pub effects: Vec<u64>,
+}
+
+impl ActRequest {
+    /// A request on `main` based on its current head, with no changes yet.
+    pub fn new(actor: ActorId, intent: Intent) -> ActRequest {
+        ActRequest {
+            actor,
+            branch: MAIN.to_owned(),
+            base: None,
+            intent,
+            changes: Vec::new(),
+            flags: OpFlags::empty(),
+            effects: Vec::new(),
+        }
+    }
+
+    /// On another branch.
+    pub fn on(mut self, branch: impl Into<String>) -> ActRequest {
+        self.branch = branch.into();
+        self
+    }
+
+    /// Based on the version the actor read.
+    pub fn base(mut self, version: OpId) -> ActRequest {
+        self.base = Some(version);
+        self
+    }
+
+    /// Puts a value.
+    pub fn put(mut self, key: Key, value: Value) -> ActRequest {
+        self.changes.push(Change::Put(key, value));
+        self
+    }
+
+    /// Deletes a key.
+    pub fn delete(mut self, key: Key) -> ActRequest {
+        self.changes.push(Change::Delete(key));
+        self
+    }
+
+    /// Adds flags.
+    pub fn flags(mut self, flags: OpFlags) -> ActRequest {
+        self.flags |= flags;
+        self
+    }
+}
+
+/// What an act returns: the version it produced and what happened on the way.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The branch's head after the act: the new operation, or the unchanged head for a no-op.
+    pub version: OpId,
+    /// The new operation's position in the log.
+    pub seq: u64,
+    /// The branch.
+    pub branch: String,
+    /// The head had moved past the base version; the change touched other keys and was
+    /// applied on top of the head.
+    pub rebased: bool,
+    /// Nothing changed (every value was already as requested); no operation was recorded.
+    pub noop: bool,
+    /// What changed.
+    pub summary: ChangeSummary,
+}
+
+const CALLER_FLAGS: OpFlags =
+    OpFlags(OpFlags::AUTO_CAPTURE.0 | OpFlags::QUIET.0 | OpFlags::COMMAND.0 | OpFlags::FAILED.0);
+
+/// An act checked, authorized and with its content stored, ready for the writer.
+pub(crate) struct Prepared {
+    req: ActRequest,
+    puts: Vec<Put>,
+    decision: Option<DecisionRef>,
+    _guard: Option<WriteGuard>,
+}
+
+impl LocalEnvironment {
+    /// Performs an act and waits for it to commit. Blocks: from async code use
+    /// [`crate::Environment::act`].
+    pub fn act_blocking(&self, req: ActRequest) -> Result<Observation> {
+        let prepared = self.prepare_act(req, true)?;
+        let inner = self.inner.clone();
+        self.inner
+            .writer
+            .run(false, move |conn, fx| inner.apply_act(conn, fx, prepared))
+    }
+
+    /// Performs an act without blocking the async runtime: content that needs the blob store is
+    /// stored on the blocking pool; the commit is awaited.
+    pub(crate) async fn act_async(&self, req: ActRequest) -> Result<Observation> {
+        let needs_blobs = req.changes.iter().any(|c| match c {
+            Change::Put(_, v) => {
+                matches!(&v.content, Content::Inline(b) if b.len() > INLINE_MAX)
+                    || matches!(v.content, Content::Blob(_))
+            }
+            Change::Delete(_) => false,
+        });
+        let prepared = if needs_blobs {
+            let this = self.clone();
+            tokio::task::spawn_blocking(move || this.prepare_act(req, true))
+                .await
+                .map_err(|_| EnvError::Closed)??
+        } else {
+            self.prepare_act(req, false)?
+        };
+        let inner = self.inner.clone();
+        self.inner
+            .writer
+            .submit(false, move |conn, fx| inner.apply_act(conn, fx, prepared))
+            .await
+            .map_err(|_| EnvError::Closed)?
+    }
+
+    /// Checks limits and authorization, and stores large content (before the transaction:
+    /// blob I/O never holds the writer).
+    pub(crate) fn prepare_act(&self, mut req: ActRequest, may_store: bool) -> Result<Prepared> {
+        let opts = &self.inner.options;
+        if req.changes.len() > opts.max_changes {
+            return Err(EnvError::RequestTooLarge(format!(
+                "{} changes; the limit is {}",
+                req.changes.len(),
+                opts.max_changes
+            )));
+        }
+        if req.intent.text.len() > opts.max_intent_len {
+            return Err(EnvError::RequestTooLarge(format!(
+                "an intent of {} bytes; the limit is {}",
+                req.intent.text.len(),
+                opts.max_intent_len
+            )));
+        }
+        super::validate_name(&req.branch)?;
+        req.flags = OpFlags(req.flags.0 & CALLER_FLAGS.0);
+        let mut seen = BTreeSet::new();
+        for c in &req.changes {
+            if !seen.insert(c.key()) {
+                return Err(EnvError::DuplicateKey(c.key().clone()));
+            }
+        }
+        let mut rules = BTreeSet::new();
+        let mut policy_version = 0;
+        for c in &req.changes {
+            let (action, key) = match c {
+                Change::Put(k, _) => (Action::Write, k),
+                Change::Delete(k) => (Action::Delete, k),
+            };
+            let d = self.authorize(
+                &req.actor,
+                action,
+                Resource::Key(key.clone()),
+                Some(&req.branch),
+                None,
+            )?;
+            policy_version = policy_version.max(d.policy_version);
+            rules.extend(d.rules);
+        }
+        let decision = (policy_version > 0 || !rules.is_empty()).then(|| DecisionRef {
+            policy_version,
+            rules: rules.into_iter().collect(),
+        });
+        let mut guard = None;
+        let mut puts = Vec::with_capacity(req.changes.len());
+        for c in std::mem::take(&mut req.changes) {
+            match c {
+                Change::Delete(k) => puts.push((k, None)),
+                Change::Put(k, mut v) => {
+                    self.store_content(&k, &mut v, &mut guard, may_store)?;
+                    puts.push((k, Some(v)));
+                }
+            }
+        }
+        Ok(Prepared {
+            req,
+            puts,
+            decision,
+            _guard: guard,
+        })
+    }
+
+    fn store_content(
+        &self,
+        key: &Key,
+        v: &mut Value,
+        guard: &mut Option<WriteGuard>,
+        may_store: bool,
+    ) -> Result<()> {
+        let limit = self.inner.options.max_value_bytes;
+        let blobs = &self.inner.blobs;
+        match &v.content {
+            Content::Inline(bytes) => {
+                let size = bytes.len() as u64;
+                if size > limit {
+                    return Err(EnvError::ValueTooLarge {
+                        key: key.clone(),
+                        size,
+                        limit,
+                    });
+                }
+                v.meta.size = size;
+                if bytes.len() > INLINE_MAX && may_store {
+                    if guard.is_none() {
+                        *guard = Some(blobs.write_guard()?);
+                    }
+                    v.content = Content::Blob(blobs.put(bytes)?);
+                }
+            }
+            Content::Blob(h) => {
+                if guard.is_none() && may_store {
+                    *guard = Some(blobs.write_guard()?);
+                }
+                if !blobs.contains(h) {
+                    return Err(crate::error::BlobError::Missing(*h).into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    pub(crate) fn apply_act(
+        self: &Arc<Self>,
+        conn: &Connection,
+        fx: &mut TxEffects,
+        p: Prepared,
+    ) -> Result<Observation> {
+        let req = &p.req;
+        let head_id = head_in(conn, &req.branch)?
+            .ok_or_else(|| EnvError::UnknownBranch(req.branch.clone()))?;
+        let head = self.op_in(conn, &head_id)?;
+        let base_id = req.base.unwrap_or(head_id);
+        let nodes = self.nodes_in(conn);
+        let mut rebased = false;
+        if base_id != head_id {
+            let base = self.op_in(conn, &base_id)?;
+            let moved = self.moved_keys(conn, &base, &head, p.puts.iter().map(|(k, _)| k))?;
+            if !moved.is_empty() {
+                let ops = self.ops_that_changed(conn, &head, &base, &moved)?;
+                return Err(EnvError::Conflict(Box::new(StaleWrite {
+                    keys: moved,
+                    ops,
+                    base: base_id,
+                    current: head_id,
+                })));
+            }
+            rebased = true;
+        }
+        let mut edit = TreeEdit::new(&nodes);
+        let (view, applied) = tree::apply(&mut edit, &head.view, &p.puts)?;
+        if applied.is_empty() {
+            return Ok(Observation {
+                version: head_id,
+                seq: head.seq,
+                branch: req.branch.clone(),
+                rebased,
+                noop: true,
+                summary: ChangeSummary::default(),
+            });
+        }
+        let summary = summarize(&applied);
+        self.persist(conn, fx, edit)?;
+        let mut flags = req.flags;
+        if rebased {
+            flags |= OpFlags::REBASED;
+        }
+        let op = self.commit_op(
+            conn,
+            fx,
+            OpDraft {
+                parents: vec![head_id],
+                view,
+                branch: req.branch.clone(),
+                actor: req.actor.clone(),
+                intent: req.intent.clone(),
+                base_version: Some(base_id),
+                summary: summary.clone(),
+                flags,
+                decision: p.decision.clone(),
+                restored_from: None,
+                effects: req.effects.clone(),
+            },
+            Some(&head_id),
+        )?;
+        Ok(Observation {
+            version: op.id,
+            seq: op.seq,
+            branch: op.branch.clone(),
+            rebased,
+            noop: false,
+            summary,
+        })
+    }
+
+    /// Of `keys`, those whose values differ between `base` and `head`: O(k · depth).
+    fn moved_keys<'k>(
+        &self,
+        conn: &Connection,
+        base: &Operation,
+        head: &Operation,
+        keys: impl Iterator<Item = &'k Key>,
+    ) -> Result<Vec<Key>> {
+        let nodes = self.nodes_in(conn);
+        let mut moved = Vec::new();
+        for k in keys {
+            if tree::get(&nodes, &base.view, k)? != tree::get(&nodes, &head.view, k)? {
+                moved.push(k.clone());
+            }
+        }
+        Ok(moved)
+    }
+
+    /// The operations between `head` and `base` (first parents, newest first) that changed any
+    /// of `keys`. Bounded: a very long gap names the most recent ones.
+    fn ops_that_changed(
+        &self,
+        conn: &Connection,
+        head: &Arc<Operation>,
+        base: &Operation,
+        keys: &[Key],
+    ) -> Result<Vec<OpId>> {
+        const MAX_WALK: usize = 10_000;
+        let nodes = self.nodes_in(conn);
+        let mut out = Vec::new();
+        let mut cur = head.clone();
+        for _ in 0..MAX_WALK {
+            if cur.id == base.id {
+                break;
+            }
+            let Some(parent_id) = cur.parents.first() else {
+                break;
+            };
+            let parent = self.op_in(conn, parent_id)?;
+            let src: &dyn NodeSource = &nodes;
+            for k in keys {
+                if tree::get(src, &cur.view, k)? != tree::get(src, &parent.view, k)? {
+                    out.push(cur.id);
+                    break;
+                }
+            }
+            cur = parent;
+        }
+        Ok(out)
+    }
+}
+
+/// Counts what was added, modified and removed, naming the first keys.
+pub(crate) fn summarize(applied: &[Applied]) -> ChangeSummary {
+    let mut s = ChangeSummary::default();
+    for a in applied {
+        match (&a.before, &a.after) {
+            (None, Some(_)) => s.added += 1,
+            (Some(_), None) => s.removed += 1,
+            _ => s.modified += 1,
+        }
+    }
+    let mut keys: Vec<&Key> = applied.iter().map(|a| &a.key).collect();
+    keys.sort();
+    s.keys = keys
+        .into_iter()
+        .take(ChangeSummary::NAMED)
+        .cloned()
+        .collect();
+    s
+}

@@ -1,0 +1,417 @@
+//! Branches, marks, merges and restores: operations that move heads without new content.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{Inner, LocalEnvironment, OpDraft, head_in, op_id_from, validate_name};
+use crate::authz::{Action, ActorId, Resource};
+use crate::error::{EnvError, Result};
+use crate::key::Key;
+use crate::merge::{Conflict, ConflictSide, KeyConflict, merge_views};
+use crate::op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation};
+use crate::tree::{self, NodeSource, TreeEdit};
+
+/// What a merge did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergeOutcome {
+    /// The merge operation (or the unchanged head when there was nothing to merge).
+    pub version: OpId,
+    /// The keys that became conflict objects.
+    pub conflicts: Vec<Key>,
+    /// Nothing to merge: the source was already contained in the target.
+    pub noop: bool,
+}
+
+impl LocalEnvironment {
+    /// Creates branch `name` at `from`, recording a branch operation there.
+    pub fn create_branch(&self, actor: &ActorId, name: &str, from: &OpId) -> Result<OpId> {
+        validate_name(name)?;
+        self.authorize(
+            actor,
+            Action::Write,
+            Resource::Branch(name.into()),
+            Some(name),
+            Some("branch"),
+        )?;
+        let (inner, name, from, actor) =
+            (self.inner.clone(), name.to_owned(), *from, actor.clone());
+        self.inner.writer.run(false, move |conn, fx| {
+            if head_in(conn, &name)?.is_some() {
+                return Err(EnvError::BranchExists(name));
+            }
+            let base = inner.op_in(conn, &from)?;
+            conn.execute(
+                "INSERT OR IGNORE INTO forks(op) VALUES (?1)",
+                [&from.0.0[..]],
+            )?;
+            let op = inner.commit_op(
+                conn,
+                fx,
+                OpDraft {
+                    parents: vec![from],
+                    view: base.view,
+                    branch: name.clone(),
+                    actor,
+                    intent: Intent::new(IntentKind::Setup, format!("create branch {name}")),
+                    base_version: Some(from),
+                    summary: ChangeSummary::default(),
+                    flags: OpFlags::BRANCH,
+                    decision: None,
+                    restored_from: None,
+                    effects: Vec::new(),
+                },
+                None,
+            )?;
+            Ok(op.id)
+        })
+    }
+
+    /// Names `version` as `name`. Marks are never moved or dropped by retention.
+    pub fn mark(&self, actor: &ActorId, name: &str, version: &OpId) -> Result<()> {
+        validate_name(name)?;
+        self.authorize(
+            actor,
+            Action::Write,
+            Resource::Environment,
+            None,
+            Some("mark"),
+        )?;
+        let (inner, name, version, actor) =
+            (self.inner.clone(), name.to_owned(), *version, actor.clone());
+        self.inner.writer.run(false, move |conn, _| {
+            inner.op_in(conn, &version)?;
+            if head_in(conn, &name)?.is_some() {
+                return Err(EnvError::BranchExists(name));
+            }
+            let now = inner.options.clock.now_ms();
+            let n = conn.execute(
+                "INSERT OR IGNORE INTO marks(name, op, actor, time_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![name, &version.0.0[..], actor.as_str(), now],
+            )?;
+            if n == 0 {
+                return Err(EnvError::MarkExists(name));
+            }
+            Ok(())
+        })
+    }
+
+    /// Every mark with its version, by name.
+    pub fn marks(&self) -> Result<Vec<(String, OpId)>> {
+        self.inner.readers.with(|conn| marks_in(conn))
+    }
+
+    /// Makes `branch`'s view the one of `target` again, by appending a rollback operation:
+    /// history is never rewritten.
+    pub fn restore(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        target: &OpId,
+        intent: Intent,
+    ) -> Result<OpId> {
+        self.authorize(
+            actor,
+            Action::Write,
+            Resource::Branch(branch.into()),
+            Some(branch),
+            Some("restore"),
+        )?;
+        let (inner, branch, target, actor) = (
+            self.inner.clone(),
+            branch.to_owned(),
+            *target,
+            actor.clone(),
+        );
+        self.inner.writer.run(false, move |conn, fx| {
+            let target = inner.op_in(conn, &target)?;
+            inner.restore_in(conn, fx, &branch, &target, actor, intent)
+        })
+    }
+
+    /// Restores `branch` to the version before its last operation.
+    pub fn undo(&self, actor: &ActorId, branch: &str) -> Result<OpId> {
+        self.authorize(
+            actor,
+            Action::Write,
+            Resource::Branch(branch.into()),
+            Some(branch),
+            Some("undo"),
+        )?;
+        let (inner, branch, actor) = (self.inner.clone(), branch.to_owned(), actor.clone());
+        self.inner.writer.run(false, move |conn, fx| {
+            let head_id =
+                head_in(conn, &branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.clone()))?;
+            let head = inner.op_in(conn, &head_id)?;
+            let parent = head
+                .parents
+                .first()
+                .ok_or_else(|| EnvError::NothingToUndo(branch.clone()))?;
+            let target = inner.op_in(conn, parent)?;
+            let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.id.short()));
+            inner.restore_in(conn, fx, &branch, &target, actor, intent)
+        })
+    }
+
+    /// Merges branch `source` into branch `target` (three-way, against their common ancestor).
+    /// Keys changed differently on both sides become conflict objects ([`Conflict`]) in the
+    /// merged view; the merge operation has both heads as parents.
+    pub fn merge(
+        &self,
+        actor: &ActorId,
+        source: &str,
+        target: &str,
+        intent: Intent,
+    ) -> Result<MergeOutcome> {
+        self.authorize(
+            actor,
+            Action::Write,
+            Resource::Branch(target.into()),
+            Some(target),
+            Some("merge"),
+        )?;
+        let (inner, source, target, actor) = (
+            self.inner.clone(),
+            source.to_owned(),
+            target.to_owned(),
+            actor.clone(),
+        );
+        self.inner.writer.run(false, move |conn, fx| {
+            inner.merge_in(conn, fx, &source, &target, actor, intent)
+        })
+    }
+
+    /// The closest common ancestor of two versions.
+    pub fn common_ancestor(&self, a: &OpId, b: &OpId) -> Result<Option<OpId>> {
+        self.inner
+            .readers
+            .with(|conn| self.inner.common_ancestor_in(conn, a, b))
+    }
+}
+
+pub(crate) fn marks_in(conn: &Connection) -> Result<Vec<(String, OpId)>> {
+    let mut stmt = conn.prepare_cached("SELECT name, op FROM marks ORDER BY name")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (n, op) = row?;
+        out.push((n, op_id_from(&op)?));
+    }
+    Ok(out)
+}
+
+impl Inner {
+    fn restore_in(
+        &self,
+        conn: &Connection,
+        fx: &mut crate::db::TxEffects,
+        branch: &str,
+        target: &Operation,
+        actor: ActorId,
+        intent: Intent,
+    ) -> Result<OpId> {
+        let head_id =
+            head_in(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))?;
+        let head = self.op_in(conn, &head_id)?;
+        let nodes = self.nodes_in(conn);
+        let changes = tree::diff(&nodes, &head.view, &target.view, None)?;
+        let applied: Vec<tree::Applied> = changes
+            .into_iter()
+            .map(|c| tree::Applied {
+                key: c.key,
+                before: c.before,
+                after: c.after,
+            })
+            .collect();
+        let op = self.commit_op(
+            conn,
+            fx,
+            OpDraft {
+                parents: vec![head_id],
+                view: target.view,
+                branch: branch.to_owned(),
+                actor,
+                intent,
+                base_version: Some(head_id),
+                summary: super::act::summarize(&applied),
+                flags: OpFlags::ROLLBACK,
+                decision: None,
+                restored_from: Some(target.id),
+                effects: Vec::new(),
+            },
+            Some(&head_id),
+        )?;
+        Ok(op.id)
+    }
+
+    fn merge_in(
+        &self,
+        conn: &Connection,
+        fx: &mut crate::db::TxEffects,
+        source: &str,
+        target: &str,
+        actor: ActorId,
+        intent: Intent,
+    ) -> Result<MergeOutcome> {
+        let ours_id =
+            head_in(conn, target)?.ok_or_else(|| EnvError::UnknownBranch(target.into()))?;
+        let theirs_id =
+            head_in(conn, source)?.ok_or_else(|| EnvError::UnknownBranch(source.into()))?;
+        let base_id = self
+            .common_ancestor_in(conn, &ours_id, &theirs_id)?
+            .ok_or_else(|| {
+                EnvError::UnknownVersion(format!("no common ancestor of {source} and {target}"))
+            })?;
+        if base_id == theirs_id {
+            return Ok(MergeOutcome {
+                version: ours_id,
+                conflicts: Vec::new(),
+                noop: true,
+            });
+        }
+        let (ours, theirs, base) = (
+            self.op_in(conn, &ours_id)?,
+            self.op_in(conn, &theirs_id)?,
+            self.op_in(conn, &base_id)?,
+        );
+        let nodes = self.nodes_in(conn);
+        let mut edit = TreeEdit::new(&nodes);
+        let mut resolve = |k: &KeyConflict| -> Result<crate::value::Value> {
+            Ok(Conflict {
+                key: k.key.clone(),
+                base: k.base.clone(),
+                ours: self.side(conn, &ours, &base, &k.key, k.ours.clone())?,
+                theirs: self.side(conn, &theirs, &base, &k.key, k.theirs.clone())?,
+            }
+            .to_value())
+        };
+        let (view, conflicts) = merge_views(
+            &mut edit,
+            &base.view,
+            &ours.view,
+            &theirs.view,
+            &mut resolve,
+        )?;
+        let changes = tree::diff(&edit, &ours.view, &view, None)?;
+        let applied: Vec<tree::Applied> = changes
+            .into_iter()
+            .map(|c| tree::Applied {
+                key: c.key,
+                before: c.before,
+                after: c.after,
+            })
+            .collect();
+        self.persist(conn, fx, edit)?;
+        let mut flags = OpFlags::MERGE;
+        if !conflicts.is_empty() {
+            flags |= OpFlags::CONFLICTS;
+        }
+        let op = self.commit_op(
+            conn,
+            fx,
+            OpDraft {
+                parents: vec![ours_id, theirs_id],
+                view,
+                branch: target.to_owned(),
+                actor,
+                intent,
+                base_version: Some(ours_id),
+                summary: super::act::summarize(&applied),
+                flags,
+                decision: None,
+                restored_from: None,
+                effects: Vec::new(),
+            },
+            Some(&ours_id),
+        )?;
+        Ok(MergeOutcome {
+            version: op.id,
+            conflicts: conflicts.into_iter().map(|c| c.key).collect(),
+            noop: false,
+        })
+    }
+
+    /// Who last changed `key` between `base` and `head` (first parents), and why.
+    fn side(
+        &self,
+        conn: &Connection,
+        head: &Arc<Operation>,
+        base: &Operation,
+        key: &Key,
+        value: Option<crate::value::Value>,
+    ) -> Result<ConflictSide> {
+        let nodes = self.nodes_in(conn);
+        let src: &dyn NodeSource = &nodes;
+        let mut cur = head.clone();
+        while cur.id != base.id {
+            let Some(pid) = cur.parents.first() else {
+                break;
+            };
+            let parent = self.op_in(conn, pid)?;
+            if tree::get(src, &cur.view, key)? != tree::get(src, &parent.view, key)? {
+                return Ok(ConflictSide {
+                    value,
+                    op: Some(cur.id),
+                    actor: Some(cur.actor.clone()),
+                    intent: Some(cur.intent.clone()),
+                });
+            }
+            cur = parent;
+        }
+        Ok(ConflictSide {
+            value,
+            op: None,
+            actor: None,
+            intent: None,
+        })
+    }
+
+    /// Breadth-first from both sides, newest first; the first op reached from both is the
+    /// closest common ancestor.
+    pub(crate) fn common_ancestor_in(
+        &self,
+        conn: &Connection,
+        a: &OpId,
+        b: &OpId,
+    ) -> Result<Option<OpId>> {
+        let mut seen: BTreeMap<OpId, u8> = BTreeMap::new();
+        let mut queue: VecDeque<(OpId, u8)> = VecDeque::from([(*a, 1), (*b, 2)]);
+        let mut expanded: HashSet<(OpId, u8)> = HashSet::new();
+        let mut best: Option<Arc<Operation>> = None;
+        while let Some((id, side)) = queue.pop_front() {
+            if !expanded.insert((id, side)) {
+                continue;
+            }
+            let mask = seen.entry(id).or_insert(0);
+            *mask |= side;
+            let op = self.op_in(conn, &id)?;
+            if *mask == 3 {
+                if best.as_ref().is_none_or(|b| op.seq > b.seq) {
+                    best = Some(op.clone());
+                }
+                continue;
+            }
+            if let Some(b) = &best
+                && op.seq < b.seq
+            {
+                continue;
+            }
+            for p in &op.parents {
+                queue.push_back((*p, side));
+            }
+        }
+        Ok(best.map(|o| o.id))
+    }
+}
+
+/// The version a mark names.
+pub(crate) fn mark_in(conn: &Connection, name: &str) -> Result<Option<OpId>> {
+    let op: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT op FROM marks WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()?;
+    op.map(|b| op_id_from(&b)).transpose()
+}

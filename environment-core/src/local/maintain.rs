@@ -1,0 +1,250 @@
+//! Upkeep: garbage collection of blobs, pins, and the integrity check.
+
+use std::collections::{HashMap, HashSet};
+
+use rusqlite::{Connection, params};
+use serde::{Deserialize, Serialize};
+
+use super::{Inner, LocalEnvironment, decode_op, op_id_from};
+use crate::authz::{Action, ActorId, Resource};
+use crate::error::{EnvError, Result};
+use crate::hash::Hash;
+use crate::op::OpId;
+use crate::tree::{self, Node};
+
+/// What a garbage collection did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReport {
+    /// Blobs still referenced.
+    pub kept: u64,
+    /// Blobs deleted.
+    pub removed: u64,
+    /// Bytes freed.
+    pub bytes_removed: u64,
+    /// Temporary files of dead writers removed.
+    pub temp_removed: u64,
+}
+
+/// What an integrity check covered.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// Operations re-hashed.
+    pub ops: u64,
+    /// Tree nodes re-hashed.
+    pub nodes: u64,
+    /// Blobs referenced (checked present; re-hashed with `deep`).
+    pub blobs: u64,
+}
+
+fn broken(at: String, detail: impl Into<String>) -> EnvError {
+    EnvError::Integrity {
+        at,
+        detail: detail.into(),
+    }
+}
+
+impl LocalEnvironment {
+    /// Deletes the blobs that no operation's view and no pin refers to. Safe against a crash at
+    /// any point (it only deletes unreferenced files) and against concurrent writers in any
+    /// process (they wait while it sweeps; it waits for those with blobs not yet committed).
+    pub fn gc(&self, actor: &ActorId) -> Result<GcReport> {
+        self.authorize(
+            actor,
+            Action::Delete,
+            Resource::Environment,
+            None,
+            Some("gc"),
+        )?;
+        let guard = self.inner.blobs.sweep_guard()?;
+        let live = self
+            .inner
+            .readers
+            .with(|conn| self.inner.live_blobs(conn))?;
+        let mut report = GcReport::default();
+        for h in self.inner.blobs.list()? {
+            if live.contains(&h) {
+                report.kept += 1;
+            } else {
+                report.bytes_removed += self.inner.blobs.remove(&h, &guard)?;
+                report.removed += 1;
+            }
+        }
+        report.temp_removed = self.inner.blobs.clear_temp(&guard)?;
+        Ok(report)
+    }
+
+    /// Keeps a blob alive for `owner` (a message, an effect result…) even if no view refers to it.
+    pub fn pin_blob(&self, hash: &Hash, owner: &str) -> Result<()> {
+        let (h, owner) = (*hash, owner.to_owned());
+        self.inner.writer.run(false, move |conn, _| {
+            conn.execute(
+                "INSERT OR IGNORE INTO blob_pins(hash, owner) VALUES (?1, ?2)",
+                params![&h.0[..], owner],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Releases a pin.
+    pub fn unpin_blob(&self, hash: &Hash, owner: &str) -> Result<()> {
+        let (h, owner) = (*hash, owner.to_owned());
+        self.inner.writer.run(false, move |conn, _| {
+            conn.execute(
+                "DELETE FROM blob_pins WHERE hash = ?1 AND owner = ?2",
+                params![&h.0[..], owner],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Re-hashes every operation and tree node, checks the hash chain, that every view is
+    /// complete, that heads and marks name existing operations and that referenced blobs exist.
+    /// Returns the first damage found as [`EnvError::Integrity`].
+    pub fn verify(&self) -> Result<VerifyReport> {
+        self.verify_with(false)
+    }
+
+    /// [`LocalEnvironment::verify`], and re-hashes every referenced blob as well.
+    pub fn verify_deep(&self) -> Result<VerifyReport> {
+        self.verify_with(true)
+    }
+
+    fn verify_with(&self, deep: bool) -> Result<VerifyReport> {
+        let mut report = self.inner.readers.with(|conn| {
+            conn.execute_batch("BEGIN")?;
+            let r = self.inner.verify_in(conn);
+            let _ = conn.execute_batch("COMMIT");
+            r
+        })?;
+        let blobs = self
+            .inner
+            .readers
+            .with(|conn| self.inner.live_blobs(conn))?;
+        for h in &blobs {
+            if deep {
+                self.inner.blobs.get(h)?;
+            } else if !self.inner.blobs.contains(h) {
+                return Err(broken(format!("blob {h}"), "referenced but missing"));
+            }
+        }
+        report.blobs = blobs.len() as u64;
+        Ok(report)
+    }
+}
+
+impl Inner {
+    /// Every blob referenced by a view of any operation, or pinned. Runs in one read
+    /// transaction so it sees one consistent state.
+    fn live_blobs(&self, conn: &Connection) -> Result<HashSet<Hash>> {
+        conn.execute_batch("BEGIN")?;
+        let result = (|| {
+            let mut views = HashSet::new();
+            let mut stmt = conn.prepare_cached("SELECT record FROM ops")?;
+            let rows = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
+            for row in rows {
+                views.insert(decode_op(&row?)?.view);
+            }
+            let nodes = self.nodes_in(conn);
+            let mut seen = HashSet::new();
+            let mut live = HashSet::new();
+            for v in &views {
+                tree::walk_nodes(&nodes, v, &mut |h| seen.insert(*h), &mut |b| {
+                    live.insert(b);
+                })?;
+            }
+            let mut stmt = conn.prepare_cached("SELECT hash FROM blob_pins")?;
+            let pins = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
+            for p in pins {
+                if let Some(h) = Hash::from_slice(&p?) {
+                    live.insert(h);
+                }
+            }
+            Ok(live)
+        })();
+        let _ = conn.execute_batch("COMMIT");
+        result
+    }
+
+    fn verify_in(&self, conn: &Connection) -> Result<VerifyReport> {
+        let mut report = VerifyReport::default();
+        // Nodes first: every stored node must hash to its name and decode.
+        {
+            let mut stmt = conn.prepare("SELECT hash, data FROM nodes")?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let (h, data): (Vec<u8>, Vec<u8>) = (row.get(0)?, row.get(1)?);
+                let name = Hash::from_slice(&h)
+                    .ok_or_else(|| broken("nodes".into(), "a node name is not 32 bytes"))?;
+                if Node::hash_of(&data) != name {
+                    return Err(broken(
+                        format!("node {name}"),
+                        "its content does not hash to its name",
+                    ));
+                }
+                Node::decode(&data).map_err(|e| broken(format!("node {name}"), e.to_string()))?;
+                report.nodes += 1;
+            }
+        }
+        // Then the log in order: ids, the hash chain, complete views.
+        let mut seqs: HashMap<OpId, u64> = HashMap::new();
+        let mut walked = HashSet::new();
+        let nodes = self.nodes_in(conn);
+        let mut stmt = conn.prepare("SELECT seq, id, record FROM ops ORDER BY seq")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let (seq, id, record): (i64, Vec<u8>, Vec<u8>) =
+                (row.get(0)?, row.get(1)?, row.get(2)?);
+            let at = format!("operation #{seq}");
+            let id = op_id_from(&id).map_err(|e| broken(at.clone(), e.to_string()))?;
+            let op = decode_op(&record).map_err(|e| broken(at.clone(), e.to_string()))?;
+            if op.id != id || op.seq != seq as u64 {
+                return Err(broken(at, "the record does not match its row"));
+            }
+            if !op.is_intact() {
+                return Err(broken(
+                    format!("{at} ({})", id.short()),
+                    "the record does not hash to its id: it was altered",
+                ));
+            }
+            for p in &op.parents {
+                match seqs.get(p) {
+                    Some(ps) if *ps < op.seq => {}
+                    _ => {
+                        return Err(broken(
+                            format!("{at} ({})", id.short()),
+                            format!("parent {} is missing or not earlier", p.short()),
+                        ));
+                    }
+                }
+            }
+            tree::walk_nodes(&nodes, &op.view, &mut |h| walked.insert(*h), &mut |_| {}).map_err(
+                |e| {
+                    broken(
+                        format!("{at} ({})", id.short()),
+                        format!("its view is incomplete: {e}"),
+                    )
+                },
+            )?;
+            seqs.insert(id, op.seq);
+            report.ops += 1;
+        }
+        for (table, column) in [("heads", "name"), ("marks", "name")] {
+            let sql = format!("SELECT {column}, op FROM {table}");
+            let mut stmt = conn.prepare(&sql)?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let (name, op): (String, Vec<u8>) = (row.get(0)?, row.get(1)?);
+                let ok = op_id_from(&op)
+                    .ok()
+                    .is_some_and(|id| seqs.contains_key(&id));
+                if !ok {
+                    return Err(broken(
+                        format!("{table} {name}"),
+                        "names an operation that does not exist",
+                    ));
+                }
+            }
+        }
+        Ok(report)
+    }
+}

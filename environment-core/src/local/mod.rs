@@ -1,0 +1,564 @@
+//! `LocalEnvironment`: the environment on SQLite and the blob store, in one home directory.
+
+mod act;
+pub(crate) mod branch;
+mod effect;
+mod events;
+mod history;
+mod maintain;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+pub use act::{ActRequest, Change, Observation};
+pub use branch::MergeOutcome;
+pub use effect::{BeginOutcome, EffectRecord, EffectState};
+pub use events::Subscription;
+pub use history::{HistoryEntry, HistoryOptions};
+pub use maintain::{GcReport, VerifyReport};
+
+use crate::authz::{
+    AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,
+};
+use crate::blob::BlobStore;
+use crate::clock::{Clock, SystemClock};
+use crate::db::{self, DbNodes, NodeCache, ReadPool, TxEffects, Writer};
+use crate::error::{EnvError, Result};
+use crate::event::{Event, Publisher};
+use crate::hash::Hash;
+use crate::key::{Key, KeyPrefix};
+use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId, Operation};
+use crate::tree::{self, KeyChange, Node, TreeEdit};
+use crate::value::{Content, Value};
+
+/// The branch every environment starts with.
+pub const MAIN: &str = "main";
+
+/// How an environment is opened.
+#[derive(Clone)]
+pub struct Options {
+    /// Decides every action; [`AllowAll`] unless set.
+    pub authorizer: Arc<dyn Authorizer>,
+    /// Receives every committed operation's event, through the durable outbox.
+    pub publisher: Option<Arc<dyn Publisher>>,
+    /// Where time comes from.
+    pub clock: Arc<dyn Clock>,
+    /// The largest value one act may carry, in bytes.
+    pub max_value_bytes: u64,
+    /// The most changes one act may carry.
+    pub max_changes: usize,
+    /// The longest intent text, in bytes.
+    pub max_intent_len: usize,
+    /// How many decoded tree nodes to keep in memory.
+    pub node_cache: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            authorizer: Arc::new(AllowAll),
+            publisher: None,
+            clock: Arc::new(SystemClock),
+            max_value_bytes: 256 << 20,
+            max_changes: 1_000_000,
+            max_intent_len: 16 << 10,
+            node_cache: 200_000,
+        }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("publisher", &self.publisher.is_some())
+            .field("max_value_bytes", &self.max_value_bytes)
+            .field("max_changes", &self.max_changes)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    home: PathBuf,
+    options: Options,
+    blobs: BlobStore,
+    writer: Writer,
+    readers: ReadPool,
+    nodes: Arc<NodeCache>,
+    ops: Arc<quick_cache::sync::Cache<OpId, Arc<Operation>>>,
+    hub: Arc<events::Hub>,
+}
+
+/// An environment stored on this machine: a SQLite database (`env.db`) and a blob store
+/// (`blobs/`) under one home directory. Cheap to clone; clones share everything. Several
+/// processes may open the same home: SQLite serializes their writes.
+#[derive(Clone)]
+pub struct LocalEnvironment {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LocalEnvironment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalEnvironment")
+            .field("home", &self.inner.home)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The actor that records the environment's own operations (creation).
+pub(crate) fn system_actor() -> ActorId {
+    ActorId::system()
+}
+
+impl LocalEnvironment {
+    /// Opens the environment in `home`, creating it (with an empty `main` branch) if needed.
+    pub fn open(home: impl AsRef<Path>, options: Options) -> Result<LocalEnvironment> {
+        let home = home.as_ref().to_path_buf();
+        std::fs::create_dir_all(&home).map_err(|e| EnvError::Home {
+            path: home.clone(),
+            detail: e.to_string(),
+        })?;
+        let db_path = home.join("env.db");
+        let blobs = BlobStore::open(home.join("blobs"))?;
+        let conn = db::open_writer(&db_path)?;
+        let nodes = Arc::new(NodeCache::new(options.node_cache));
+        let ops = Arc::new(quick_cache::sync::Cache::new(100_000));
+        let hub = Arc::new(events::Hub::new(options.publisher.is_some()));
+        let after_commit = {
+            let (nodes, ops, hub) = (nodes.clone(), ops.clone(), hub.clone());
+            Box::new(move |fx: TxEffects| {
+                for (h, n) in fx.nodes {
+                    nodes.insert(h, n);
+                }
+                for op in fx.ops {
+                    ops.insert(op.id, op);
+                }
+                hub.deliver(fx.events);
+            })
+        };
+        let writer = Writer::start(conn, after_commit)?;
+        let inner = Arc::new(Inner {
+            readers: ReadPool::new(db_path),
+            home,
+            options,
+            blobs,
+            writer,
+            nodes,
+            ops,
+            hub,
+        });
+        let env = LocalEnvironment { inner };
+        env.init()?;
+        events::start_outbox(&env.inner);
+        Ok(env)
+    }
+
+    /// Creates the first operation and the `main` branch if the log is empty.
+    fn init(&self) -> Result<()> {
+        let inner = self.inner.clone();
+        self.inner.writer.run(false, move |conn, fx| {
+            let any: Option<i64> = conn
+                .query_row("SELECT seq FROM ops LIMIT 1", [], |r| r.get(0))
+                .optional()?;
+            if any.is_some() {
+                return Ok(());
+            }
+            let (root, bytes) = Node::empty();
+            conn.execute(
+                "INSERT OR IGNORE INTO nodes(hash, data) VALUES (?1, ?2)",
+                params![&root.0[..], bytes],
+            )?;
+            inner.commit_op(
+                conn,
+                fx,
+                OpDraft {
+                    parents: Vec::new(),
+                    view: root,
+                    branch: MAIN.to_owned(),
+                    actor: system_actor(),
+                    intent: Intent::new(crate::op::IntentKind::Setup, "create the environment"),
+                    base_version: None,
+                    summary: ChangeSummary::default(),
+                    flags: OpFlags::INIT,
+                    decision: None,
+                    restored_from: None,
+                    effects: Vec::new(),
+                },
+                None,
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The home directory.
+    pub fn home(&self) -> &Path {
+        &self.inner.home
+    }
+
+    /// The blob store.
+    pub fn blobs(&self) -> &BlobStore {
+        &self.inner.blobs
+    }
+
+    /// The operation at the head of `branch`.
+    pub fn head(&self, branch: &str) -> Result<OpId> {
+        self.inner.readers.with(|conn| {
+            head_in(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))
+        })
+    }
+
+    /// Every branch with its head, by name.
+    pub fn branches(&self) -> Result<Vec<(String, OpId)>> {
+        self.inner.readers.with(|conn| {
+            let mut stmt = conn.prepare_cached("SELECT name, op FROM heads ORDER BY name")?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (name, op) = row?;
+                out.push((name, op_id_from(&op)?));
+            }
+            Ok(out)
+        })
+    }
+
+    /// The operation record with this id.
+    pub fn op(&self, id: &OpId) -> Result<Arc<Operation>> {
+        if let Some(op) = self.inner.ops.get(id) {
+            return Ok(op);
+        }
+        self.inner.readers.with(|conn| self.inner.op_in(conn, id))
+    }
+
+    /// Resolves a version spelled as a full id, a unique id prefix (4+ hex digits), a mark, a
+    /// branch name, or any of these followed by `~N` (N first-parent steps back; `HEAD` means
+    /// `main`).
+    pub fn resolve(&self, spec: &str) -> Result<OpId> {
+        let (base, back) = match spec.rsplit_once('~') {
+            Some((b, n)) => (
+                b,
+                n.parse::<usize>()
+                    .map_err(|_| EnvError::UnknownVersion(spec.to_owned()))?,
+            ),
+            None => (spec, 0),
+        };
+        let base = if base == "HEAD" { MAIN } else { base };
+        let mut id = self.inner.readers.with(|conn| resolve_in(conn, base))?;
+        for _ in 0..back {
+            let op = self.op(&id)?;
+            id = *op
+                .parents
+                .first()
+                .ok_or_else(|| EnvError::UnknownVersion(spec.to_owned()))?;
+        }
+        Ok(id)
+    }
+
+    /// The value at `key` in `version`.
+    pub fn read(&self, actor: &ActorId, key: &Key, version: &OpId) -> Result<Option<Value>> {
+        self.authorize(actor, Action::Read, Resource::Key(key.clone()), None, None)?;
+        self.read_unchecked(key, version)
+    }
+
+    /// Reads without asking the authorizer: for the environment's own machinery.
+    pub fn read_unchecked(&self, key: &Key, version: &OpId) -> Result<Option<Value>> {
+        let view = self.op(version)?.view;
+        self.inner
+            .readers
+            .with(|conn| tree::get(&self.inner.nodes_in(conn), &view, key))
+    }
+
+    /// The bytes of a value: inline content, or its blob (checked against its hash).
+    pub fn content(&self, value: &Value) -> Result<Vec<u8>> {
+        match &value.content {
+            Content::Inline(b) => Ok(b.clone()),
+            Content::Blob(h) => Ok(self.inner.blobs.get(h)?),
+        }
+    }
+
+    /// Every key under `prefix` in `version`, ordered segment by segment.
+    pub fn list(
+        &self,
+        actor: &ActorId,
+        prefix: &KeyPrefix,
+        version: &OpId,
+    ) -> Result<Vec<(Key, Value)>> {
+        self.authorize(
+            actor,
+            Action::Read,
+            Resource::Prefix(prefix.clone()),
+            None,
+            None,
+        )?;
+        let view = self.op(version)?.view;
+        self.inner
+            .readers
+            .with(|conn| tree::list(&self.inner.nodes_in(conn), &view, prefix))
+    }
+
+    /// The keys (under `prefix`, or all) whose values differ from `from` to `to`. Cost follows
+    /// the size of the difference, not of the views.
+    pub fn diff(
+        &self,
+        actor: &ActorId,
+        from: &OpId,
+        to: &OpId,
+        prefix: Option<&KeyPrefix>,
+    ) -> Result<Vec<KeyChange>> {
+        let resource = match prefix {
+            Some(p) => Resource::Prefix(p.clone()),
+            None => Resource::Environment,
+        };
+        self.authorize(actor, Action::Read, resource, None, None)?;
+        let (a, b) = (self.op(from)?.view, self.op(to)?.view);
+        self.inner
+            .readers
+            .with(|conn| tree::diff(&self.inner.nodes_in(conn), &a, &b, prefix))
+    }
+
+    /// Subscribes to committed operations' events that pass `filter`.
+    pub fn subscribe(&self, filter: crate::event::EventFilter) -> Subscription {
+        self.inner.hub.subscribe(filter)
+    }
+
+    /// Asks the authorizer; anything but an allow is an error carrying the decision.
+    pub(crate) fn authorize(
+        &self,
+        actor: &ActorId,
+        action: Action,
+        resource: Resource,
+        branch: Option<&str>,
+        operation: Option<&str>,
+    ) -> Result<Decision> {
+        let mut context = Context {
+            branch: branch.map(str::to_owned),
+            ..Context::default()
+        };
+        if let Some(op) = operation {
+            context
+                .attrs
+                .insert("operation".into(), AttrValue::Str(op.into()));
+        }
+        self.inner.check(&AccessRequest {
+            actor: actor.clone(),
+            action,
+            resource,
+            context,
+        })
+    }
+}
+
+/// An operation about to be recorded.
+pub(crate) struct OpDraft {
+    pub parents: Vec<OpId>,
+    pub view: Hash,
+    pub branch: String,
+    pub actor: ActorId,
+    pub intent: Intent,
+    pub base_version: Option<OpId>,
+    pub summary: ChangeSummary,
+    pub flags: OpFlags,
+    pub decision: Option<DecisionRef>,
+    pub restored_from: Option<OpId>,
+    pub effects: Vec<u64>,
+}
+
+impl Inner {
+    pub(crate) fn nodes_in<'a>(&'a self, conn: &'a Connection) -> DbNodes<'a> {
+        DbNodes {
+            conn,
+            cache: &self.nodes,
+        }
+    }
+
+    pub(crate) fn check(&self, request: &AccessRequest) -> Result<Decision> {
+        let decision = self.options.authorizer.authorize(request);
+        if decision.is_allowed() {
+            Ok(decision)
+        } else {
+            Err(EnvError::NotAllowed(Box::new(decision)))
+        }
+    }
+
+    pub(crate) fn op_in(&self, conn: &Connection, id: &OpId) -> Result<Arc<Operation>> {
+        if let Some(op) = self.ops.get(id) {
+            return Ok(op);
+        }
+        let record: Option<Vec<u8>> = conn
+            .prepare_cached("SELECT record FROM ops WHERE id = ?1")?
+            .query_row([&id.0.0[..]], |r| r.get(0))
+            .optional()?;
+        let record = record.ok_or_else(|| EnvError::UnknownVersion(id.to_string()))?;
+        let op = Arc::new(decode_op(&record)?);
+        Ok(op)
+    }
+
+    /// Records an operation and moves its branch's head to it (compare-and-swap against
+    /// `expected_head`, `None` for a new branch). Called inside the writer's transaction.
+    pub(crate) fn commit_op(
+        &self,
+        conn: &Connection,
+        fx: &mut TxEffects,
+        draft: OpDraft,
+        expected_head: Option<&OpId>,
+    ) -> Result<Arc<Operation>> {
+        let seq: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM ops", [], |r| {
+            r.get(0)
+        })?;
+        let mut op = Operation {
+            id: OpId(Hash([0; 32])),
+            seq: seq as u64,
+            parents: draft.parents,
+            view: draft.view,
+            branch: draft.branch,
+            actor: draft.actor,
+            intent: draft.intent,
+            base_version: draft.base_version,
+            summary: draft.summary,
+            flags: draft.flags,
+            time_ms: self.options.clock.now_ms(),
+            decision: draft.decision,
+            restored_from: draft.restored_from,
+            effects: draft.effects,
+        };
+        op.id = op.compute_id();
+        let record = postcard::to_stdvec(&op).map_err(|e| EnvError::Decode {
+            what: "operation",
+            detail: e.to_string(),
+        })?;
+        conn.prepare_cached("INSERT INTO ops(seq, id, record) VALUES (?1, ?2, ?3)")?
+            .execute(params![seq, &op.id.0.0[..], record])?;
+        let moved = match expected_head {
+            Some(old) => conn
+                .prepare_cached("UPDATE heads SET op = ?1 WHERE name = ?2 AND op = ?3")?
+                .execute(params![&op.id.0.0[..], op.branch, &old.0.0[..]])?,
+            None => conn
+                .prepare_cached("INSERT OR IGNORE INTO heads(name, op) VALUES (?1, ?2)")?
+                .execute(params![op.branch, &op.id.0.0[..]])?,
+        };
+        if moved != 1 {
+            // The writer is the only one moving heads inside its transaction, and it read the
+            // head in the same transaction: this means another process raced us.
+            return Err(EnvError::UnknownBranch(op.branch.clone()));
+        }
+        let event = Event::from(&op);
+        if self.hub.has_publisher() {
+            let bytes = serde_json::to_vec(&event).map_err(|e| EnvError::Decode {
+                what: "event",
+                detail: e.to_string(),
+            })?;
+            conn.prepare_cached("INSERT INTO outbox(event) VALUES (?1)")?
+                .execute([bytes])?;
+        }
+        let op = Arc::new(op);
+        fx.events.push(event);
+        fx.ops.push(op.clone());
+        Ok(op)
+    }
+
+    /// Persists the nodes an edit created and schedules them for the cache.
+    pub(crate) fn persist(
+        &self,
+        conn: &Connection,
+        fx: &mut TxEffects,
+        edit: TreeEdit<'_>,
+    ) -> Result<()> {
+        let new = edit.into_new_nodes();
+        db::insert_nodes(conn, &new)?;
+        fx.nodes.extend(new.into_iter().map(|(h, n, _)| (h, n)));
+        Ok(())
+    }
+}
+
+pub(crate) fn decode_op(record: &[u8]) -> Result<Operation> {
+    postcard::from_bytes(record).map_err(|e| EnvError::Decode {
+        what: "operation",
+        detail: e.to_string(),
+    })
+}
+
+pub(crate) fn op_id_from(bytes: &[u8]) -> Result<OpId> {
+    Hash::from_slice(bytes).map(OpId).ok_or(EnvError::Decode {
+        what: "operation id",
+        detail: format!("{} bytes instead of 32", bytes.len()),
+    })
+}
+
+pub(crate) fn head_in(conn: &Connection, branch: &str) -> Result<Option<OpId>> {
+    let op: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT op FROM heads WHERE name = ?1")?
+        .query_row([branch], |r| r.get(0))
+        .optional()?;
+    op.map(|b| op_id_from(&b)).transpose()
+}
+
+fn resolve_in(conn: &Connection, spec: &str) -> Result<OpId> {
+    if let Some(h) = head_in(conn, spec)? {
+        return Ok(h);
+    }
+    if let Some(m) = branch::mark_in(conn, spec)? {
+        return Ok(m);
+    }
+    let is_hex = spec.len() >= 4 && spec.len() <= 64 && spec.bytes().all(|b| b.is_ascii_hexdigit());
+    if !is_hex {
+        return Err(EnvError::UnknownVersion(spec.to_owned()));
+    }
+    let lower = spec.to_ascii_lowercase();
+    let bound = |fill: char| -> Result<Vec<u8>> {
+        let full: String = lower
+            .chars()
+            .chain(std::iter::repeat(fill))
+            .take(64)
+            .collect();
+        hex::decode(full).map_err(|_| EnvError::UnknownVersion(spec.to_owned()))
+    };
+    let (lo, hi) = (bound('0')?, bound('f')?);
+    let mut stmt = conn.prepare_cached("SELECT id FROM ops WHERE id BETWEEN ?1 AND ?2 LIMIT 2")?;
+    let found: Vec<Vec<u8>> = stmt
+        .query_map(params![lo, hi], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    match found.as_slice() {
+        [one] => op_id_from(one),
+        [] => Err(EnvError::UnknownVersion(spec.to_owned())),
+        _ => {
+            let count: usize = conn.query_row(
+                "SELECT COUNT(*) FROM ops WHERE id BETWEEN ?1 AND ?2",
+                params![lo, hi],
+                |r| r.get(0),
+            )?;
+            Err(EnvError::AmbiguousVersion {
+                prefix: spec.to_owned(),
+                count,
+            })
+        }
+    }
+}
+
+/// Branch and mark names: short, printable, no spaces, no `~` or `:` (they have meanings in
+/// version specs), not a hex string that could be mistaken for an id.
+pub(crate) fn validate_name(name: &str) -> Result<()> {
+    let bad = |reason| {
+        Err(EnvError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })
+    };
+    if name.is_empty() || name.len() > 100 {
+        return bad("a name has 1 to 100 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
+    {
+        return bad("a name uses only letters, digits, `-`, `_`, `.` and `/`");
+    }
+    if name.starts_with(['-', '.', '/']) || name.ends_with('/') || name.contains("//") {
+        return bad("a name does not start with `-`, `.` or `/`, nor end with `/`");
+    }
+    if name == "HEAD" || (name.len() >= 4 && name.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return bad("`HEAD` and hex strings are reserved for versions");
+    }
+    Ok(())
+}
