@@ -187,19 +187,44 @@ impl Writer {
         full_sync: bool,
         work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
     ) -> tokio::sync::oneshot::Receiver<Result<R>> {
-        let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit_with(full_sync, work, move |r| {
+            let _ = tx.send(r);
+        });
+        rx
+    }
+
+    /// Like [`Writer::submit`], waiting for the reply on this thread. Usable from inside an
+    /// async runtime too (it blocks that thread, as any synchronous call does).
+    pub fn run<R: Send + 'static>(
+        &self,
+        full_sync: bool,
+        work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.submit_with(full_sync, work, move |r| {
+            let _ = tx.send(r);
+        });
+        rx.recv().map_err(|_| EnvError::Closed)?
+    }
+
+    fn submit_with<R: Send + 'static>(
+        &self,
+        full_sync: bool,
+        work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
+        reply: impl FnOnce(Result<R>) + Send + 'static,
+    ) {
         let job = Job {
             full_sync,
             work: Box::new(move |conn, fx| {
                 let outcome = conn.map(|c| work(c, fx));
                 let ok = matches!(outcome, Some(Ok(_)));
                 let finisher: Finisher = Box::new(move |commit_err| {
-                    let reply = match (outcome, commit_err) {
+                    reply(match (outcome, commit_err) {
                         (_, Some(e)) => Err(EnvError::CommitFailed(e.to_string())),
                         (Some(r), None) => r,
                         (None, None) => Err(EnvError::CommitFailed("the job did not run".into())),
-                    };
-                    let _ = reply_tx.send(reply);
+                    });
                 });
                 (ok, finisher)
             }),
@@ -207,21 +232,9 @@ impl Writer {
         if let Ok(guard) = self.tx.lock()
             && let Some(tx) = guard.as_ref()
         {
-            // A send error drops the job, and with it the reply sender: the receiver sees Closed.
+            // A send error drops the job, and with it the reply: the caller sees Closed.
             let _ = tx.send(job);
         }
-        reply_rx
-    }
-
-    /// Like [`Writer::submit`], waiting for the reply on this thread.
-    pub fn run<R: Send + 'static>(
-        &self,
-        full_sync: bool,
-        work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
-    ) -> Result<R> {
-        self.submit(full_sync, work)
-            .blocking_recv()
-            .map_err(|_| EnvError::Closed)?
     }
 
     /// Stops taking jobs, finishes those queued and joins the thread.
