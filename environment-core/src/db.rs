@@ -1,21 +1,21 @@
 //! SQLite: the schema, the writer thread with group commit, and the pool of read connections.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::error::{EnvError, Result};
 use crate::event::Event;
-use crate::hash::Hash;
-use crate::tree::{Node, NodeSource};
+use crate::tree::{NewNode, Node, NodeId, NodeSource, Ptr};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS nodes(hash BLOB PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, hash BLOB NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, root INTEGER NOT NULL, record BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS heads(name TEXT PRIMARY KEY, op BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS marks(name TEXT PRIMARY KEY, op BLOB NOT NULL, actor TEXT NOT NULL, time_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS forks(op BLOB PRIMARY KEY) WITHOUT ROWID;
@@ -102,41 +102,53 @@ impl ReadPool {
     }
 }
 
-/// Decoded nodes shared by every reader and the writer.
-pub(crate) type NodeCache = quick_cache::sync::Cache<Hash, Arc<Node>>;
+/// Decoded nodes shared by every reader and the writer, by row id.
+pub(crate) type NodeCache = quick_cache::sync::Cache<NodeId, Arc<Node>>;
 
 /// Nodes read through a connection, via the cache.
 pub(crate) struct DbNodes<'a> {
     pub conn: &'a Connection,
     pub cache: &'a NodeCache,
+    /// Whether nodes read may enter the shared cache. The writer's reads can see rows of its
+    /// open transaction, whose ids a rollback would free for reuse: only committed rows may be
+    /// cached, so the writer reads through without filling the cache.
+    pub fill_cache: bool,
 }
 
 impl NodeSource for DbNodes<'_> {
-    fn node(&self, hash: &Hash) -> Result<Arc<Node>> {
-        if let Some(n) = self.cache.get(hash) {
+    fn node(&self, ptr: &Ptr) -> Result<Arc<Node>> {
+        if let Some(n) = self.cache.get(&ptr.id) {
             return Ok(n);
         }
         let data: Option<Vec<u8>> = self
             .conn
-            .prepare_cached("SELECT data FROM nodes WHERE hash = ?1")?
-            .query_row([&hash.0[..]], |r| r.get(0))
+            .prepare_cached("SELECT data FROM nodes WHERE id = ?1")?
+            .query_row([ptr.id], |r| r.get(0))
             .optional()?;
         let data = data.ok_or_else(|| EnvError::Integrity {
-            at: format!("node {hash}"),
+            at: format!("node {} (#{})", ptr.hash, ptr.id),
             detail: "a view refers to a tree node that is not stored".into(),
         })?;
         let node = Arc::new(Node::decode(&data)?);
-        self.cache.insert(*hash, node.clone());
+        if self.fill_cache {
+            self.cache.insert(ptr.id, node.clone());
+        }
         Ok(node)
     }
 }
 
-/// Inserts nodes (idempotent: content-addressed).
-pub(crate) fn insert_nodes(conn: &Connection, nodes: &[(Hash, Arc<Node>, Vec<u8>)]) -> Result<()> {
-    let mut stmt =
-        conn.prepare_cached("INSERT OR IGNORE INTO nodes(hash, data) VALUES (?1, ?2)")?;
-    for (h, _, bytes) in nodes {
-        stmt.execute(params![&h.0[..], bytes])?;
+/// The row id the next stored node gets. Nodes are never deleted, so the largest id only grows.
+pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
+    Ok(conn
+        .prepare_cached("SELECT COALESCE(MAX(id), 0) + 1 FROM nodes")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Stores new nodes under their allocated ids.
+pub(crate) fn insert_nodes(conn: &Connection, nodes: &[NewNode]) -> Result<()> {
+    let mut stmt = conn.prepare_cached("INSERT INTO nodes(id, hash, data) VALUES (?1, ?2, ?3)")?;
+    for n in nodes {
+        stmt.execute(params![n.ptr.id, &n.ptr.hash.0[..], n.bytes])?;
     }
     Ok(())
 }
@@ -147,9 +159,9 @@ pub(crate) struct TxEffects {
     /// Events to hand to subscribers and the outbox thread.
     pub events: Vec<Event>,
     /// Nodes to put in the cache.
-    pub nodes: Vec<(Hash, Arc<Node>)>,
-    /// Operations to put in the cache.
-    pub ops: Vec<Arc<crate::op::Operation>>,
+    pub nodes: Vec<(NodeId, Arc<Node>)>,
+    /// Operations (with their root node) to put in the cache.
+    pub ops: Vec<(Arc<crate::op::Operation>, NodeId)>,
 }
 
 type Finisher = Box<dyn FnOnce(Option<&EnvError>) + Send>;
@@ -163,14 +175,33 @@ struct Job {
 }
 
 /// Called after every commit with what the committed jobs left.
-pub(crate) type AfterCommit = Box<dyn Fn(TxEffects) + Send>;
+pub(crate) type AfterCommit = Box<dyn Fn(TxEffects) + Send + Sync>;
 
-/// The single writer: owns the write connection; jobs arrive over a channel and are committed
-/// in groups (one transaction for all jobs waiting, each in its own savepoint so one failure
-/// does not undo the others).
+/// The single writer: one write connection, one queue of jobs, committed in groups (one
+/// transaction for all jobs waiting, each in its own savepoint so one failure does not undo the
+/// others).
+///
+/// Whoever holds the connection commits for everyone queued: a synchronous caller queues its job
+/// and takes the connection itself (no hand-off to another thread when it is alone, and a free
+/// ride in the next group when it is not); asynchronous callers queue and wake the writer thread,
+/// so no async worker ever waits on SQLite. One connection, one transaction at a time, in queue
+/// order: the single-writer discipline, without a context switch on the sequential path.
 pub(crate) struct Writer {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    handle: Mutex<Option<thread::JoinHandle<()>>>,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<thread::JoinHandle<()>>>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    conn: Mutex<Connection>,
+    after_commit: AfterCommit,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    closed: bool,
 }
 
 /// Most jobs committed in one transaction.
@@ -178,55 +209,69 @@ const MAX_GROUP: usize = 256;
 
 impl Writer {
     pub fn start(conn: Connection, after_commit: AfterCommit) -> Result<Writer> {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            conn: Mutex::new(conn),
+            after_commit,
+        });
+        let for_thread = shared.clone();
         let handle = thread::Builder::new()
             .name("environment-writer".into())
-            .spawn(move || writer_loop(conn, rx, after_commit))
+            .spawn(move || background(&for_thread))
             .map_err(|e| EnvError::Home {
                 path: PathBuf::new(),
                 detail: format!("cannot start the writer thread: {e}"),
             })?;
         Ok(Writer {
-            tx: Mutex::new(Some(tx)),
-            handle: Mutex::new(Some(handle)),
+            shared,
+            thread: Mutex::new(Some(handle)),
         })
     }
 
-    /// Runs `work` in the writer's transaction; the reply arrives once the transaction has
-    /// committed (or with the error that prevented it). `full_sync` makes the commit durable
-    /// against power loss, not only against a crash of the process.
+    /// Queues `work` for the writer thread; the reply arrives once its transaction has committed
+    /// (or with the error that prevented it). `full_sync` makes the commit durable against power
+    /// loss, not only against a crash of the process.
     pub fn submit<R: Send + 'static>(
         &self,
         full_sync: bool,
         work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
     ) -> tokio::sync::oneshot::Receiver<Result<R>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit_with(full_sync, work, move |r| {
+        if self.enqueue(full_sync, work, move |r| {
             let _ = tx.send(r);
-        });
+        }) {
+            self.shared.wake.notify_one();
+        }
         rx
     }
 
-    /// Like [`Writer::submit`], waiting for the reply on this thread. Usable from inside an
-    /// async runtime too (it blocks that thread, as any synchronous call does).
+    /// Runs `work` and waits for its commit, committing on this thread when the connection is
+    /// free. Usable from inside an async runtime too (it blocks that thread, as any synchronous
+    /// call does).
     pub fn run<R: Send + 'static>(
         &self,
         full_sync: bool,
         work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
     ) -> Result<R> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.submit_with(full_sync, work, move |r| {
+        if self.enqueue(full_sync, work, move |r| {
             let _ = tx.send(r);
-        });
+        }) {
+            // Our job is queued before we take the connection, so whoever holds it next —
+            // this thread or one ahead of it — commits it.
+            drain(&self.shared);
+        }
         rx.recv().map_err(|_| EnvError::Closed)?
     }
 
-    fn submit_with<R: Send + 'static>(
+    /// Queues a job; false if the writer is closed (the job is dropped, and its reply with it).
+    fn enqueue<R: Send + 'static>(
         &self,
         full_sync: bool,
         work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
         reply: impl FnOnce(Result<R>) + Send + 'static,
-    ) {
+    ) -> bool {
         let job = Job {
             full_sync,
             work: Box::new(move |conn, fx| {
@@ -242,24 +287,28 @@ impl Writer {
                 (ok, finisher)
             }),
         };
-        if let Ok(guard) = self.tx.lock()
-            && let Some(tx) = guard.as_ref()
-        {
-            // A send error drops the job, and with it the reply: the caller sees Closed.
-            let _ = tx.send(job);
+        let Ok(mut q) = self.shared.queue.lock() else {
+            return false;
+        };
+        if q.closed {
+            return false;
         }
+        q.jobs.push_back(job);
+        true
     }
 
-    /// Stops taking jobs, finishes those queued and joins the thread.
+    /// Stops taking jobs, commits those queued and joins the writer thread.
     pub fn close(&self) {
-        if let Ok(mut g) = self.tx.lock() {
-            g.take();
+        if let Ok(mut q) = self.shared.queue.lock() {
+            q.closed = true;
         }
-        if let Ok(mut h) = self.handle.lock()
+        self.shared.wake.notify_all();
+        if let Ok(mut h) = self.thread.lock()
             && let Some(h) = h.take()
         {
             let _ = h.join();
         }
+        drain(&self.shared);
     }
 }
 
@@ -269,63 +318,113 @@ impl Drop for Writer {
     }
 }
 
-fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>, after_commit: AfterCommit) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(j) => batch.push(j),
-                Err(_) => break,
+/// The writer thread: commits what asynchronous callers queue.
+fn background(shared: &Shared) {
+    loop {
+        {
+            let Ok(mut q) = shared.queue.lock() else {
+                return;
+            };
+            while q.jobs.is_empty() && !q.closed {
+                q = match shared.wake.wait(q) {
+                    Ok(q) => q,
+                    Err(_) => return,
+                };
+            }
+            if q.jobs.is_empty() && q.closed {
+                return;
             }
         }
-        let full_sync = batch.iter().any(|j| j.full_sync);
-        let mut finishers = Vec::with_capacity(batch.len());
-        let mut effects = TxEffects::default();
-        let began = (|| -> Result<()> {
-            if full_sync {
-                conn.pragma_update(None, "synchronous", "FULL")?;
-            }
-            conn.execute_batch("BEGIN IMMEDIATE")?;
-            Ok(())
-        })();
-        if let Err(e) = began {
-            for job in batch {
-                let (_, fin) = (job.work)(None, &mut TxEffects::default());
-                fin(Some(&e));
-            }
-            let _ = conn.execute_batch("ROLLBACK");
-            continue;
+        drain(shared);
+    }
+}
+
+/// Takes the connection and commits groups until the queue is empty.
+fn drain(shared: &Shared) {
+    // A panic inside a job is a bug, not a reason to stop writing: take the connection back.
+    let conn = shared
+        .conn
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    loop {
+        let batch: Vec<Job> = {
+            let Ok(mut q) = shared.queue.lock() else {
+                return;
+            };
+            let n = q.jobs.len().min(MAX_GROUP);
+            q.jobs.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            return;
         }
-        for job in batch {
-            let mut fx = TxEffects::default();
-            let in_savepoint = conn.execute_batch("SAVEPOINT job").is_ok();
-            let (work_ok, fin) = (job.work)(in_savepoint.then_some(&conn), &mut fx);
-            if work_ok {
-                let _ = conn.execute_batch("RELEASE job");
-                effects.events.append(&mut fx.events);
-                effects.nodes.append(&mut fx.nodes);
-                effects.ops.append(&mut fx.ops);
-            } else if in_savepoint {
-                let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
-            }
-            finishers.push(fin);
-        }
-        let committed = conn.execute_batch("COMMIT").map_err(EnvError::from);
+        commit_group(&conn, batch, &shared.after_commit);
+    }
+}
+
+/// Runs one statement through the statement cache (transaction control is run for every
+/// commit: parsing it each time would show in the profile).
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
+}
+
+fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) {
+    let full_sync = batch.iter().any(|j| j.full_sync);
+    let began = (|| -> Result<()> {
         if full_sync {
-            let _ = conn.pragma_update(None, "synchronous", "NORMAL");
+            conn.pragma_update(None, "synchronous", "FULL")?;
         }
-        match committed {
-            Ok(()) => {
-                after_commit(effects);
-                for fin in finishers {
-                    fin(None);
-                }
+        exec(conn, "BEGIN IMMEDIATE")?;
+        Ok(())
+    })();
+    if let Err(e) = began {
+        for job in batch {
+            let (_, fin) = (job.work)(None, &mut TxEffects::default());
+            fin(Some(&e));
+        }
+        let _ = conn.execute_batch("ROLLBACK");
+        return;
+    }
+    // A job alone needs no savepoint: if it fails, the whole transaction rolls back.
+    let alone = batch.len() == 1;
+    let mut finishers = Vec::with_capacity(batch.len());
+    let mut effects = TxEffects::default();
+    let mut any_ok = false;
+    for job in batch {
+        let mut fx = TxEffects::default();
+        let in_savepoint = alone || exec(conn, "SAVEPOINT job").is_ok();
+        let (work_ok, fin) = (job.work)(in_savepoint.then_some(conn), &mut fx);
+        if work_ok {
+            if !alone {
+                let _ = exec(conn, "RELEASE job");
             }
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                for fin in finishers {
-                    fin(Some(&e));
-                }
+            any_ok = true;
+            effects.events.append(&mut fx.events);
+            effects.nodes.append(&mut fx.nodes);
+            effects.ops.append(&mut fx.ops);
+        } else if in_savepoint && !alone {
+            let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
+        }
+        finishers.push(fin);
+    }
+    let committed = if any_ok {
+        exec(conn, "COMMIT").map_err(EnvError::from)
+    } else {
+        exec(conn, "ROLLBACK").map_err(EnvError::from)
+    };
+    if full_sync {
+        let _ = conn.pragma_update(None, "synchronous", "NORMAL");
+    }
+    match committed {
+        Ok(()) => {
+            after_commit(effects);
+            for fin in finishers {
+                fin(None);
+            }
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            for fin in finishers {
+                fin(Some(&e));
             }
         }
     }

@@ -6,10 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::authz::ActorId;
 use crate::error::Result;
-use crate::hash::Hash;
 use crate::key::Key;
 use crate::op::{Intent, OpId};
-use crate::tree::{self, NodeSource, Put, TreeEdit};
+use crate::tree::{self, NodeSource, Ptr, Put, TreeEdit};
 use crate::value::Value;
 
 /// A key changed differently on both sides of a merge, before it is turned into a conflict object.
@@ -72,11 +71,11 @@ impl Conflict {
 /// object). Returns the merged root and the conflicts.
 pub(crate) fn merge_views(
     edit: &mut TreeEdit<'_>,
-    base: &Hash,
-    ours: &Hash,
-    theirs: &Hash,
+    base: &Ptr,
+    ours: &Ptr,
+    theirs: &Ptr,
     resolve: &mut dyn FnMut(&KeyConflict) -> Result<Value>,
-) -> Result<(Hash, Vec<KeyConflict>)> {
+) -> Result<(Ptr, Vec<KeyConflict>)> {
     if base == theirs || ours == theirs {
         return Ok((*ours, Vec::new()));
     }

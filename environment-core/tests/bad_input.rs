@@ -50,9 +50,15 @@ fn malformed_keys() {
         let err = Key::fs(path.to_vec()).unwrap_err();
         assert!(expected(&err), "{path:?}: {err:?}");
     }
-    let long: Vec<u8> = std::iter::repeat_n(b"abcdefgh/".as_slice(), 500).flatten().copied().collect();
+    let long: Vec<u8> = std::iter::repeat_n(b"abcdefgh/".as_slice(), 500)
+        .flatten()
+        .copied()
+        .collect();
     assert!(matches!(Key::fs(long), Err(KeyError::TooLong { .. })));
-    assert!(matches!("nope:x".parse::<Key>(), Err(KeyError::UnknownNamespace(_))));
+    assert!(matches!(
+        "nope:x".parse::<Key>(),
+        Err(KeyError::UnknownNamespace(_))
+    ));
     // Non-UTF-8 bytes are fine.
     assert!(Key::fs(b"caf\xe9".to_vec()).is_ok());
 }
@@ -62,51 +68,130 @@ fn unknown_versions_and_branches() {
     let (_h, env, actor) = open();
     let k = Key::fs("a").unwrap();
     let bogus = "00".repeat(32).parse().unwrap();
-    assert!(matches!(env.read(&actor, &k, &bogus), Err(EnvError::UnknownVersion(_))));
-    assert!(matches!(env.resolve("nosuchmark"), Err(EnvError::UnknownVersion(_))));
-    assert!(matches!(env.resolve("main~5"), Err(EnvError::UnknownVersion(_))));
-    assert!(matches!(env.resolve("main~x"), Err(EnvError::UnknownVersion(_))));
-    refused(&env, || env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("x")).base(bogus).put(k.clone(), Value::file("x"))).map(drop));
-    refused(&env, || env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("x")).on("nobranch").put(k.clone(), Value::file("x"))).map(drop));
-    refused(&env, || env.restore(&actor, "main", &bogus, Intent::edit("x")).map(drop));
-    refused(&env, || env.merge(&actor, "nobranch", "main", Intent::edit("x")).map(drop));
+    assert!(matches!(
+        env.read(&actor, &k, &bogus),
+        Err(EnvError::UnknownVersion(_))
+    ));
+    assert!(matches!(
+        env.resolve("nosuchmark"),
+        Err(EnvError::UnknownVersion(_))
+    ));
+    assert!(matches!(
+        env.resolve("main~5"),
+        Err(EnvError::UnknownVersion(_))
+    ));
+    assert!(matches!(
+        env.resolve("main~x"),
+        Err(EnvError::UnknownVersion(_))
+    ));
+    refused(&env, || {
+        env.act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("x"))
+                .base(bogus)
+                .put(k.clone(), Value::file("x")),
+        )
+        .map(drop)
+    });
+    refused(&env, || {
+        env.act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("x"))
+                .on("nobranch")
+                .put(k.clone(), Value::file("x")),
+        )
+        .map(drop)
+    });
+    refused(&env, || {
+        env.restore(&actor, "main", &bogus, Intent::edit("x"))
+            .map(drop)
+    });
+    refused(&env, || {
+        env.merge(&actor, "nobranch", "main", Intent::edit("x"))
+            .map(drop)
+    });
     refused(&env, || env.undo(&actor, "main").map(drop));
-    refused(&env, || env.create_branch(&actor, "main", &env.head("main").unwrap()).map(drop));
-    for name in ["", "-x", "a b", "HEAD", "deadbeef", "x~1", "a:b", ".hidden", "a//b"] {
-        let err = refused(&env, || env.create_branch(&actor, name, &env.head("main").unwrap()).map(drop));
+    refused(&env, || {
+        env.create_branch(&actor, "main", &env.head("main").unwrap())
+            .map(drop)
+    });
+    for name in [
+        "", "-x", "a b", "HEAD", "deadbeef", "x~1", "a:b", ".hidden", "a//b",
+    ] {
+        let err = refused(&env, || {
+            env.create_branch(&actor, name, &env.head("main").unwrap())
+                .map(drop)
+        });
         assert!(matches!(err, EnvError::InvalidName { .. }), "{name}: {err}");
     }
     let head = env.head("main").unwrap();
     env.mark(&actor, "good", &head).unwrap();
-    assert!(matches!(env.mark(&actor, "good", &head), Err(EnvError::MarkExists(_))));
+    assert!(matches!(
+        env.mark(&actor, "good", &head),
+        Err(EnvError::MarkExists(_))
+    ));
 }
 
 #[test]
 fn oversized_and_duplicate_requests() {
     let (_h, env, actor) = open();
     let k = Key::fs("big").unwrap();
-    let err = refused(&env, || env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("x")).put(k.clone(), Value::file(vec![0; 1025]))).map(drop));
-    assert!(matches!(err, EnvError::ValueTooLarge { size: 1025, limit: 1024, .. }));
+    let err = refused(&env, || {
+        env.act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("x"))
+                .put(k.clone(), Value::file(vec![0; 1025])),
+        )
+        .map(drop)
+    });
+    assert!(matches!(
+        err,
+        EnvError::ValueTooLarge {
+            size: 1025,
+            limit: 1024,
+            ..
+        }
+    ));
     let mut r = ActRequest::new(actor.clone(), Intent::edit("many"));
     for i in 0..11 {
         r = r.put(Key::fs(format!("k{i}")).unwrap(), Value::file("x"));
     }
-    assert!(matches!(refused(&env, || env.act_blocking(r).map(drop)), EnvError::RequestTooLarge(_)));
-    let r = ActRequest::new(actor.clone(), Intent::edit("dup")).put(k.clone(), Value::file("a")).delete(k.clone());
-    assert!(matches!(refused(&env, || env.act_blocking(r).map(drop)), EnvError::DuplicateKey(_)));
-    let r = ActRequest::new(actor.clone(), Intent::edit("x".repeat(20_000))).put(k.clone(), Value::file("a"));
-    assert!(matches!(refused(&env, || env.act_blocking(r).map(drop)), EnvError::RequestTooLarge(_)));
+    assert!(matches!(
+        refused(&env, || env.act_blocking(r).map(drop)),
+        EnvError::RequestTooLarge(_)
+    ));
+    let r = ActRequest::new(actor.clone(), Intent::edit("dup"))
+        .put(k.clone(), Value::file("a"))
+        .delete(k.clone());
+    assert!(matches!(
+        refused(&env, || env.act_blocking(r).map(drop)),
+        EnvError::DuplicateKey(_)
+    ));
+    let r = ActRequest::new(actor.clone(), Intent::edit("x".repeat(20_000)))
+        .put(k.clone(), Value::file("a"));
+    assert!(matches!(
+        refused(&env, || env.act_blocking(r).map(drop)),
+        EnvError::RequestTooLarge(_)
+    ));
     // A blob reference to content that is not stored.
-    let missing = Value { content: Content::Blob("11".repeat(32).parse().unwrap()), meta: Value::file("").meta };
+    let missing = Value {
+        content: Content::Blob("11".repeat(32).parse().unwrap()),
+        meta: Value::file("").meta,
+    };
     let r = ActRequest::new(actor.clone(), Intent::edit("dangling")).put(k, missing);
-    assert!(matches!(refused(&env, || env.act_blocking(r).map(drop)), EnvError::Blob(BlobError::Missing(_))));
+    assert!(matches!(
+        refused(&env, || env.act_blocking(r).map(drop)),
+        EnvError::Blob(BlobError::Missing(_))
+    ));
 }
 
 #[test]
 fn corrupt_blob_is_detected_on_read() {
     let (_h, env, actor) = open();
     let k = Key::fs("data.bin").unwrap();
-    let obs = env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("x")).put(k.clone(), Value::file(vec![7u8; 500]))).unwrap();
+    let obs = env
+        .act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("x"))
+                .put(k.clone(), Value::file(vec![7u8; 500])),
+        )
+        .unwrap();
     let v = env.read(&actor, &k, &obs.version).unwrap().unwrap();
     let hash = v.blob().expect("500 bytes live in the blob store");
     let path = env.blobs().path_of(&hash);
@@ -114,25 +199,38 @@ fn corrupt_blob_is_detected_on_read() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[100] ^= 1;
     std::fs::write(&path, bytes).unwrap();
-    assert!(matches!(env.content(&v), Err(EnvError::Blob(BlobError::Corrupt { .. }))));
-    assert!(matches!(env.verify_deep(), Err(EnvError::Blob(BlobError::Corrupt { .. }))));
+    assert!(matches!(
+        env.content(&v),
+        Err(EnvError::Blob(BlobError::Corrupt { .. }))
+    ));
+    assert!(matches!(
+        env.verify_deep(),
+        Err(EnvError::Blob(BlobError::Corrupt { .. }))
+    ));
 }
 
 #[test]
 fn tampered_log_is_detected_by_verify() {
     let (home, env, actor) = open();
     for i in 0..3 {
-        env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("x")).put(Key::fs(format!("k{i}")).unwrap(), Value::file("v"))).unwrap();
+        env.act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("x"))
+                .put(Key::fs(format!("k{i}")).unwrap(), Value::file("v")),
+        )
+        .unwrap();
     }
     env.verify().unwrap();
     drop(env);
     let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
     // Rewrite the second operation's actor inside its record, keeping its id.
-    let record: Vec<u8> = conn.query_row("SELECT record FROM ops WHERE seq = 2", [], |r| r.get(0)).unwrap();
+    let record: Vec<u8> = conn
+        .query_row("SELECT record FROM ops WHERE seq = 2", [], |r| r.get(0))
+        .unwrap();
     let pos = record.windows(5).position(|w| w == b"agent").unwrap();
     let mut forged = record.clone();
     forged[pos] = b'A';
-    conn.execute("UPDATE ops SET record = ?1 WHERE seq = 2", [forged]).unwrap();
+    conn.execute("UPDATE ops SET record = ?1 WHERE seq = 2", [forged])
+        .unwrap();
     drop(conn);
     let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
     match env.verify() {
@@ -147,10 +245,18 @@ impl Authorizer for DenySecrets {
         let denied = matches!(&r.resource, Resource::Key(k) if k.path().starts_with(b"secrets"))
             || r.action == Action::Delete;
         Decision {
-            verdict: if denied { Verdict::Deny } else { Verdict::Allow },
+            verdict: if denied {
+                Verdict::Deny
+            } else {
+                Verdict::Allow
+            },
             rules: vec![if denied { "no-secrets" } else { "allow-rest" }.into()],
             policy_version: 7,
-            explanation: if denied { "Denied by rule `no-secrets`.".into() } else { String::new() },
+            explanation: if denied {
+                "Denied by rule `no-secrets`.".into()
+            } else {
+                String::new()
+            },
         }
     }
 }
@@ -158,18 +264,37 @@ impl Authorizer for DenySecrets {
 #[test]
 fn denied_actions_change_nothing_and_allowed_ones_record_the_decision() {
     let home = tempfile::tempdir().unwrap();
-    let env = LocalEnvironment::open(home.path(), Options { authorizer: Arc::new(DenySecrets), ..Options::default() }).unwrap();
+    let env = LocalEnvironment::open(
+        home.path(),
+        Options {
+            authorizer: Arc::new(DenySecrets),
+            ..Options::default()
+        },
+    )
+    .unwrap();
     let actor = ActorId::new("agent:x").unwrap();
     let r = ActRequest::new(actor.clone(), Intent::edit("x"))
         .put(Key::fs("ok").unwrap(), Value::file("a"))
         .put(Key::fs("secrets/key.pem").unwrap(), Value::file("b"));
     let err = refused(&env, || env.act_blocking(r).map(drop));
     assert!(err.for_agent().contains("Denied by rule `no-secrets`"));
-    assert!(env.read(&actor, &Key::fs("ok").unwrap(), &env.head("main").unwrap()).unwrap().is_none());
-    let obs = env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("x")).put(Key::fs("ok").unwrap(), Value::file("a"))).unwrap();
+    assert!(
+        env.read(&actor, &Key::fs("ok").unwrap(), &env.head("main").unwrap())
+            .unwrap()
+            .is_none()
+    );
+    let obs = env
+        .act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("x"))
+                .put(Key::fs("ok").unwrap(), Value::file("a")),
+        )
+        .unwrap();
     let op = env.op(&obs.version).unwrap();
     let d = op.decision.clone().unwrap();
-    assert_eq!((d.policy_version, d.rules), (7, vec!["allow-rest".to_string()]));
+    assert_eq!(
+        (d.policy_version, d.rules),
+        (7, vec!["allow-rest".to_string()])
+    );
 }
 
 #[test]
@@ -179,11 +304,29 @@ fn effect_misuse() {
         environment_core::BeginOutcome::New(r) => r,
         other => panic!("{other:?}"),
     };
-    assert!(matches!(env.effect_begin(&actor, "deploy-1", "prod", b"v2"), Err(EnvError::IdempotencyKeyReused { .. })));
-    assert!(matches!(env.effect_compensate(rec.id, "x"), Err(EnvError::InvalidEffectTransition { .. })));
-    assert!(matches!(env.effect_complete(999, b""), Err(EnvError::UnknownEffect(999))));
-    assert!(matches!(env.effect_begin(&actor, "", "prod", b""), Err(EnvError::RequestTooLarge(_))));
+    assert!(matches!(
+        env.effect_begin(&actor, "deploy-1", "prod", b"v2"),
+        Err(EnvError::IdempotencyKeyReused { .. })
+    ));
+    assert!(matches!(
+        env.effect_compensate(rec.id, "x"),
+        Err(EnvError::InvalidEffectTransition { .. })
+    ));
+    assert!(matches!(
+        env.effect_complete(999, b""),
+        Err(EnvError::UnknownEffect(999))
+    ));
+    assert!(matches!(
+        env.effect_begin(&actor, "", "prod", b""),
+        Err(EnvError::RequestTooLarge(_))
+    ));
     env.effect_complete(rec.id, b"ok").unwrap();
-    assert!(matches!(env.effect_fail(rec.id, "late"), Err(EnvError::InvalidEffectTransition { .. })));
-    assert_eq!(env.effect("deploy-1").unwrap().unwrap().result.as_deref(), Some(&b"ok"[..]));
+    assert!(matches!(
+        env.effect_fail(rec.id, "late"),
+        Err(EnvError::InvalidEffectTransition { .. })
+    ));
+    assert_eq!(
+        env.effect("deploy-1").unwrap().unwrap().result.as_deref(),
+        Some(&b"ok"[..])
+    );
 }

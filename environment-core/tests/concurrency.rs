@@ -13,7 +13,8 @@ const ROUNDS: usize = 40;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_lost_update_and_exact_conflicts() {
     let home = tempfile::tempdir().unwrap();
-    let env: Arc<dyn Environment> = Arc::new(LocalEnvironment::open(home.path(), Options::default()).unwrap());
+    let env: Arc<dyn Environment> =
+        Arc::new(LocalEnvironment::open(home.path(), Options::default()).unwrap());
     let counter = Key::obj("counter").unwrap();
     let start = env.head("main").await.unwrap();
     let mut tasks = Vec::new();
@@ -30,7 +31,11 @@ async fn no_lost_update_and_exact_conflicts() {
                 // Disjoint key, based on the version this task last wrote: others have moved the
                 // head meanwhile, so it is rebased, never refused.
                 let obs = env
-                    .act(ActRequest::new(actor.clone(), Intent::edit("progress")).base(last_seen).put(own.clone(), Value::file(round.to_string())))
+                    .act(
+                        ActRequest::new(actor.clone(), Intent::edit("progress"))
+                            .base(last_seen)
+                            .put(own.clone(), Value::file(round.to_string())),
+                    )
                     .await
                     .unwrap();
                 last_seen = obs.version;
@@ -39,7 +44,10 @@ async fn no_lost_update_and_exact_conflicts() {
                 loop {
                     let head = env.head("main").await.unwrap();
                     let n: u64 = match env.read(&actor, &counter, &head).await.unwrap() {
-                        Some(v) => String::from_utf8(env.content(&v).await.unwrap()).unwrap().parse().unwrap(),
+                        Some(v) => String::from_utf8(env.content(&v).await.unwrap())
+                            .unwrap()
+                            .parse()
+                            .unwrap(),
                         None => 0,
                     };
                     let r = ActRequest::new(actor.clone(), Intent::edit("increment"))
@@ -69,11 +77,29 @@ async fn no_lost_update_and_exact_conflicts() {
     let actor = ActorId::new("agent:check").unwrap();
     let head = env.head("main").await.unwrap();
     let v = env.read(&actor, &counter, &head).await.unwrap().unwrap();
-    let n: usize = String::from_utf8(env.content(&v).await.unwrap()).unwrap().parse().unwrap();
-    assert_eq!(n, TASKS * ROUNDS, "lost updates ({total_conflicts} conflicts retried)");
+    let n: usize = String::from_utf8(env.content(&v).await.unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        n,
+        TASKS * ROUNDS,
+        "lost updates ({total_conflicts} conflicts retried)"
+    );
     for t in 0..TASKS {
-        let v = env.read(&actor, &Key::fs(format!("task{t}/progress")).unwrap(), &head).await.unwrap().unwrap();
-        assert_eq!(env.content(&v).await.unwrap(), (ROUNDS - 1).to_string().into_bytes());
+        let v = env
+            .read(
+                &actor,
+                &Key::fs(format!("task{t}/progress")).unwrap(),
+                &head,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            env.content(&v).await.unwrap(),
+            (ROUNDS - 1).to_string().into_bytes()
+        );
     }
     env.verify().await.unwrap();
 }

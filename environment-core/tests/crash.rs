@@ -36,18 +36,33 @@ fn child(home: &Path) {
     for i in 0u64.. {
         let n = rng.random_range(0..60);
         let key = format!("f/{}/{n}", n % 7);
-        let size = if rng.random_bool(0.3) { rng.random_range(65..4000) } else { rng.random_range(0..60) };
-        let bytes: Vec<u8> = (0..size).map(|j| (j as u64 ^ i ^ run as u64) as u8).collect();
+        let size = if rng.random_bool(0.3) {
+            rng.random_range(65..4000)
+        } else {
+            rng.random_range(0..60)
+        };
+        let bytes: Vec<u8> = (0..size)
+            .map(|j| (j as u64 ^ i ^ run as u64) as u8)
+            .collect();
         let obs = env
             .act_blocking(
                 ActRequest::new(actor.clone(), Intent::edit(format!("write {key}")))
                     .put(Key::fs(key.clone()).unwrap(), Value::file(bytes.clone())),
             )
             .unwrap();
-        writeln!(out.lock(), "op {} {key} {}", obs.version, content_hash(&bytes)).unwrap();
+        writeln!(
+            out.lock(),
+            "op {} {key} {}",
+            obs.version,
+            content_hash(&bytes)
+        )
+        .unwrap();
         if i % 3 == 0 {
             let ekey = format!("e{}", rng.random_range(0..40));
-            match env.effect_begin(&actor, &ekey, "svc", ekey.as_bytes()).unwrap() {
+            match env
+                .effect_begin(&actor, &ekey, "svc", ekey.as_bytes())
+                .unwrap()
+            {
                 BeginOutcome::New(rec) => {
                     writeln!(performed, "{ekey}").unwrap();
                     performed.sync_data().unwrap();
@@ -81,7 +96,12 @@ fn killed_at_random_moments() {
     let mut acked_effects: Vec<String> = Vec::new();
     for _ in 0..KILLS {
         let mut child = Command::new(&exe)
-            .args(["--exact", "crash_child_entry", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash_child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, home.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -104,7 +124,9 @@ fn killed_at_random_moments() {
         for line in reader.join().unwrap() {
             let parts: Vec<&str> = line.split(' ').collect();
             match parts.as_slice() {
-                ["op", id, key, hash] => acked_ops.push((id.parse().unwrap(), key.to_string(), hash.to_string())),
+                ["op", id, key, hash] => {
+                    acked_ops.push((id.parse().unwrap(), key.to_string(), hash.to_string()))
+                }
                 ["done", key] => acked_effects.push(key.to_string()),
                 _ => {}
             }
@@ -113,7 +135,10 @@ fn killed_at_random_moments() {
         let env = LocalEnvironment::open(home.path().join("env"), Options::default()).unwrap();
         env.verify().unwrap();
         for (id, key, hash) in &acked_ops {
-            let v = env.read_unchecked(&Key::fs(key.as_str()).unwrap(), id).unwrap().expect("acknowledged write");
+            let v = env
+                .read_unchecked(&Key::fs(key.as_str()).unwrap(), id)
+                .unwrap()
+                .expect("acknowledged write");
             assert_eq!(&content_hash(&env.content(&v).unwrap()), hash);
         }
         for key in &acked_effects {
@@ -123,9 +148,18 @@ fn killed_at_random_moments() {
         let mut times: HashMap<&str, usize> = HashMap::new();
         for k in log.lines() {
             *times.entry(k).or_default() += 1;
-            assert!(env.effect(k).unwrap().is_some(), "effect {k} performed without a record");
+            assert!(
+                env.effect(k).unwrap().is_some(),
+                "effect {k} performed without a record"
+            );
         }
-        assert!(times.values().all(|n| *n == 1), "an effect ran twice: {times:?}");
+        assert!(
+            times.values().all(|n| *n == 1),
+            "an effect ran twice: {times:?}"
+        );
     }
-    assert!(acked_ops.len() > KILLS, "the child made too little progress to mean anything");
+    assert!(
+        acked_ops.len() > KILLS,
+        "the child made too little progress to mean anything"
+    );
 }

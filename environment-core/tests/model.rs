@@ -16,12 +16,30 @@ const BRANCHES: [&str; 3] = ["main", "feature", "fix"];
 
 #[derive(Clone, Debug)]
 enum Step {
-    Act { branch: usize, changes: Vec<(usize, Option<Vec<u8>>)> },
-    Stale { branch: usize, back: usize, changes: Vec<(usize, Option<Vec<u8>>)> },
-    Branch { name: usize, from: usize },
-    Merge { source: usize, target: usize },
-    Restore { branch: usize, to: usize },
-    Undo { branch: usize },
+    Act {
+        branch: usize,
+        changes: Vec<(usize, Option<Vec<u8>>)>,
+    },
+    Stale {
+        branch: usize,
+        back: usize,
+        changes: Vec<(usize, Option<Vec<u8>>)>,
+    },
+    Branch {
+        name: usize,
+        from: usize,
+    },
+    Merge {
+        source: usize,
+        target: usize,
+    },
+    Restore {
+        branch: usize,
+        to: usize,
+    },
+    Undo {
+        branch: usize,
+    },
     Reopen,
 }
 
@@ -111,11 +129,22 @@ fn request(actor: &ActorId, branch: &str, changes: &[(usize, Option<Vec<u8>>)]) 
 
 fn check_version(env: &LocalEnvironment, actor: &ActorId, id: &OpId, expected: &State) {
     let listed = env.list(actor, &KeyPrefix::all(Namespace::Fs), id).unwrap();
-    let got: State = listed.iter().map(|(k, v)| (k.clone(), content_of(env, v))).collect();
+    let got: State = listed
+        .iter()
+        .map(|(k, v)| (k.clone(), content_of(env, v)))
+        .collect();
     assert_eq!(&got, expected, "version {id:?}");
     for k in 0..KEYS.len() {
-        let v = env.read(actor, &key(k), id).unwrap().map(|v| content_of(env, &v));
-        assert_eq!(v.as_ref(), expected.get(&key(k)), "key {} at {id:?}", KEYS[k]);
+        let v = env
+            .read(actor, &key(k), id)
+            .unwrap()
+            .map(|v| content_of(env, &v));
+        assert_eq!(
+            v.as_ref(),
+            expected.get(&key(k)),
+            "key {} at {id:?}",
+            KEYS[k]
+        );
     }
 }
 
@@ -124,7 +153,12 @@ fn run(steps: Vec<Step>) {
     let mut env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
     let actor = ActorId::new("agent:model").unwrap();
     let root = env.head("main").unwrap();
-    let mut m = Model { states: HashMap::new(), parents: HashMap::new(), order: vec![], heads: BTreeMap::new() };
+    let mut m = Model {
+        states: HashMap::new(),
+        parents: HashMap::new(),
+        order: vec![],
+        heads: BTreeMap::new(),
+    };
     m.record(root, vec![], State::new());
     m.heads.insert("main".into(), root);
 
@@ -132,8 +166,12 @@ fn run(steps: Vec<Step>) {
         match step {
             Step::Act { branch, changes } => {
                 let b = BRANCHES[branch];
-                let Some(head) = m.heads.get(b).copied() else { continue };
-                let obs = env.act_blocking(request(&actor, b, &changes).base(head)).unwrap();
+                let Some(head) = m.heads.get(b).copied() else {
+                    continue;
+                };
+                let obs = env
+                    .act_blocking(request(&actor, b, &changes).base(head))
+                    .unwrap();
                 let new = apply(&m.states[&head], &changes);
                 assert_eq!(obs.noop, new == m.states[&head]);
                 if !obs.noop {
@@ -141,15 +179,26 @@ fn run(steps: Vec<Step>) {
                     m.heads.insert(b.into(), obs.version);
                 }
             }
-            Step::Stale { branch, back, changes } => {
+            Step::Stale {
+                branch,
+                back,
+                changes,
+            } => {
                 let b = BRANCHES[branch];
-                let Some(head) = m.heads.get(b).copied() else { continue };
+                let Some(head) = m.heads.get(b).copied() else {
+                    continue;
+                };
                 let mut base = head;
                 for _ in 0..back {
-                    if let Some(p) = m.parents[&base].first() { base = *p; }
+                    if let Some(p) = m.parents[&base].first() {
+                        base = *p;
+                    }
                 }
-                let moved: Vec<Key> = changes.iter().map(|(k, _)| key(*k))
-                    .filter(|k| m.states[&base].get(k) != m.states[&head].get(k)).collect();
+                let moved: Vec<Key> = changes
+                    .iter()
+                    .map(|(k, _)| key(*k))
+                    .filter(|k| m.states[&base].get(k) != m.states[&head].get(k))
+                    .collect();
                 match env.act_blocking(request(&actor, b, &changes).base(base)) {
                     Err(EnvError::Conflict(c)) => {
                         assert!(!moved.is_empty(), "conflict reported without overlap");
@@ -158,9 +207,15 @@ fn run(steps: Vec<Step>) {
                         assert!(!c.ops.is_empty());
                     }
                     Ok(obs) => {
-                        assert!(moved.is_empty(), "overlapping stale write accepted: {moved:?}");
+                        assert!(
+                            moved.is_empty(),
+                            "overlapping stale write accepted: {moved:?}"
+                        );
                         let new = apply(&m.states[&head], &changes);
-                        assert_eq!(obs.rebased, base != head && !obs.noop || (obs.noop && obs.rebased));
+                        assert_eq!(
+                            obs.rebased,
+                            base != head && !obs.noop || (obs.noop && obs.rebased)
+                        );
                         if !obs.noop {
                             m.record(obs.version, vec![head], new);
                             m.heads.insert(b.into(), obs.version);
@@ -185,9 +240,17 @@ fn run(steps: Vec<Step>) {
             }
             Step::Merge { source, target } => {
                 let (s, t) = (BRANCHES[source], BRANCHES[target]);
-                let (Some(sh), Some(th)) = (m.heads.get(s).copied(), m.heads.get(t).copied()) else { continue };
-                if s == t { continue; }
-                let base = env.common_ancestor(&th, &sh).unwrap().expect("all branches share the root");
+                let (Some(sh), Some(th)) = (m.heads.get(s).copied(), m.heads.get(t).copied())
+                else {
+                    continue;
+                };
+                if s == t {
+                    continue;
+                }
+                let base = env
+                    .common_ancestor(&th, &sh)
+                    .unwrap()
+                    .expect("all branches share the root");
                 assert!(m.ancestors(th).contains(&base) && m.ancestors(sh).contains(&base));
                 let out = env.merge(&actor, s, t, Intent::edit("merge")).unwrap();
                 if out.noop {
@@ -199,9 +262,14 @@ fn run(steps: Vec<Step>) {
                 let mut conflicts = vec![];
                 for k in (0..KEYS.len()).map(key) {
                     let (b0, o, t0) = (bs.get(&k), os.get(&k), ts.get(&k));
-                    if b0 == t0 || o == t0 { continue; }
+                    if b0 == t0 || o == t0 {
+                        continue;
+                    }
                     if b0 == o {
-                        match t0 { Some(v) => expected.insert(k.clone(), v.clone()), None => expected.remove(&k) };
+                        match t0 {
+                            Some(v) => expected.insert(k.clone(), v.clone()),
+                            None => expected.remove(&k),
+                        };
                     } else {
                         conflicts.push(k.clone());
                     }
@@ -212,8 +280,14 @@ fn run(steps: Vec<Step>) {
                     let v = env.read(&actor, k, &out.version).unwrap().unwrap();
                     assert_eq!(v.meta.kind, EntryKind::Conflict);
                     let c = Conflict::from_value(&v).unwrap();
-                    assert_eq!(c.ours.value.map(|v| content_of(&env, &v)).as_ref(), os.get(k));
-                    assert_eq!(c.theirs.value.map(|v| content_of(&env, &v)).as_ref(), ts.get(k));
+                    assert_eq!(
+                        c.ours.value.map(|v| content_of(&env, &v)).as_ref(),
+                        os.get(k)
+                    );
+                    assert_eq!(
+                        c.theirs.value.map(|v| content_of(&env, &v)).as_ref(),
+                        ts.get(k)
+                    );
                     expected.insert(k.clone(), env.content(&v).unwrap());
                 }
                 m.record(out.version, vec![th, sh], expected);
@@ -221,16 +295,22 @@ fn run(steps: Vec<Step>) {
             }
             Step::Restore { branch, to } => {
                 let b = BRANCHES[branch];
-                let Some(head) = m.heads.get(b).copied() else { continue };
+                let Some(head) = m.heads.get(b).copied() else {
+                    continue;
+                };
                 let target = m.order[to % m.order.len()];
-                let id = env.restore(&actor, b, &target, Intent::edit("restore")).unwrap();
+                let id = env
+                    .restore(&actor, b, &target, Intent::edit("restore"))
+                    .unwrap();
                 let s = m.states[&target].clone();
                 m.record(id, vec![head], s);
                 m.heads.insert(b.into(), id);
             }
             Step::Undo { branch } => {
                 let b = BRANCHES[branch];
-                let Some(head) = m.heads.get(b).copied() else { continue };
+                let Some(head) = m.heads.get(b).copied() else {
+                    continue;
+                };
                 match env.undo(&actor, b) {
                     Ok(id) => {
                         let parent = m.parents[&head][0];

@@ -10,8 +10,12 @@ use environment_core::{
 
 fn node_stats(home: &std::path::Path) -> (i64, i64) {
     let conn = rusqlite::Connection::open(home.join("env.db")).unwrap();
-    conn.query_row("SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM nodes", [], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
+    conn.query_row(
+        "SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM nodes",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -21,12 +25,18 @@ fn one_change_in_a_huge_directory_writes_a_few_small_nodes() {
     let actor = ActorId::new("agent:bulk").unwrap();
     let mut r = ActRequest::new(actor.clone(), Intent::edit("20k files in one directory"));
     for i in 0..20_000 {
-        r = r.put(Key::fs(format!("flat/file-{i:05}.txt")).unwrap(), Value::file(format!("content {i}")));
+        r = r.put(
+            Key::fs(format!("flat/file-{i:05}.txt")).unwrap(),
+            Value::file(format!("content {i}")),
+        );
     }
     let v1 = env.act_blocking(r).unwrap().version;
     let (n0, b0) = node_stats(home.path());
     let v2 = env
-        .act_blocking(ActRequest::new(actor.clone(), Intent::edit("one")).put(Key::fs("flat/file-12345.txt").unwrap(), Value::file("changed")))
+        .act_blocking(ActRequest::new(actor.clone(), Intent::edit("one")).put(
+            Key::fs("flat/file-12345.txt").unwrap(),
+            Value::file("changed"),
+        ))
         .unwrap()
         .version;
     let (n1, b1) = node_stats(home.path());
@@ -35,7 +45,12 @@ fn one_change_in_a_huge_directory_writes_a_few_small_nodes() {
     let d = env.diff(&actor, &v1, &v2, None).unwrap();
     assert_eq!(d.len(), 1);
     assert_eq!(d[0].key, Key::fs("flat/file-12345.txt").unwrap());
-    assert_eq!(env.list(&actor, &KeyPrefix::all(Namespace::Fs), &v2).unwrap().len(), 20_000);
+    assert_eq!(
+        env.list(&actor, &KeyPrefix::all(Namespace::Fs), &v2)
+            .unwrap()
+            .len(),
+        20_000
+    );
     // Deleting most entries collapses the directory back into one node with the same hash as
     // building it directly: the shape depends only on the content.
     let mut r = ActRequest::new(actor.clone(), Intent::edit("prune"));
@@ -47,10 +62,16 @@ fn one_change_in_a_huge_directory_writes_a_few_small_nodes() {
     let env2 = LocalEnvironment::open(home2.path(), Options::default()).unwrap();
     let mut r = ActRequest::new(actor.clone(), Intent::edit("direct"));
     for i in 0..10 {
-        r = r.put(Key::fs(format!("flat/file-{i:05}.txt")).unwrap(), Value::file(format!("content {i}")));
+        r = r.put(
+            Key::fs(format!("flat/file-{i:05}.txt")).unwrap(),
+            Value::file(format!("content {i}")),
+        );
     }
     let direct = env2.act_blocking(r).unwrap().version;
-    assert_eq!(env.op(&pruned).unwrap().view, env2.op(&direct).unwrap().view);
+    assert_eq!(
+        env.op(&pruned).unwrap().view,
+        env2.op(&direct).unwrap().view
+    );
 }
 
 #[test]
@@ -59,8 +80,18 @@ fn gc_keeps_referenced_and_pinned_blobs_only() {
     let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
     let actor = ActorId::new("agent:gc").unwrap();
     let k = Key::fs("big").unwrap();
-    let v1 = env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("v1")).put(k.clone(), Value::file(vec![1u8; 1000]))).unwrap().version;
-    env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("v2")).put(k.clone(), Value::file(vec![2u8; 1000]))).unwrap();
+    let v1 = env
+        .act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("v1"))
+                .put(k.clone(), Value::file(vec![1u8; 1000])),
+        )
+        .unwrap()
+        .version;
+    env.act_blocking(
+        ActRequest::new(actor.clone(), Intent::edit("v2"))
+            .put(k.clone(), Value::file(vec![2u8; 1000])),
+    )
+    .unwrap();
     let orphan = env.blobs().put(&[3u8; 1000]).unwrap();
     let pinned = env.blobs().put(&[4u8; 1000]).unwrap();
     env.pin_blob(&pinned, "message:1").unwrap();
@@ -100,13 +131,21 @@ fn gc_racing_writers_never_loses_committed_content() {
         // be about to collect.
         let bytes = vec![(i % 7) as u8; 100 + (i % 7) as usize];
         let key = Key::fs(format!("d/{}", i % 5)).unwrap();
-        let v = env.act_blocking(ActRequest::new(actor.clone(), Intent::edit("w")).put(key.clone(), Value::file(bytes.clone()))).unwrap();
+        let v = env
+            .act_blocking(
+                ActRequest::new(actor.clone(), Intent::edit("w"))
+                    .put(key.clone(), Value::file(bytes.clone())),
+            )
+            .unwrap();
         written.push((key, v.version, bytes));
     }
     stop.store(true, Ordering::Relaxed);
     assert!(collector.join().unwrap() > 0);
     for (k, v, bytes) in written {
-        let val = env.read(&actor, &k, &v).unwrap().expect("written at this version");
+        let val = env
+            .read(&actor, &k, &v)
+            .unwrap()
+            .expect("written at this version");
         assert_eq!(env.content(&val).unwrap(), bytes);
     }
     env.verify_deep().unwrap();

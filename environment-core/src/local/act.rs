@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 use super::{Inner, LocalEnvironment, MAIN, OpDraft, head_in};
 use crate::authz::{Action, ActorId, Resource};
 use crate::blob::WriteGuard;
-use crate::db::TxEffects;
+use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result, StaleWrite};
 use crate::key::Key;
-use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId, Operation};
-use crate::tree::{self, Applied, NodeSource, Put, TreeEdit};
+use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId};
+use crate::tree::{self, Applied, NodeSource, Ptr, Put, TreeEdit};
 use crate::value::{Content, INLINE_MAX, Value};
 
 /// One change an act makes.
@@ -282,15 +282,16 @@ impl Inner {
         let req = &p.req;
         let head_id = head_in(conn, &req.branch)?
             .ok_or_else(|| EnvError::UnknownBranch(req.branch.clone()))?;
-        let head = self.op_in(conn, &head_id)?;
+        let (head, head_view) = self.stored_op_in(conn, &head_id)?;
         let base_id = req.base.unwrap_or(head_id);
-        let nodes = self.nodes_in(conn);
+        let nodes = self.writer_nodes(conn);
         let mut rebased = false;
         if base_id != head_id {
-            let base = self.op_in(conn, &base_id)?;
-            let moved = self.moved_keys(conn, &base, &head, p.puts.iter().map(|(k, _)| k))?;
+            let (_, base_view) = self.stored_op_in(conn, &base_id)?;
+            let moved =
+                self.moved_keys(conn, &base_view, &head_view, p.puts.iter().map(|(k, _)| k))?;
             if !moved.is_empty() {
-                let ops = self.ops_that_changed(conn, &head, &base, &moved)?;
+                let ops = self.ops_that_changed(conn, &head_id, &base_id, &moved)?;
                 return Err(EnvError::Conflict(Box::new(StaleWrite {
                     keys: moved,
                     ops,
@@ -300,8 +301,8 @@ impl Inner {
             }
             rebased = true;
         }
-        let mut edit = TreeEdit::new(&nodes);
-        let (view, applied) = tree::apply(&mut edit, &head.view, &p.puts)?;
+        let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
+        let (view, applied) = tree::apply(&mut edit, &head_view, &p.puts)?;
         if applied.is_empty() {
             return Ok(Observation {
                 version: head_id,
@@ -313,7 +314,7 @@ impl Inner {
             });
         }
         let summary = summarize(&applied);
-        self.persist(conn, fx, edit)?;
+        self.persist(conn, fx, edit, &view)?;
         let mut flags = req.flags;
         if rebased {
             flags |= OpFlags::REBASED;
@@ -350,14 +351,14 @@ impl Inner {
     fn moved_keys<'k>(
         &self,
         conn: &Connection,
-        base: &Operation,
-        head: &Operation,
+        base: &Ptr,
+        head: &Ptr,
         keys: impl Iterator<Item = &'k Key>,
     ) -> Result<Vec<Key>> {
-        let nodes = self.nodes_in(conn);
+        let nodes = self.writer_nodes(conn);
         let mut moved = Vec::new();
         for k in keys {
-            if tree::get(&nodes, &base.view, k)? != tree::get(&nodes, &head.view, k)? {
+            if tree::get(&nodes, base, k)? != tree::get(&nodes, head, k)? {
                 moved.push(k.clone());
             }
         }
@@ -366,33 +367,33 @@ impl Inner {
 
     /// The operations between `head` and `base` (first parents, newest first) that changed any
     /// of `keys`. Bounded: a very long gap names the most recent ones.
-    fn ops_that_changed(
+    pub(crate) fn ops_that_changed(
         &self,
         conn: &Connection,
-        head: &Arc<Operation>,
-        base: &Operation,
+        head: &OpId,
+        base: &OpId,
         keys: &[Key],
     ) -> Result<Vec<OpId>> {
         const MAX_WALK: usize = 10_000;
-        let nodes = self.nodes_in(conn);
+        let nodes = self.writer_nodes(conn);
+        let src: &dyn NodeSource = &nodes;
         let mut out = Vec::new();
-        let mut cur = head.clone();
+        let (mut cur, mut cur_view) = self.stored_op_in(conn, head)?;
         for _ in 0..MAX_WALK {
-            if cur.id == base.id {
+            if cur.id == *base {
                 break;
             }
             let Some(parent_id) = cur.parents.first() else {
                 break;
             };
-            let parent = self.op_in(conn, parent_id)?;
-            let src: &dyn NodeSource = &nodes;
+            let (parent, parent_view) = self.stored_op_in(conn, parent_id)?;
             for k in keys {
-                if tree::get(src, &cur.view, k)? != tree::get(src, &parent.view, k)? {
+                if tree::get(src, &cur_view, k)? != tree::get(src, &parent_view, k)? {
                     out.push(cur.id);
                     break;
                 }
             }
-            cur = parent;
+            (cur, cur_view) = (parent, parent_view);
         }
         Ok(out)
     }

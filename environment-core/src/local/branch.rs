@@ -7,11 +7,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{Inner, LocalEnvironment, OpDraft, head_in, op_id_from, validate_name};
 use crate::authz::{Action, ActorId, Resource};
+use crate::db;
 use crate::error::{EnvError, Result};
 use crate::key::Key;
 use crate::merge::{Conflict, ConflictSide, KeyConflict, merge_views};
 use crate::op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation};
-use crate::tree::{self, NodeSource, TreeEdit};
+use crate::tree::{self, TreeEdit};
 
 /// What a merge did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +42,7 @@ impl LocalEnvironment {
             if head_in(conn, &name)?.is_some() {
                 return Err(EnvError::BranchExists(name));
             }
-            let base = inner.op_in(conn, &from)?;
+            let (_, base_view) = inner.stored_op_in(conn, &from)?;
             conn.execute(
                 "INSERT OR IGNORE INTO forks(op) VALUES (?1)",
                 [&from.0.0[..]],
@@ -51,7 +52,7 @@ impl LocalEnvironment {
                 fx,
                 OpDraft {
                     parents: vec![from],
-                    view: base.view,
+                    view: base_view,
                     branch: name.clone(),
                     actor,
                     intent: Intent::new(IntentKind::Setup, format!("create branch {name}")),
@@ -125,7 +126,6 @@ impl LocalEnvironment {
             actor.clone(),
         );
         self.inner.writer.run(false, move |conn, fx| {
-            let target = inner.op_in(conn, &target)?;
             inner.restore_in(conn, fx, &branch, &target, actor, intent)
         })
     }
@@ -148,9 +148,8 @@ impl LocalEnvironment {
                 .parents
                 .first()
                 .ok_or_else(|| EnvError::NothingToUndo(branch.clone()))?;
-            let target = inner.op_in(conn, parent)?;
             let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.id.short()));
-            inner.restore_in(conn, fx, &branch, &target, actor, intent)
+            inner.restore_in(conn, fx, &branch, parent, actor, intent)
         })
     }
 
@@ -209,15 +208,16 @@ impl Inner {
         conn: &Connection,
         fx: &mut crate::db::TxEffects,
         branch: &str,
-        target: &Operation,
+        target: &OpId,
         actor: ActorId,
         intent: Intent,
     ) -> Result<OpId> {
         let head_id =
             head_in(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))?;
-        let head = self.op_in(conn, &head_id)?;
-        let nodes = self.nodes_in(conn);
-        let changes = tree::diff(&nodes, &head.view, &target.view, None)?;
+        let (_, head_view) = self.stored_op_in(conn, &head_id)?;
+        let (_, target_view) = self.stored_op_in(conn, target)?;
+        let nodes = self.writer_nodes(conn);
+        let changes = tree::diff(&nodes, &head_view, &target_view, None)?;
         let applied: Vec<tree::Applied> = changes
             .into_iter()
             .map(|c| tree::Applied {
@@ -231,7 +231,7 @@ impl Inner {
             fx,
             OpDraft {
                 parents: vec![head_id],
-                view: target.view,
+                view: target_view,
                 branch: branch.to_owned(),
                 actor,
                 intent,
@@ -239,7 +239,7 @@ impl Inner {
                 summary: super::act::summarize(&applied),
                 flags: OpFlags::ROLLBACK,
                 decision: None,
-                restored_from: Some(target.id),
+                restored_from: Some(*target),
                 effects: Vec::new(),
             },
             Some(&head_id),
@@ -272,30 +272,28 @@ impl Inner {
                 noop: true,
             });
         }
-        let (ours, theirs, base) = (
-            self.op_in(conn, &ours_id)?,
-            self.op_in(conn, &theirs_id)?,
-            self.op_in(conn, &base_id)?,
-        );
-        let nodes = self.nodes_in(conn);
-        let mut edit = TreeEdit::new(&nodes);
+        let (_, ours_view) = self.stored_op_in(conn, &ours_id)?;
+        let (_, theirs_view) = self.stored_op_in(conn, &theirs_id)?;
+        let (_, base_view) = self.stored_op_in(conn, &base_id)?;
+        let nodes = self.writer_nodes(conn);
+        let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
         let mut resolve = |k: &KeyConflict| -> Result<crate::value::Value> {
             Ok(Conflict {
                 key: k.key.clone(),
                 base: k.base.clone(),
-                ours: self.side(conn, &ours, &base, &k.key, k.ours.clone())?,
-                theirs: self.side(conn, &theirs, &base, &k.key, k.theirs.clone())?,
+                ours: self.side(conn, &ours_id, &base_id, &k.key, k.ours.clone())?,
+                theirs: self.side(conn, &theirs_id, &base_id, &k.key, k.theirs.clone())?,
             }
             .to_value())
         };
         let (view, conflicts) = merge_views(
             &mut edit,
-            &base.view,
-            &ours.view,
-            &theirs.view,
+            &base_view,
+            &ours_view,
+            &theirs_view,
             &mut resolve,
         )?;
-        let changes = tree::diff(&edit, &ours.view, &view, None)?;
+        let changes = tree::diff(&edit, &ours_view, &view, None)?;
         let applied: Vec<tree::Applied> = changes
             .into_iter()
             .map(|c| tree::Applied {
@@ -304,7 +302,7 @@ impl Inner {
                 after: c.after,
             })
             .collect();
-        self.persist(conn, fx, edit)?;
+        self.persist(conn, fx, edit, &view)?;
         let mut flags = OpFlags::MERGE;
         if !conflicts.is_empty() {
             flags |= OpFlags::CONFLICTS;
@@ -338,34 +336,18 @@ impl Inner {
     fn side(
         &self,
         conn: &Connection,
-        head: &Arc<Operation>,
-        base: &Operation,
+        head: &OpId,
+        base: &OpId,
         key: &Key,
         value: Option<crate::value::Value>,
     ) -> Result<ConflictSide> {
-        let nodes = self.nodes_in(conn);
-        let src: &dyn NodeSource = &nodes;
-        let mut cur = head.clone();
-        while cur.id != base.id {
-            let Some(pid) = cur.parents.first() else {
-                break;
-            };
-            let parent = self.op_in(conn, pid)?;
-            if tree::get(src, &cur.view, key)? != tree::get(src, &parent.view, key)? {
-                return Ok(ConflictSide {
-                    value,
-                    op: Some(cur.id),
-                    actor: Some(cur.actor.clone()),
-                    intent: Some(cur.intent.clone()),
-                });
-            }
-            cur = parent;
-        }
+        let last = self.ops_that_changed(conn, head, base, std::slice::from_ref(key))?;
+        let op = last.first().map(|id| self.op_in(conn, id)).transpose()?;
         Ok(ConflictSide {
             value,
-            op: None,
-            actor: None,
-            intent: None,
+            op: op.as_ref().map(|o| o.id),
+            actor: op.as_ref().map(|o| o.actor.clone()),
+            intent: op.as_ref().map(|o| o.intent.clone()),
         })
     }
 

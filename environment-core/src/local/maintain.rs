@@ -10,7 +10,7 @@ use crate::authz::{Action, ActorId, Resource};
 use crate::error::{EnvError, Result};
 use crate::hash::Hash;
 use crate::op::OpId;
-use crate::tree::{self, Node};
+use crate::tree::{self, Node, NodeId, Ptr};
 
 /// What a garbage collection did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,17 +138,21 @@ impl Inner {
     fn live_blobs(&self, conn: &Connection) -> Result<HashSet<Hash>> {
         conn.execute_batch("BEGIN")?;
         let result = (|| {
-            let mut views = HashSet::new();
-            let mut stmt = conn.prepare_cached("SELECT record FROM ops")?;
-            let rows = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
-            for row in rows {
-                views.insert(decode_op(&row?)?.view);
+            let mut roots = Vec::new();
+            let mut stmt = conn.prepare_cached("SELECT root, record FROM ops")?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let op = decode_op(&row.get::<_, Vec<u8>>(1)?)?;
+                roots.push(Ptr {
+                    hash: op.view,
+                    id: row.get(0)?,
+                });
             }
             let nodes = self.nodes_in(conn);
             let mut seen = HashSet::new();
             let mut live = HashSet::new();
-            for v in &views {
-                tree::walk_nodes(&nodes, v, &mut |h| seen.insert(*h), &mut |b| {
+            for root in &roots {
+                tree::walk_nodes(&nodes, root, &mut |p| seen.insert(p.id), &mut |b| {
                     live.insert(b);
                 })?;
             }
@@ -167,42 +171,48 @@ impl Inner {
 
     fn verify_in(&self, conn: &Connection) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
-        // Nodes first: every stored node must hash to its name and decode.
+        // Nodes first: every stored node must decode and hash to the hash stored with it.
+        let mut hashes: HashMap<NodeId, Hash> = HashMap::new();
         {
-            let mut stmt = conn.prepare("SELECT hash, data FROM nodes")?;
+            let mut stmt = conn.prepare("SELECT id, hash, data FROM nodes")?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
-                let (h, data): (Vec<u8>, Vec<u8>) = (row.get(0)?, row.get(1)?);
-                let name = Hash::from_slice(&h)
-                    .ok_or_else(|| broken("nodes".into(), "a node name is not 32 bytes"))?;
-                if Node::hash_of(&data) != name {
+                let (id, h, data): (NodeId, Vec<u8>, Vec<u8>) =
+                    (row.get(0)?, row.get(1)?, row.get(2)?);
+                let at = || format!("node #{id}");
+                let name =
+                    Hash::from_slice(&h).ok_or_else(|| broken(at(), "its hash is not 32 bytes"))?;
+                let node = Node::decode(&data).map_err(|e| broken(at(), e.to_string()))?;
+                if node.hash() != name {
                     return Err(broken(
-                        format!("node {name}"),
-                        "its content does not hash to its name",
+                        at(),
+                        "its content does not hash to its recorded hash",
                     ));
                 }
-                Node::decode(&data).map_err(|e| broken(format!("node {name}"), e.to_string()))?;
+                hashes.insert(id, name);
                 report.nodes += 1;
             }
         }
-        // Then the log in order: ids, the hash chain, complete views.
+        // Then the log in order: ids, the hash chain, complete views whose every pointer names
+        // the content it points to.
         let mut seqs: HashMap<OpId, u64> = HashMap::new();
         let mut walked = HashSet::new();
         let nodes = self.nodes_in(conn);
-        let mut stmt = conn.prepare("SELECT seq, id, record FROM ops ORDER BY seq")?;
+        let mut stmt = conn.prepare("SELECT seq, id, root, record FROM ops ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
-            let (seq, id, record): (i64, Vec<u8>, Vec<u8>) =
-                (row.get(0)?, row.get(1)?, row.get(2)?);
+            let (seq, id, root, record): (i64, Vec<u8>, NodeId, Vec<u8>) =
+                (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
             let at = format!("operation #{seq}");
             let id = op_id_from(&id).map_err(|e| broken(at.clone(), e.to_string()))?;
             let op = decode_op(&record).map_err(|e| broken(at.clone(), e.to_string()))?;
+            let at = format!("{at} ({})", id.short());
             if op.id != id || op.seq != seq as u64 {
                 return Err(broken(at, "the record does not match its row"));
             }
             if !op.is_intact() {
                 return Err(broken(
-                    format!("{at} ({})", id.short()),
+                    at,
                     "the record does not hash to its id: it was altered",
                 ));
             }
@@ -211,20 +221,40 @@ impl Inner {
                     Some(ps) if *ps < op.seq => {}
                     _ => {
                         return Err(broken(
-                            format!("{at} ({})", id.short()),
+                            at,
                             format!("parent {} is missing or not earlier", p.short()),
                         ));
                     }
                 }
             }
-            tree::walk_nodes(&nodes, &op.view, &mut |h| walked.insert(*h), &mut |_| {}).map_err(
-                |e| {
-                    broken(
-                        format!("{at} ({})", id.short()),
-                        format!("its view is incomplete: {e}"),
-                    )
+            let mut bad: Option<Ptr> = None;
+            let root = Ptr {
+                hash: op.view,
+                id: root,
+            };
+            tree::walk_nodes(
+                &nodes,
+                &root,
+                &mut |p| {
+                    if hashes.get(&p.id) != Some(&p.hash) {
+                        bad.get_or_insert(*p);
+                        return false;
+                    }
+                    walked.insert(p.id)
                 },
-            )?;
+                &mut |_| {},
+            )
+            .map_err(|e| broken(at.clone(), format!("its view is incomplete: {e}")))?;
+            if let Some(p) = bad {
+                return Err(broken(
+                    at,
+                    format!(
+                        "its view points to node #{} for content {} it does not hold",
+                        p.id,
+                        p.hash.short(12)
+                    ),
+                ));
+            }
             seqs.insert(id, op.seq);
             report.ops += 1;
         }

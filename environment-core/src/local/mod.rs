@@ -30,7 +30,7 @@ use crate::event::{Event, Publisher};
 use crate::hash::Hash;
 use crate::key::{Key, KeyPrefix};
 use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId, Operation};
-use crate::tree::{self, KeyChange, Node, TreeEdit};
+use crate::tree::{self, KeyChange, Node, NodeId, Ptr, TreeEdit};
 use crate::value::{Content, Value};
 
 /// The branch every environment starts with.
@@ -86,7 +86,7 @@ pub(crate) struct Inner {
     writer: Writer,
     readers: ReadPool,
     nodes: Arc<NodeCache>,
-    ops: Arc<quick_cache::sync::Cache<OpId, Arc<Operation>>>,
+    ops: Arc<quick_cache::sync::Cache<OpId, (Arc<Operation>, NodeId)>>,
     hub: Arc<events::Hub>,
 }
 
@@ -131,8 +131,8 @@ impl LocalEnvironment {
                 for (h, n) in fx.nodes {
                     nodes.insert(h, n);
                 }
-                for op in fx.ops {
-                    ops.insert(op.id, op);
+                for (op, root) in fx.ops {
+                    ops.insert(op.id, (op, root));
                 }
                 hub.deliver(fx.events);
             })
@@ -164,11 +164,10 @@ impl LocalEnvironment {
             if any.is_some() {
                 return Ok(());
             }
-            let (root, bytes) = Node::empty();
-            conn.execute(
-                "INSERT OR IGNORE INTO nodes(hash, data) VALUES (?1, ?2)",
-                params![&root.0[..], bytes],
-            )?;
+            let nodes = inner.writer_nodes(conn);
+            let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
+            let root = edit.store(Node::Leaf(Vec::new()));
+            inner.persist(conn, fx, edit, &root)?;
             inner.commit_op(
                 conn,
                 fx,
@@ -226,10 +225,28 @@ impl LocalEnvironment {
 
     /// The operation record with this id.
     pub fn op(&self, id: &OpId) -> Result<Arc<Operation>> {
-        if let Some(op) = self.inner.ops.get(id) {
-            return Ok(op);
+        Ok(self.stored_op(id)?.0)
+    }
+
+    fn stored_op(&self, id: &OpId) -> Result<(Arc<Operation>, Ptr)> {
+        if let Some((op, root)) = self.inner.ops.get(id) {
+            let view = Ptr {
+                hash: op.view,
+                id: root,
+            };
+            return Ok((op, view));
         }
-        self.inner.readers.with(|conn| self.inner.op_in(conn, id))
+        let (op, view) = self
+            .inner
+            .readers
+            .with(|conn| self.inner.stored_op_in(conn, id))?;
+        self.inner.ops.insert(*id, (op.clone(), view.id));
+        Ok((op, view))
+    }
+
+    /// The root of a version's view.
+    fn view(&self, id: &OpId) -> Result<Ptr> {
+        Ok(self.stored_op(id)?.1)
     }
 
     /// Resolves a version spelled as a full id, a unique id prefix (4+ hex digits), a mark, a
@@ -264,7 +281,7 @@ impl LocalEnvironment {
 
     /// Reads without asking the authorizer: for the environment's own machinery.
     pub fn read_unchecked(&self, key: &Key, version: &OpId) -> Result<Option<Value>> {
-        let view = self.op(version)?.view;
+        let view = self.view(version)?;
         self.inner
             .readers
             .with(|conn| tree::get(&self.inner.nodes_in(conn), &view, key))
@@ -292,7 +309,7 @@ impl LocalEnvironment {
             None,
             None,
         )?;
-        let view = self.op(version)?.view;
+        let view = self.view(version)?;
         self.inner
             .readers
             .with(|conn| tree::list(&self.inner.nodes_in(conn), &view, prefix))
@@ -312,7 +329,7 @@ impl LocalEnvironment {
             None => Resource::Environment,
         };
         self.authorize(actor, Action::Read, resource, None, None)?;
-        let (a, b) = (self.op(from)?.view, self.op(to)?.view);
+        let (a, b) = (self.view(from)?, self.view(to)?);
         self.inner
             .readers
             .with(|conn| tree::diff(&self.inner.nodes_in(conn), &a, &b, prefix))
@@ -353,7 +370,7 @@ impl LocalEnvironment {
 /// An operation about to be recorded.
 pub(crate) struct OpDraft {
     pub parents: Vec<OpId>,
-    pub view: Hash,
+    pub view: Ptr,
     pub branch: String,
     pub actor: ActorId,
     pub intent: Intent,
@@ -366,10 +383,21 @@ pub(crate) struct OpDraft {
 }
 
 impl Inner {
+    /// Nodes as a reader sees them (committed only, so they may fill the cache).
     pub(crate) fn nodes_in<'a>(&'a self, conn: &'a Connection) -> DbNodes<'a> {
         DbNodes {
             conn,
             cache: &self.nodes,
+            fill_cache: true,
+        }
+    }
+
+    /// Nodes as the writer sees them, inside its open transaction.
+    pub(crate) fn writer_nodes<'a>(&'a self, conn: &'a Connection) -> DbNodes<'a> {
+        DbNodes {
+            conn,
+            cache: &self.nodes,
+            fill_cache: false,
         }
     }
 
@@ -383,16 +411,34 @@ impl Inner {
     }
 
     pub(crate) fn op_in(&self, conn: &Connection, id: &OpId) -> Result<Arc<Operation>> {
-        if let Some(op) = self.ops.get(id) {
-            return Ok(op);
+        Ok(self.stored_op_in(conn, id)?.0)
+    }
+
+    /// An operation and the root of its view. Does not fill the cache: the caller may be the
+    /// writer, seeing its own uncommitted rows.
+    pub(crate) fn stored_op_in(
+        &self,
+        conn: &Connection,
+        id: &OpId,
+    ) -> Result<(Arc<Operation>, Ptr)> {
+        if let Some((op, root)) = self.ops.get(id) {
+            let view = Ptr {
+                hash: op.view,
+                id: root,
+            };
+            return Ok((op, view));
         }
-        let record: Option<Vec<u8>> = conn
-            .prepare_cached("SELECT record FROM ops WHERE id = ?1")?
-            .query_row([&id.0.0[..]], |r| r.get(0))
+        let row: Option<(NodeId, Vec<u8>)> = conn
+            .prepare_cached("SELECT root, record FROM ops WHERE id = ?1")?
+            .query_row([&id.0.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
-        let record = record.ok_or_else(|| EnvError::UnknownVersion(id.to_string()))?;
+        let (root, record) = row.ok_or_else(|| EnvError::UnknownVersion(id.to_string()))?;
         let op = Arc::new(decode_op(&record)?);
-        Ok(op)
+        let view = Ptr {
+            hash: op.view,
+            id: root,
+        };
+        Ok((op, view))
     }
 
     /// Records an operation and moves its branch's head to it (compare-and-swap against
@@ -411,7 +457,7 @@ impl Inner {
             id: OpId(Hash([0; 32])),
             seq: seq as u64,
             parents: draft.parents,
-            view: draft.view,
+            view: draft.view.hash,
             branch: draft.branch,
             actor: draft.actor,
             intent: draft.intent,
@@ -428,8 +474,8 @@ impl Inner {
             what: "operation",
             detail: e.to_string(),
         })?;
-        conn.prepare_cached("INSERT INTO ops(seq, id, record) VALUES (?1, ?2, ?3)")?
-            .execute(params![seq, &op.id.0.0[..], record])?;
+        conn.prepare_cached("INSERT INTO ops(seq, id, root, record) VALUES (?1, ?2, ?3, ?4)")?
+            .execute(params![seq, &op.id.0.0[..], draft.view.id, record])?;
         let moved = match expected_head {
             Some(old) => conn
                 .prepare_cached("UPDATE heads SET op = ?1 WHERE name = ?2 AND op = ?3")?
@@ -454,20 +500,21 @@ impl Inner {
         }
         let op = Arc::new(op);
         fx.events.push(event);
-        fx.ops.push(op.clone());
+        fx.ops.push((op.clone(), draft.view.id));
         Ok(op)
     }
 
-    /// Persists the nodes an edit created and schedules them for the cache.
+    /// Persists the nodes an edit created that `root` reaches, and schedules them for the cache.
     pub(crate) fn persist(
         &self,
         conn: &Connection,
         fx: &mut TxEffects,
         edit: TreeEdit<'_>,
+        root: &Ptr,
     ) -> Result<()> {
-        let new = edit.into_new_nodes();
+        let new = edit.into_new_nodes(root);
         db::insert_nodes(conn, &new)?;
-        fx.nodes.extend(new.into_iter().map(|(h, n, _)| (h, n)));
+        fx.nodes.extend(new.into_iter().map(|n| (n.ptr.id, n.node)));
         Ok(())
     }
 }

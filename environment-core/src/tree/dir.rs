@@ -2,12 +2,11 @@
 
 use std::sync::Arc;
 
-use super::node::{Entry, LEAF_MAX, Node, NodeSource, TreeEdit, bucket};
+use super::node::{Entry, LEAF_MAX, Node, NodeSource, Ptr, TreeEdit, bucket};
 use crate::error::Result;
-use crate::hash::Hash;
 
 /// The entry named `name` in the directory rooted at `root`.
-pub(crate) fn get(src: &dyn NodeSource, root: &Hash, name: &[u8]) -> Result<Option<Entry>> {
+pub(crate) fn get(src: &dyn NodeSource, root: &Ptr, name: &[u8]) -> Result<Option<Entry>> {
     let mut node = src.node(root)?;
     let mut level = 0;
     loop {
@@ -32,14 +31,14 @@ pub(crate) fn get(src: &dyn NodeSource, root: &Hash, name: &[u8]) -> Result<Opti
 }
 
 /// Every entry of the directory, sorted by name.
-pub(crate) fn entries(src: &dyn NodeSource, root: &Hash) -> Result<Vec<(Vec<u8>, Entry)>> {
+pub(crate) fn entries(src: &dyn NodeSource, root: &Ptr) -> Result<Vec<(Vec<u8>, Entry)>> {
     let mut out = Vec::new();
     collect(src, root, &mut out)?;
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
 }
 
-fn collect(src: &dyn NodeSource, h: &Hash, out: &mut Vec<(Vec<u8>, Entry)>) -> Result<()> {
+fn collect(src: &dyn NodeSource, h: &Ptr, out: &mut Vec<(Vec<u8>, Entry)>) -> Result<()> {
     match &*src.node(h)? {
         Node::Leaf(es) => out.extend(es.iter().cloned()),
         Node::Split { children, .. } => {
@@ -55,18 +54,18 @@ fn collect(src: &dyn NodeSource, h: &Hash, out: &mut Vec<(Vec<u8>, Entry)>) -> R
 /// (`None` for an empty one). Returns the new root, `None` if the directory became empty.
 pub(crate) fn update(
     edit: &mut TreeEdit<'_>,
-    root: Option<&Hash>,
+    root: Option<&Ptr>,
     changes: &[(Vec<u8>, Option<Entry>)],
-) -> Result<Option<Hash>> {
+) -> Result<Option<Ptr>> {
     update_at(edit, root, 0, changes)
 }
 
 fn update_at(
     edit: &mut TreeEdit<'_>,
-    root: Option<&Hash>,
+    root: Option<&Ptr>,
     level: usize,
     changes: &[(Vec<u8>, Option<Entry>)],
-) -> Result<Option<Hash>> {
+) -> Result<Option<Ptr>> {
     if changes.is_empty() {
         return Ok(root.copied());
     }
@@ -77,7 +76,7 @@ fn update_at(
     match &*node {
         Node::Leaf(es) => Ok(build(edit, level, merge_sorted(es, changes))),
         Node::Split { children, .. } => {
-            let mut new_children: Vec<(u8, Hash)> = Vec::with_capacity(16);
+            let mut new_children: Vec<(u8, Ptr)> = Vec::with_capacity(16);
             let mut count = 0u64;
             let mut rest: Vec<(u8, &(Vec<u8>, Option<Entry>))> =
                 changes.iter().map(|c| (bucket(&c.0, level), c)).collect();
@@ -149,7 +148,7 @@ fn merge_sorted(
     out
 }
 
-fn build(edit: &mut TreeEdit<'_>, level: usize, entries: Vec<(Vec<u8>, Entry)>) -> Option<Hash> {
+fn build(edit: &mut TreeEdit<'_>, level: usize, entries: Vec<(Vec<u8>, Entry)>) -> Option<Ptr> {
     if entries.is_empty() {
         return None;
     }
@@ -176,8 +175,8 @@ pub(crate) type EntryDiff = (Vec<u8>, Option<Entry>, Option<Entry>);
 /// trie nodes whose hashes differ.
 pub(crate) fn diff(
     src: &dyn NodeSource,
-    a: Option<&Hash>,
-    b: Option<&Hash>,
+    a: Option<&Ptr>,
+    b: Option<&Ptr>,
     out: &mut Vec<EntryDiff>,
 ) -> Result<()> {
     let start = out.len();
@@ -188,8 +187,8 @@ pub(crate) fn diff(
 
 fn diff_at(
     src: &dyn NodeSource,
-    a: Option<&Hash>,
-    b: Option<&Hash>,
+    a: Option<&Ptr>,
+    b: Option<&Ptr>,
     emit: &mut dyn FnMut(EntryDiff),
 ) -> Result<()> {
     if a == b {

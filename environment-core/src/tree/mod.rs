@@ -10,10 +10,9 @@ pub(crate) mod node;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::hash::Hash;
 use crate::key::{Key, KeyPrefix, Namespace};
 use crate::value::Value;
-pub(crate) use node::{Entry, Node, NodeSource, TreeEdit};
+pub(crate) use node::{Entry, NewNode, Node, NodeId, NodeSource, Ptr, TreeEdit};
 
 /// One key whose value differs between two views.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,7 +30,7 @@ fn ns_segment(ns: Namespace) -> &'static [u8] {
 }
 
 /// The directory at `segments` below `root`, if there is one.
-fn descend(src: &dyn NodeSource, root: &Hash, segments: &[&[u8]]) -> Result<Option<Hash>> {
+fn descend(src: &dyn NodeSource, root: &Ptr, segments: &[&[u8]]) -> Result<Option<Ptr>> {
     let mut dir = *root;
     for seg in segments {
         match dir::get(src, &dir, seg)?.and_then(|e| e.tree) {
@@ -43,7 +42,7 @@ fn descend(src: &dyn NodeSource, root: &Hash, segments: &[&[u8]]) -> Result<Opti
 }
 
 /// The value at `key` in the view rooted at `root`.
-pub(crate) fn get(src: &dyn NodeSource, root: &Hash, key: &Key) -> Result<Option<Value>> {
+pub(crate) fn get(src: &dyn NodeSource, root: &Ptr, key: &Key) -> Result<Option<Value>> {
     let mut segs: Vec<&[u8]> = vec![ns_segment(key.namespace())];
     segs.extend(key.segments());
     let Some((last, parents)) = segs.split_last() else {
@@ -69,9 +68,9 @@ pub(crate) struct Applied {
 /// key whose value actually changed, its before and after.
 pub(crate) fn apply(
     edit: &mut TreeEdit<'_>,
-    root: &Hash,
+    root: &Ptr,
     changes: &[Put],
-) -> Result<(Hash, Vec<Applied>)> {
+) -> Result<(Ptr, Vec<Applied>)> {
     let mut items: Vec<(Vec<&[u8]>, &Put)> = changes
         .iter()
         .map(|c| {
@@ -92,11 +91,11 @@ pub(crate) fn apply(
 
 fn apply_dir(
     edit: &mut TreeEdit<'_>,
-    dir: Option<&Hash>,
+    dir: Option<&Ptr>,
     items: &[(Vec<&[u8]>, &Put)],
     depth: usize,
     applied: &mut Vec<Applied>,
-) -> Result<Option<Hash>> {
+) -> Result<Option<Ptr>> {
     let mut updates: Vec<(Vec<u8>, Option<Entry>)> = Vec::new();
     let mut i = 0;
     while i < items.len() {
@@ -140,7 +139,7 @@ fn apply_dir(
 /// Every key under `prefix` (the prefix key itself included), ordered segment by segment.
 pub(crate) fn list(
     src: &dyn NodeSource,
-    root: &Hash,
+    root: &Ptr,
     prefix: &KeyPrefix,
 ) -> Result<Vec<(Key, Value)>> {
     let mut out = Vec::new();
@@ -153,7 +152,7 @@ pub(crate) fn list(
 
 fn walk_prefix(
     src: &dyn NodeSource,
-    root: &Hash,
+    root: &Ptr,
     prefix: &KeyPrefix,
     f: &mut dyn FnMut(Key, Value) -> Result<()>,
 ) -> Result<()> {
@@ -196,7 +195,7 @@ fn join(base: &[u8], name: &[u8]) -> Vec<u8> {
 
 fn walk_dir(
     src: &dyn NodeSource,
-    dir: &Hash,
+    dir: &Ptr,
     ns: Namespace,
     path: Vec<u8>,
     f: &mut dyn FnMut(Key, Value) -> Result<()>,
@@ -217,8 +216,8 @@ fn walk_dir(
 /// in key order. Cost follows the difference: equal subtrees are skipped by hash.
 pub(crate) fn diff(
     src: &dyn NodeSource,
-    a: &Hash,
-    b: &Hash,
+    a: &Ptr,
+    b: &Ptr,
     prefix: Option<&KeyPrefix>,
 ) -> Result<Vec<KeyChange>> {
     let mut out = Vec::new();
@@ -283,14 +282,13 @@ fn diff_entry(
     Ok(())
 }
 
-/// Visits every node reachable from `root` once per call of `seen`: `seen` returns false for a
-/// node already visited, which is then not descended into. `blob` is called for every blob a
-/// value refers to.
+/// Visits every node reachable from `root`: `seen` returns false for a node already visited,
+/// which is then not descended into. `blob` is called for every blob a value refers to.
 pub(crate) fn walk_nodes(
     src: &dyn NodeSource,
-    root: &Hash,
-    seen: &mut dyn FnMut(&Hash) -> bool,
-    blob: &mut dyn FnMut(Hash),
+    root: &Ptr,
+    seen: &mut dyn FnMut(&Ptr) -> bool,
+    blob: &mut dyn FnMut(crate::hash::Hash),
 ) -> Result<()> {
     let mut stack = vec![*root];
     while let Some(h) = stack.pop() {

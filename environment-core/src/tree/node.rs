@@ -1,4 +1,10 @@
 //! Tree nodes, their encoding, and where they are read from and written to.
+//!
+//! A node is named two ways: by its content hash (what views, diffs and merges compare, and what
+//! `verify` re-computes) and by its row id in this environment's database (how it is found).
+//! Child pointers carry both. Row ids are allocated in increasing order, so writing the nodes of
+//! a commit appends to the end of one B-tree instead of touching a random page per node, which is
+//! what a hash-keyed table would do.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,12 +20,31 @@ use crate::value::Value;
 /// instead of one huge one.
 pub(crate) const LEAF_MAX: usize = 64;
 
+/// A node's row id in this environment's database.
+pub(crate) type NodeId = i64;
+
+/// A pointer to a stored node. Equality is by content hash alone: two pointers to equal content
+/// are equal wherever the content is stored.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub(crate) struct Ptr {
+    pub hash: Hash,
+    pub id: NodeId,
+}
+
+impl PartialEq for Ptr {
+    fn eq(&self, other: &Ptr) -> bool {
+        self.hash == other.hash
+    }
+}
+
+impl Eq for Ptr {}
+
 /// What one name in a directory holds: a value, a subdirectory, or both (an object key may have
 /// children, and a directory marker carries a directory's mode).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Entry {
     pub value: Option<Value>,
-    pub tree: Option<Hash>,
+    pub tree: Option<Ptr>,
 }
 
 impl Entry {
@@ -38,7 +63,17 @@ pub(crate) enum Node {
     /// Children by bucket (ascending), with the total number of names below.
     Split {
         count: u64,
-        children: Vec<(u8, Hash)>,
+        children: Vec<(u8, Ptr)>,
+    },
+}
+
+/// The hashed form of a node: everything but the storage ids.
+#[derive(Serialize)]
+enum HashForm<'a> {
+    Leaf(Vec<(&'a [u8], Option<&'a Value>, Option<&'a Hash>)>),
+    Split {
+        count: u64,
+        children: Vec<(u8, &'a Hash)>,
     },
 }
 
@@ -50,6 +85,7 @@ impl Node {
         }
     }
 
+    /// The storage encoding (with child ids).
     pub fn encode(&self) -> Vec<u8> {
         // Encoding owned plain data into a Vec does not fail.
         postcard::to_stdvec(self).unwrap_or_default()
@@ -62,14 +98,41 @@ impl Node {
         })
     }
 
-    pub fn hash_of(bytes: &[u8]) -> Hash {
-        Hash::of(b"environment-node-v1", bytes)
+    /// The content hash: covers names, values and the children's hashes, not where anything is
+    /// stored.
+    pub fn hash(&self) -> Hash {
+        let form = match self {
+            Node::Leaf(es) => HashForm::Leaf(
+                es.iter()
+                    .map(|(n, e)| {
+                        (
+                            n.as_slice(),
+                            e.value.as_ref(),
+                            e.tree.as_ref().map(|p| &p.hash),
+                        )
+                    })
+                    .collect(),
+            ),
+            Node::Split { count, children } => HashForm::Split {
+                count: *count,
+                children: children.iter().map(|(b, p)| (*b, &p.hash)).collect(),
+            },
+        };
+        Hash::of(
+            b"environment-node-v1",
+            &postcard::to_stdvec(&form).unwrap_or_default(),
+        )
     }
 
-    /// The hash of the empty directory, which is also the root of an empty view.
-    pub fn empty() -> (Hash, Vec<u8>) {
-        let bytes = Node::Leaf(Vec::new()).encode();
-        (Node::hash_of(&bytes), bytes)
+    /// Every child pointer.
+    pub fn children(&self) -> impl Iterator<Item = &Ptr> {
+        let (leaf, split) = match self {
+            Node::Leaf(es) => (Some(es.iter().filter_map(|(_, e)| e.tree.as_ref())), None),
+            Node::Split { children, .. } => (None, Some(children.iter().map(|(_, p)| p))),
+        };
+        leaf.into_iter()
+            .flatten()
+            .chain(split.into_iter().flatten())
     }
 }
 
@@ -86,43 +149,75 @@ pub(crate) fn bucket(name: &[u8], level: usize) -> u8 {
 
 /// Somewhere nodes can be read from.
 pub(crate) trait NodeSource {
-    fn node(&self, hash: &Hash) -> Result<Arc<Node>>;
+    fn node(&self, ptr: &Ptr) -> Result<Arc<Node>>;
 }
 
-/// A set of nodes being built on top of a source: reads see the new nodes first.
+/// A node created by an edit, ready to be stored.
+pub(crate) struct NewNode {
+    pub ptr: Ptr,
+    pub node: Arc<Node>,
+    pub bytes: Vec<u8>,
+}
+
+/// A set of nodes being built on top of a source: reads see the new nodes first. New nodes get
+/// row ids from `next_id` upwards.
 pub(crate) struct TreeEdit<'a> {
     src: &'a dyn NodeSource,
-    new: HashMap<Hash, (Arc<Node>, Vec<u8>)>,
+    next_id: NodeId,
+    by_id: HashMap<NodeId, Arc<Node>>,
+    by_hash: HashMap<Hash, Ptr>,
 }
 
 impl<'a> TreeEdit<'a> {
-    pub fn new(src: &'a dyn NodeSource) -> TreeEdit<'a> {
+    pub fn new(src: &'a dyn NodeSource, next_id: NodeId) -> TreeEdit<'a> {
         TreeEdit {
             src,
-            new: HashMap::new(),
+            next_id,
+            by_id: HashMap::new(),
+            by_hash: HashMap::new(),
         }
     }
 
-    pub fn store(&mut self, node: Node) -> Hash {
-        let bytes = node.encode();
-        let hash = Node::hash_of(&bytes);
-        self.new
-            .entry(hash)
-            .or_insert_with(|| (Arc::new(node), bytes));
-        hash
+    pub fn store(&mut self, node: Node) -> Ptr {
+        let hash = node.hash();
+        if let Some(p) = self.by_hash.get(&hash) {
+            return *p;
+        }
+        let ptr = Ptr {
+            hash,
+            id: self.next_id,
+        };
+        self.next_id += 1;
+        self.by_hash.insert(hash, ptr);
+        self.by_id.insert(ptr.id, Arc::new(node));
+        ptr
     }
 
-    /// The nodes created, to be persisted with the operation that refers to them.
-    pub fn into_new_nodes(self) -> Vec<(Hash, Arc<Node>, Vec<u8>)> {
-        self.new.into_iter().map(|(h, (n, b))| (h, n, b)).collect()
+    /// The new nodes reachable from `root`, to be stored with the operation that refers to them;
+    /// intermediate nodes the edit superseded are left out.
+    pub fn into_new_nodes(mut self, root: &Ptr) -> Vec<NewNode> {
+        let mut out = Vec::new();
+        let mut stack = vec![*root];
+        while let Some(p) = stack.pop() {
+            if let Some(node) = self.by_id.remove(&p.id) {
+                stack.extend(node.children().copied());
+                out.push(NewNode {
+                    ptr: p,
+                    bytes: node.encode(),
+                    node,
+                });
+            }
+        }
+        out
     }
 }
 
 impl NodeSource for TreeEdit<'_> {
-    fn node(&self, hash: &Hash) -> Result<Arc<Node>> {
-        match self.new.get(hash) {
-            Some((n, _)) => Ok(n.clone()),
-            None => self.src.node(hash),
+    fn node(&self, ptr: &Ptr) -> Result<Arc<Node>> {
+        // Ids at or above the edit's start are its own; below are stored nodes.
+        match self.by_id.get(&ptr.id) {
+            Some(n) => Ok(n.clone()),
+            None => self.src.node(ptr),
         }
     }
 }
