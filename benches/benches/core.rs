@@ -2,6 +2,7 @@
 //! 1,000 and 100,000 keys, diff cost by size of difference, and reads at old versions.
 //!
 //! `cargo bench -p environment-benches --bench core`
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -254,3 +254,22 @@ impl ForAgent for EnvError {
         format!("{NOT_DONE} Reason: {why}. Next: {next}")
     }
 }
+
+impl ForAgent for KeyError {
+    fn for_agent(&self) -> String {
+        EnvError::Key(self.clone()).for_agent()
+    }
+}
+
+impl ForAgent for BlobError {
+    fn for_agent(&self) -> String {
+        let next = match self {
+            BlobError::Corrupt { .. } => {
+                "Stop and tell a human: the environment's storage is damaged."
+            }
+            BlobError::Missing(_) => "Store the content first, or refer to content that exists.",
+            BlobError::Io { .. } => "Report the error to a human if it persists.",
+        };
+        format!("{NOT_DONE} Reason: {self}. Next: {next}")
+    }
+}

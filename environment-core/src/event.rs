@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::authz::ActorId;
 use crate::key::{Key, KeyPrefix};
-use crate::op::{ChangeSummary, Intent, OpFlags, OpId, Operation};
+use crate::op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation};
 
 /// The announcement of one committed operation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +56,8 @@ pub struct EventFilter {
     pub actor: Option<ActorId>,
     /// Only operations with all of these flags.
     pub flags: Option<OpFlags>,
+    /// Only operations whose intent is of this kind.
+    pub kind: Option<IntentKind>,
     /// Only operations that changed a key under this prefix (judged on the named keys).
     pub prefix: Option<KeyPrefix>,
 }
@@ -66,6 +68,7 @@ impl EventFilter {
         self.branch.as_ref().is_none_or(|b| *b == event.branch)
             && self.actor.as_ref().is_none_or(|a| *a == event.actor)
             && self.flags.is_none_or(|f| event.flags.contains(f))
+            && self.kind.as_ref().is_none_or(|k| *k == event.intent.kind)
             && self
                 .prefix
                 .as_ref()

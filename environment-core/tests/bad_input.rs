@@ -1,4 +1,5 @@
 //! Bad input gets a typed error and changes nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
@@ -36,7 +37,8 @@ fn refused(env: &LocalEnvironment, f: impl FnOnce() -> Result<(), EnvError>) -> 
 
 #[test]
 fn malformed_keys() {
-    let cases: [(&[u8], fn(&KeyError) -> bool); 8] = [
+    type Expect = fn(&KeyError) -> bool;
+    let cases: [(&[u8], Expect); 8] = [
         (b"", |e| matches!(e, KeyError::Empty)),
         (b"/etc/passwd", |e| matches!(e, KeyError::Absolute { .. })),
         (b"a//b", |e| matches!(e, KeyError::EmptySegment { .. })),

@@ -1,5 +1,6 @@
 //! Events: subscribers see committed operations; the publisher gets every committed event
 //! exactly through the outbox, even across a restart; refused acts emit nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,6 +62,10 @@ fn subscribers_get_matching_committed_events_only() {
         prefix: Some("fs:src".parse::<KeyPrefix>().unwrap()),
         ..EventFilter::default()
     });
+    let mut only_setup = env.subscribe(EventFilter {
+        kind: Some(environment_core::IntentKind::Setup),
+        ..EventFilter::default()
+    });
     let mut only_b = env.subscribe(EventFilter {
         actor: Some(b.clone()),
         ..EventFilter::default()
@@ -80,6 +85,7 @@ fn subscribers_get_matching_committed_events_only() {
     assert!(all.try_recv().is_none());
     assert_eq!(only_src.try_recv().map(|e| e.id), Some(v1));
     assert!(only_src.try_recv().is_none());
+    assert!(only_setup.try_recv().is_none());
     assert_eq!(only_b.try_recv().map(|e| e.id), Some(v2));
     assert!(only_b.try_recv().is_none());
 }

@@ -1,4 +1,5 @@
 //! History for agents: key nodes kept, automatic captures squashed, the full log on request.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use environment_core::{
     ActRequest, ActorId, HistoryEntry, HistoryOptions, Intent, IntentKind, Key, LocalEnvironment,

@@ -1,5 +1,6 @@
 //! Laws of the three-way merge: merging into an ancestor is a fast-forward, disjoint changes
 //! commute, merging twice changes nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use environment_core::{ActRequest, ActorId, Intent, Key, LocalEnvironment, OpId, Options, Value};
 use proptest::prelude::*;

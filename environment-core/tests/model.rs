@@ -1,5 +1,6 @@
 //! Random sequences of acts, stale acts, branches, merges, restores, undos and reopens against an
 //! in-memory model: every read at every version equals the model.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -134,17 +135,12 @@ fn check_version(env: &LocalEnvironment, actor: &ActorId, id: &OpId, expected: &
         .map(|(k, v)| (k.clone(), content_of(env, v)))
         .collect();
     assert_eq!(&got, expected, "version {id:?}");
-    for k in 0..KEYS.len() {
+    for (k, name) in KEYS.iter().enumerate() {
         let v = env
             .read(actor, &key(k), id)
             .unwrap()
             .map(|v| content_of(env, &v));
-        assert_eq!(
-            v.as_ref(),
-            expected.get(&key(k)),
-            "key {} at {id:?}",
-            KEYS[k]
-        );
+        assert_eq!(v.as_ref(), expected.get(&key(k)), "key {name} at {id:?}");
     }
 }
 

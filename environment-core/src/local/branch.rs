@@ -100,7 +100,7 @@ impl LocalEnvironment {
 
     /// Every mark with its version, by name.
     pub fn marks(&self) -> Result<Vec<(String, OpId)>> {
-        self.inner.readers.with(|conn| marks_in(conn))
+        self.inner.readers.with(marks_in)
     }
 
     /// Makes `branch`'s view the one of `target` again, by appending a rollback operation:

@@ -50,12 +50,15 @@ fn collect(src: &dyn NodeSource, h: &Ptr, out: &mut Vec<(Vec<u8>, Entry)>) -> Re
     Ok(())
 }
 
+/// A name's new entry (`None` removes it).
+type Change = (Vec<u8>, Option<Entry>);
+
 /// Applies `changes` (sorted by name, each name once; `None` removes) to the directory at `root`
 /// (`None` for an empty one). Returns the new root, `None` if the directory became empty.
 pub(crate) fn update(
     edit: &mut TreeEdit<'_>,
     root: Option<&Ptr>,
-    changes: &[(Vec<u8>, Option<Entry>)],
+    changes: &[Change],
 ) -> Result<Option<Ptr>> {
     update_at(edit, root, 0, changes)
 }
@@ -64,7 +67,7 @@ fn update_at(
     edit: &mut TreeEdit<'_>,
     root: Option<&Ptr>,
     level: usize,
-    changes: &[(Vec<u8>, Option<Entry>)],
+    changes: &[Change],
 ) -> Result<Option<Ptr>> {
     if changes.is_empty() {
         return Ok(root.copied());
@@ -78,15 +81,12 @@ fn update_at(
         Node::Split { children, .. } => {
             let mut new_children: Vec<(u8, Ptr)> = Vec::with_capacity(16);
             let mut count = 0u64;
-            let mut rest: Vec<(u8, &(Vec<u8>, Option<Entry>))> =
-                changes.iter().map(|c| (bucket(&c.0, level), c)).collect();
-            rest.sort_by_key(|(b, _)| *b);
-            for b in 0u8..16 {
-                let group: Vec<(Vec<u8>, Option<Entry>)> = rest
-                    .iter()
-                    .filter(|(cb, _)| *cb == b)
-                    .map(|(_, c)| (*c).clone())
-                    .collect();
+            let mut groups: Vec<Vec<Change>> = vec![Vec::new(); 16];
+            for c in changes {
+                groups[bucket(&c.0, level) as usize].push(c.clone());
+            }
+            for (b, group) in groups.into_iter().enumerate() {
+                let b = b as u8;
                 let old = children.iter().find(|(cb, _)| *cb == b).map(|(_, h)| *h);
                 let new = if group.is_empty() {
                     old
@@ -115,10 +115,7 @@ fn update_at(
     }
 }
 
-fn merge_sorted(
-    old: &[(Vec<u8>, Entry)],
-    changes: &[(Vec<u8>, Option<Entry>)],
-) -> Vec<(Vec<u8>, Entry)> {
+fn merge_sorted(old: &[(Vec<u8>, Entry)], changes: &[Change]) -> Vec<(Vec<u8>, Entry)> {
     let mut out = Vec::with_capacity(old.len() + changes.len());
     let (mut i, mut j) = (0, 0);
     while i < old.len() || j < changes.len() {

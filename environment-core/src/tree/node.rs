@@ -140,7 +140,7 @@ impl Node {
 pub(crate) fn bucket(name: &[u8], level: usize) -> u8 {
     let h = blake3::hash(name);
     let byte = h.as_bytes()[(level / 2) % 32];
-    if level % 2 == 0 {
+    if level.is_multiple_of(2) {
         byte >> 4
     } else {
         byte & 0x0f
