@@ -97,7 +97,31 @@ impl BlobStore {
     }
 
     /// Stores everything `reader` yields, hashing while copying, without holding it in memory.
-    pub fn put_reader(&self, mut reader: impl Read) -> Result<(Hash, u64), BlobError> {
+    pub fn put_reader(&self, reader: impl Read) -> Result<(Hash, u64), BlobError> {
+        self.put_reader_with(reader, true)
+    }
+
+    /// Like [`BlobStore::put_reader`] without the per-blob fsync: for storing many blobs at once,
+    /// followed by one [`BlobStore::sync`] before anything refers to them.
+    pub fn put_reader_unsynced(&self, reader: impl Read) -> Result<(Hash, u64), BlobError> {
+        self.put_reader_with(reader, false)
+    }
+
+    /// Flushes everything written to the blob store's filesystem (one `syncfs`), making blobs
+    /// stored with [`BlobStore::put_reader_unsynced`] durable.
+    pub fn sync(&self) -> Result<(), BlobError> {
+        let dir = File::open(&self.dir).map_err(io_err(&self.dir))?;
+        rustix::fs::syncfs(&dir).map_err(|e| BlobError::Io {
+            path: self.dir.clone(),
+            source: io::Error::from_raw_os_error(e.raw_os_error()),
+        })
+    }
+
+    fn put_reader_with(
+        &self,
+        mut reader: impl Read,
+        durable: bool,
+    ) -> Result<(Hash, u64), BlobError> {
         let (tmp_path, mut file) = self.temp_file()?;
         let mut hasher = blake3::Hasher::new();
         let mut buf = vec![0u8; 256 * 1024];
@@ -121,7 +145,11 @@ impl BlobStore {
             });
         }
         let hash = Hash(*hasher.finalize().as_bytes());
-        self.finish(hash, tmp_path, file)?;
+        if self.contains(&hash) {
+            let _ = fs::remove_file(&tmp_path);
+            return Ok((hash, len));
+        }
+        self.finish(hash, tmp_path, file, durable)?;
         Ok((hash, len))
     }
 
@@ -149,14 +177,22 @@ impl BlobStore {
                 source: e,
             });
         }
-        self.finish(hash, tmp_path, file)
+        self.finish(hash, tmp_path, file, true)
     }
 
     /// fsync, read-only, rename into place, fsync the directory: the blob is durable before any
     /// operation can refer to it.
-    fn finish(&self, hash: Hash, tmp_path: PathBuf, file: File) -> Result<(), BlobError> {
+    fn finish(
+        &self,
+        hash: Hash,
+        tmp_path: PathBuf,
+        file: File,
+        durable: bool,
+    ) -> Result<(), BlobError> {
         let result = (|| -> io::Result<()> {
-            file.sync_all()?;
+            if durable {
+                file.sync_all()?;
+            }
             file.set_permissions(fs::Permissions::from_mode(0o444))?;
             drop(file);
             let dest = self.path_of(&hash);
@@ -166,7 +202,10 @@ impl BlobStore {
                 File::open(&self.dir)?.sync_all()?;
             }
             fs::rename(&tmp_path, &dest)?;
-            File::open(parent)?.sync_all()
+            if durable {
+                File::open(parent)?.sync_all()?;
+            }
+            Ok(())
         })();
         result.map_err(|e| {
             let _ = fs::remove_file(&tmp_path);

@@ -1,0 +1,358 @@
+//! Capture: read what changed on disk and commit it as one operation.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use environment_core::{
+    ActRequest, ActorId, Change, Content, EntryKind, Intent, Key, KeyPrefix, LocalEnvironment,
+    Meta, Namespace, Observation, OpFlags, OpId, Value, value::INLINE_MAX,
+};
+use rustix::fs::{FileType, OFlags};
+
+use crate::error::{Result, SandboxError};
+use crate::fsops::{self, Root};
+use crate::noise::{Class, Noise};
+use crate::statcache::{StatCache, StatEntry};
+
+/// Above this many files in one capture, blobs are written without a per-file fsync and the
+/// filesystem is synced once before the commit.
+const BULK: usize = 32;
+
+/// How often a file that keeps changing while it is read is read again.
+const REREADS: usize = 5;
+
+/// Where a tracked root's keys live, and how its paths map to them.
+#[derive(Clone, Debug)]
+pub struct KeyMap {
+    prefix: Vec<u8>,
+}
+
+impl KeyMap {
+    /// Paths map to `fs:<prefix>/<path>` (to `fs:<path>` with an empty prefix).
+    pub fn new(prefix: &[u8]) -> KeyMap {
+        KeyMap {
+            prefix: prefix.to_vec(),
+        }
+    }
+
+    /// The key of a path relative to the root.
+    pub fn key(&self, rel: &[u8]) -> Result<Key> {
+        let mut p = self.prefix.clone();
+        if !p.is_empty() {
+            p.push(b'/');
+        }
+        p.extend_from_slice(rel);
+        Ok(Key::fs(p).map_err(environment_core::EnvError::from)?)
+    }
+
+    /// The path relative to the root of a key, if it is under this root.
+    pub fn rel<'k>(&self, key: &'k Key) -> Option<&'k [u8]> {
+        if key.namespace() != Namespace::Fs {
+            return None;
+        }
+        let p = key.path();
+        if self.prefix.is_empty() {
+            return Some(p);
+        }
+        p.strip_prefix(self.prefix.as_slice())?.strip_prefix(b"/")
+    }
+
+    /// The prefix selecting every key of the root (or of `rel` under it).
+    pub fn prefix(&self, rel: &[u8]) -> Result<KeyPrefix> {
+        let mut p = self.prefix.clone();
+        if !p.is_empty() && !rel.is_empty() {
+            p.push(b'/');
+        }
+        p.extend_from_slice(rel);
+        Ok(KeyPrefix::new(Namespace::Fs, p).map_err(environment_core::EnvError::from)?)
+    }
+}
+
+/// Reads changed paths and commits them.
+pub struct Capturer {
+    pub(crate) env: LocalEnvironment,
+    pub(crate) root: Root,
+    pub(crate) noise: Noise,
+    pub(crate) cache: StatCache,
+    pub(crate) keys: KeyMap,
+    pub(crate) actor: ActorId,
+    pub(crate) branch: String,
+}
+
+impl std::fmt::Debug for Capturer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capturer")
+            .field("root", &self.root.path())
+            .field("branch", &self.branch)
+            .finish()
+    }
+}
+
+fn rel_path(rel: &[u8]) -> &Path {
+    Path::new(std::ffi::OsStr::from_bytes(rel))
+}
+
+/// What one path looks like now.
+enum Seen {
+    Gone,
+    Present(Value, StatEntry, Class),
+    Skipped,
+}
+
+impl Capturer {
+    /// The branch head.
+    pub fn head(&self) -> Result<OpId> {
+        Ok(self.env.head(&self.branch)?)
+    }
+
+    /// Captures the given paths (relative to the root; anything under a path that is gone is
+    /// removed too). Commits one operation if anything effectively changed.
+    pub fn capture(
+        &mut self,
+        dirty: BTreeSet<Vec<u8>>,
+        intent: Intent,
+        flags: OpFlags,
+    ) -> Result<Option<Observation>> {
+        let head = self.head()?;
+        let bulk = dirty.len() > BULK;
+        let guard = self
+            .env
+            .blobs()
+            .write_guard()
+            .map_err(environment_core::EnvError::from)?;
+        let mut changes: BTreeMap<Key, Option<Value>> = BTreeMap::new();
+        let mut cache: Vec<(Vec<u8>, Option<StatEntry>)> = Vec::new();
+        let mut all_quiet = true;
+        for rel in &dirty {
+            if rel.is_empty() {
+                continue;
+            }
+            let key = self.keys.key(rel)?;
+            match self.look(rel, bulk)? {
+                Seen::Skipped => {}
+                Seen::Gone => {
+                    let prefix = self.keys.prefix(rel)?;
+                    for (k, _) in self.env.list(&self.actor, &prefix, &head)? {
+                        if let Some(r) = self.keys.rel(&k) {
+                            if self.noise.classify(rel_path(r), false) != Class::Quiet {
+                                all_quiet = false;
+                            }
+                            cache.push((r.to_vec(), None));
+                        }
+                        changes.insert(k, None);
+                    }
+                    cache.push((rel.clone(), None));
+                }
+                Seen::Present(value, stat, class) => {
+                    let before = self.env.read_unchecked(&key, &head)?;
+                    if before.as_ref() != Some(&value) {
+                        if class != Class::Quiet {
+                            all_quiet = false;
+                        }
+                        changes.insert(key, Some(value));
+                    }
+                    cache.push((rel.clone(), Some(stat)));
+                }
+            }
+        }
+        // A path found again after its parent was removed stays.
+        let changes: Vec<Change> = changes
+            .into_iter()
+            .map(|(k, v)| match v {
+                Some(v) => Change::Put(k, v),
+                None => Change::Delete(k),
+            })
+            .collect();
+        let observation = if changes.is_empty() {
+            None
+        } else {
+            if bulk {
+                self.env
+                    .blobs()
+                    .sync()
+                    .map_err(environment_core::EnvError::from)?;
+            }
+            let mut flags = flags;
+            if all_quiet {
+                flags |= OpFlags::QUIET;
+            }
+            let mut req = ActRequest::new(self.actor.clone(), intent)
+                .on(self.branch.clone())
+                .flags(flags);
+            req.changes = changes;
+            let obs = self.env.act_blocking(req)?;
+            Some(obs)
+        };
+        drop(guard);
+        self.cache.update(cache)?;
+        Ok(observation.filter(|o| !o.noop))
+    }
+
+    /// Reads one path: its value, or that it is gone.
+    fn look(&self, rel: &[u8], bulk: bool) -> Result<Seen> {
+        let path = rel_path(rel);
+        let st = match self.root.lstat(path) {
+            Ok(st) => st,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
+                    || fsops::is_escape(&e) =>
+            {
+                return Ok(if self.noise.is_ignored(path, false) {
+                    Seen::Skipped
+                } else {
+                    Seen::Gone
+                });
+            }
+            Err(e) => return Err(SandboxError::io("lstat", path)(e)),
+        };
+        let ft = fsops::file_type(&st);
+        let class = self.noise.classify(path, ft == FileType::Directory);
+        if class == Class::Ignored {
+            return Ok(Seen::Skipped);
+        }
+        let mode = st.st_mode & 0o7777;
+        let value = match ft {
+            FileType::Directory => Value::dir().mode(mode),
+            FileType::Symlink => {
+                let target = self
+                    .root
+                    .readlink(path)
+                    .map_err(SandboxError::io("readlink", path))?;
+                let mut v = Value::symlink(target);
+                v.meta.mtime_ns = Some(fsops::mtime_ns(&st));
+                v
+            }
+            FileType::RegularFile => return self.read_file(path, bulk, class),
+            other => {
+                let kind = match other {
+                    FileType::Fifo => EntryKind::Fifo,
+                    FileType::Socket => EntryKind::Socket,
+                    _ => EntryKind::Device,
+                };
+                let mut meta = Meta::of(kind);
+                meta.mode = mode;
+                meta.attributes
+                    .insert("rdev".into(), st.st_rdev.to_string());
+                meta.attributes
+                    .insert("type".into(), format!("{other:?}").to_lowercase());
+                Value {
+                    content: Content::Inline(Vec::new()),
+                    meta,
+                }
+            }
+        };
+        Ok(Seen::Present(value, StatEntry::of(&st), class))
+    }
+
+    /// Reads a regular file, again if it changed while being read (fstat before and after).
+    fn read_file(&self, path: &Path, bulk: bool, class: Class) -> Result<Seen> {
+        let blobs = self.env.blobs();
+        for _ in 0..REREADS {
+            let fd = match self.root.open_beneath(path, OFlags::RDONLY, 0) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Seen::Gone),
+                Err(e) => return Err(SandboxError::io("open", path)(e)),
+            };
+            let before =
+                rustix::fs::fstat(&fd).map_err(|e| SandboxError::io("fstat", path)(e.into()))?;
+            let mut file = File::from(fd);
+            let size = before.st_size as u64;
+            let content = if size as usize <= INLINE_MAX {
+                let mut buf = Vec::with_capacity(size as usize);
+                file.read_to_end(&mut buf)
+                    .map_err(SandboxError::io("read", path))?;
+                if buf.len() <= INLINE_MAX {
+                    Content::Inline(buf)
+                } else {
+                    continue;
+                }
+            } else {
+                let (hash, _) = if bulk {
+                    blobs.put_reader_unsynced(&mut file)
+                } else {
+                    blobs.put_reader(&mut file)
+                }
+                .map_err(environment_core::EnvError::from)?;
+                Content::Blob(hash)
+            };
+            let after =
+                rustix::fs::fstat(&file).map_err(|e| SandboxError::io("fstat", path)(e.into()))?;
+            if StatEntry::of(&after) != StatEntry::of(&before) {
+                continue;
+            }
+            let mut meta = Meta::of(EntryKind::File);
+            meta.mode = before.st_mode & 0o7777;
+            meta.size = size;
+            meta.mtime_ns = Some(fsops::mtime_ns(&before));
+            if (before.st_blocks as u64) * 512 < size {
+                meta.attributes.insert("sparse".into(), "true".into());
+            }
+            return Ok(Seen::Present(
+                Value { content, meta },
+                StatEntry::of(&before),
+                class,
+            ));
+        }
+        // It keeps changing: leave it for the next capture rather than record a torn read.
+        tracing::warn!(path = %path.display(), "file kept changing while being read; will capture it later");
+        Ok(Seen::Skipped)
+    }
+
+    /// Walks the whole tree and returns the paths whose stat differs from the cache, plus those
+    /// the cache or the head knows and the disk no longer has. Reads no file content.
+    pub fn rescan_dirty(&self) -> Result<BTreeSet<Vec<u8>>> {
+        let mut dirty = BTreeSet::new();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
+        while let Some(dir) = stack.pop() {
+            let names = match self.root.list_dir(rel_path(&dir)) {
+                Ok(n) => n,
+                Err(_) => {
+                    dirty.insert(dir);
+                    continue;
+                }
+            };
+            for name in names {
+                let rel = if dir.is_empty() {
+                    name
+                } else {
+                    [dir.as_slice(), b"/", &name].concat()
+                };
+                let path = rel_path(&rel);
+                let Ok(st) = self.root.lstat(path) else {
+                    dirty.insert(rel);
+                    continue;
+                };
+                let is_dir = fsops::file_type(&st) == FileType::Directory;
+                if self.noise.is_ignored(path, is_dir) {
+                    continue;
+                }
+                if self.cache.get(&rel) != Some(&StatEntry::of(&st)) {
+                    dirty.insert(rel.clone());
+                }
+                if is_dir {
+                    stack.push(rel.clone());
+                }
+                seen.insert(rel);
+            }
+        }
+        for p in self.cache.paths() {
+            if !seen.contains(p) {
+                dirty.insert(p.clone());
+            }
+        }
+        let head = self.head()?;
+        for (k, _) in self.env.list(&self.actor, &self.keys.prefix(b"")?, &head)? {
+            if let Some(r) = self.keys.rel(&k)
+                && !seen.contains(r)
+            {
+                dirty.insert(r.to_vec());
+            }
+        }
+        Ok(dirty)
+    }
+}

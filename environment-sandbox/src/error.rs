@@ -1,0 +1,69 @@
+//! Errors of the snapshot engine.
+
+use std::path::PathBuf;
+
+use environment_core::{EnvError, ForAgent};
+
+/// What capture, restore and their setup can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SandboxError {
+    /// The environment refused or failed.
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    /// A filesystem call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path, relative to the tracked root (or absolute for the root itself).
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A path would leave the tracked root (a symlink or `..` on the way): refused.
+    #[error("{path} leads outside the tracked root; nothing was written there")]
+    Escape {
+        /// The path, relative to the root.
+        path: PathBuf,
+    },
+    /// A noise rule that does not parse.
+    #[error("invalid noise rule {rule:?}: {detail}")]
+    Rule {
+        /// The rule.
+        rule: String,
+        /// The parser's complaint.
+        detail: String,
+    },
+    /// The inotify watch limit was reached; captures fall back to rescans.
+    #[error("inotify: {0}")]
+    Watch(String),
+    /// The stat cache failed.
+    #[error("stat cache: {0}")]
+    Cache(#[from] rusqlite::Error),
+}
+
+impl SandboxError {
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> SandboxError {
+        let path = path.into();
+        move |source| SandboxError::Io { op, path, source }
+    }
+}
+
+impl ForAgent for SandboxError {
+    fn for_agent(&self) -> String {
+        match self {
+            SandboxError::Env(e) => e.for_agent(),
+            other => format!(
+                "The action was NOT performed to completion and must not be reported as done. \
+                 Reason: {other}. Next: check the path and retry; if it persists, tell a human."
+            ),
+        }
+    }
+}
+
+/// Results of the snapshot engine.
+pub type Result<T, E = SandboxError> = std::result::Result<T, E>;

@@ -1,0 +1,47 @@
+//! environment-sandbox: unprivileged snapshots of a live directory tree.
+//!
+//! A [`Tracker`] watches a directory tree with inotify and captures every change into an
+//! environment as operations in its log — without the cooperation of the process making the
+//! changes, at a cost that follows what changed (stat, read and hash only the dirty paths). Any
+//! version can be restored in place, writing only what differs, through directory handles that
+//! never follow a symlink out of the tree; the processes working in it keep running.
+//!
+//! ```
+//! use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
+//! use environment_sandbox::{Tracker, TrackerConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let work = tempfile::tempdir()?;
+//! let home = tempfile::tempdir()?;
+//! std::fs::write(work.path().join("config.toml"), "debug = false\n")?;
+//! let env = LocalEnvironment::open(home.path(), Options::default())?;
+//! let agent = ActorId::new("agent:coder")?;
+//! let mut config = TrackerConfig::new(work.path(), ActorId::new("service:watcher")?);
+//! config.auto = false; // capture at explicit barriers only, for this example
+//! let tracker = Tracker::open(env.clone(), config)?;
+//! let good = env.head("main")?;
+//!
+//! // Something clobbers the config and deletes it, behind the environment's back.
+//! std::fs::remove_file(work.path().join("config.toml"))?;
+//! tracker.capture_now(Intent::new(IntentKind::Command, "rm config.toml"), OpFlags::COMMAND)?;
+//!
+//! // Bring it back.
+//! tracker.restore(&agent, &good, Intent::new(IntentKind::Restore, "undo the rm"))?;
+//! assert_eq!(std::fs::read_to_string(work.path().join("config.toml"))?, "debug = false\n");
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod capture;
+pub mod error;
+pub mod fsops;
+pub mod noise;
+pub mod restore;
+pub mod statcache;
+pub mod tracker;
+pub mod watch;
+
+pub use error::{Result, SandboxError};
+pub use noise::{Class, Noise, NoiseRules};
+pub use restore::{RestorePlan, RestoreStep};
+pub use tracker::{Tracker, TrackerConfig};

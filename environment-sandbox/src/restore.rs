@@ -1,0 +1,339 @@
+//! Restore: bring the live tree to a version, writing only what differs.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use environment_core::{Content, EntryKind, KeyChange, OpId, Value};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
+use serde_like::PlanEntry;
+
+use crate::capture::Capturer;
+use crate::error::{Result, SandboxError};
+use crate::fsops;
+use crate::noise::Class;
+use crate::statcache::StatEntry;
+
+mod serde_like {
+    use environment_core::Key;
+
+    /// One path a restore changes.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum PlanEntry {
+        /// Written (created or replaced) with the target's value.
+        Write(Key),
+        /// Removed.
+        Remove(Key),
+    }
+}
+
+pub use serde_like::PlanEntry as RestoreStep;
+
+/// What a restore will do (or did).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestorePlan {
+    /// The version restored from (the head after the safety capture).
+    pub from: OpId,
+    /// The version restored to.
+    pub to: OpId,
+    /// The paths written or removed, removals deepest first, then writes shallowest first.
+    pub steps: Vec<PlanEntry>,
+}
+
+static TMP: AtomicU64 = AtomicU64::new(0);
+
+fn errno(e: rustix::io::Errno) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e.raw_os_error())
+}
+
+impl Capturer {
+    /// The restore steps from the head to `target`, for the paths of this root that are not
+    /// ignored.
+    pub(crate) fn plan(&self, target: &OpId) -> Result<(RestorePlan, Vec<KeyChange>)> {
+        let from = self.head()?;
+        let prefix = self.keys.prefix(b"")?;
+        let mut changes: Vec<KeyChange> = self
+            .env
+            .diff(&self.actor, &from, target, Some(&prefix))?
+            .into_iter()
+            .filter(|c| {
+                self.keys.rel(&c.key).is_some_and(|r| {
+                    let is_dir = c
+                        .after
+                        .as_ref()
+                        .or(c.before.as_ref())
+                        .is_some_and(|v| v.meta.kind == EntryKind::Dir);
+                    self.noise.classify(Path::new(OsStr::from_bytes(r)), is_dir) != Class::Ignored
+                })
+            })
+            .collect();
+        // Removals deepest first (children before their directory); writes shallowest first.
+        let depth = |c: &KeyChange| c.key.path().iter().filter(|b| **b == b'/').count();
+        changes.sort_by(|a, b| {
+            let (ra, rb) = (a.after.is_none(), b.after.is_none());
+            rb.cmp(&ra)
+                .then_with(|| {
+                    if ra {
+                        depth(b).cmp(&depth(a))
+                    } else {
+                        depth(a).cmp(&depth(b))
+                    }
+                })
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        let steps = changes
+            .iter()
+            .map(|c| {
+                if c.after.is_some() {
+                    PlanEntry::Write(c.key.clone())
+                } else {
+                    PlanEntry::Remove(c.key.clone())
+                }
+            })
+            .collect();
+        Ok((
+            RestorePlan {
+                from,
+                to: *target,
+                steps,
+            },
+            changes,
+        ))
+    }
+
+    /// Applies `changes` to the live tree; returns the stat-cache updates for what it wrote.
+    pub(crate) fn apply(&self, changes: &[KeyChange]) -> Result<Vec<(Vec<u8>, Option<StatEntry>)>> {
+        let mut cache = Vec::new();
+        for c in changes {
+            let Some(rel) = self.keys.rel(&c.key) else {
+                continue;
+            };
+            let path = Path::new(OsStr::from_bytes(rel));
+            match &c.after {
+                None => {
+                    self.remove(path)?;
+                    cache.push((rel.to_vec(), None));
+                }
+                Some(v) => {
+                    if let Some(st) = self.write(path, v)? {
+                        cache.push((rel.to_vec(), Some(st)));
+                    }
+                }
+            }
+        }
+        Ok(cache)
+    }
+
+    /// Removes a path; a directory only if nothing but removable entries are in it (ignored
+    /// content keeps its directory).
+    fn remove(&self, path: &Path) -> Result<()> {
+        let (dir, name) = match self.root.parent(path) {
+            Ok(x) => x,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if fsops::is_escape(&e) => {
+                return Err(SandboxError::Escape {
+                    path: path.to_owned(),
+                });
+            }
+            Err(e) => return Err(SandboxError::io("open parent", path)(e)),
+        };
+        let st = match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(SandboxError::io("lstat", path)(errno(e))),
+        };
+        if fsops::file_type(&st) == FileType::Directory {
+            match rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                // Ignored (or untracked) entries keep it: never delete what was not captured.
+                Err(rustix::io::Errno::NOTEMPTY) => Ok(()),
+                Err(e) => Err(SandboxError::io("rmdir", path)(errno(e))),
+            }
+        } else {
+            match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                Err(e) => Err(SandboxError::io("unlink", path)(errno(e))),
+            }
+        }
+    }
+
+    /// Writes one value: files and symlinks to a temporary name in the same directory, then
+    /// renamed over; directories created or their mode set.
+    fn write(&self, path: &Path, v: &Value) -> Result<Option<StatEntry>> {
+        let (dir, name) = match self.root.parent(path) {
+            Ok(x) => x,
+            Err(e) if fsops::is_escape(&e) => {
+                return Err(SandboxError::Escape {
+                    path: path.to_owned(),
+                });
+            }
+            Err(e) => return Err(SandboxError::io("open parent", path)(e)),
+        };
+        let existing = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).ok();
+        let existing_dir = existing
+            .as_ref()
+            .is_some_and(|st| fsops::file_type(st) == FileType::Directory);
+        let mode = Mode::from_raw_mode(v.meta.mode & 0o7777);
+        match v.meta.kind {
+            EntryKind::Dir => {
+                if !existing_dir {
+                    if existing.is_some() {
+                        rustix::fs::unlinkat(&dir, name, AtFlags::empty())
+                            .map_err(|e| SandboxError::io("unlink", path)(errno(e)))?;
+                    }
+                    rustix::fs::mkdirat(&dir, name, mode)
+                        .map_err(|e| SandboxError::io("mkdir", path)(errno(e)))?;
+                }
+                let fd = rustix::fs::openat(
+                    &dir,
+                    name,
+                    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| SandboxError::io("open", path)(errno(e)))?;
+                rustix::fs::fchmod(&fd, mode)
+                    .map_err(|e| SandboxError::io("chmod", path)(errno(e)))?;
+                let st = rustix::fs::fstat(&fd)
+                    .map_err(|e| SandboxError::io("fstat", path)(errno(e)))?;
+                return Ok(Some(StatEntry::of(&st)));
+            }
+            EntryKind::File | EntryKind::Symlink | EntryKind::Fifo => {}
+            other => {
+                tracing::warn!(path = %path.display(), kind = ?other, "not restored: this kind of entry cannot be recreated unprivileged");
+                return Ok(None);
+            }
+        }
+        let tmp_name = format!(
+            ".environment-restore-{}-{}",
+            std::process::id(),
+            TMP.fetch_add(1, Ordering::Relaxed)
+        );
+        let tmp = tmp_name.as_str();
+        match v.meta.kind {
+            EntryKind::Symlink => {
+                let target = v.meta.symlink_target.clone().unwrap_or_default();
+                rustix::fs::symlinkat(OsStr::from_bytes(&target), &dir, tmp)
+                    .map_err(|e| SandboxError::io("symlink", path)(errno(e)))?;
+                if let Some(ns) = v.meta.mtime_ns {
+                    let t = ts(ns);
+                    let _ = rustix::fs::utimensat(
+                        &dir,
+                        tmp,
+                        &Timestamps {
+                            last_access: t,
+                            last_modification: t,
+                        },
+                        AtFlags::SYMLINK_NOFOLLOW,
+                    );
+                }
+            }
+            EntryKind::Fifo => {
+                rustix::fs::mknodat(&dir, tmp, FileType::Fifo, mode, 0)
+                    .map_err(|e| SandboxError::io("mkfifo", path)(errno(e)))?;
+            }
+            _ => {
+                let fd = rustix::fs::openat(
+                    &dir,
+                    tmp,
+                    OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::WRONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(|e| SandboxError::io("create", path)(errno(e)))?;
+                if let Err(e) = self.fill(fd, v, path) {
+                    let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
+                    return Err(e);
+                }
+            }
+        }
+        if existing_dir {
+            // A directory where the view has a file: it goes (unless ignored content keeps it).
+            let _ = self.clear_dir(path);
+        }
+        rustix::fs::renameat(&dir, tmp, &dir, name).map_err(|e| {
+            let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
+            SandboxError::io("rename", path)(errno(e))
+        })?;
+        let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| SandboxError::io("lstat", path)(errno(e)))?;
+        Ok(Some(StatEntry::of(&st)))
+    }
+
+    /// Writes a file's content (leaving holes where the content is zeros, so sparse files stay
+    /// sparse), then its mode (after the content: writing clears setuid) and mtime.
+    fn fill(&self, fd: OwnedFd, v: &Value, path: &Path) -> Result<()> {
+        let bytes = match &v.content {
+            Content::Inline(b) => b.clone(),
+            Content::Blob(_) => self.env.content(v)?,
+        };
+        let mut file = File::from(fd);
+        let io = SandboxError::io;
+        const CHUNK: usize = 64 << 10;
+        let mut pos = 0usize;
+        while pos < bytes.len() {
+            let end = (pos + CHUNK).min(bytes.len());
+            let chunk = &bytes[pos..end];
+            if chunk.iter().all(|b| *b == 0) {
+                file.seek(SeekFrom::Current(chunk.len() as i64))
+                    .map_err(io("seek", path))?;
+            } else {
+                file.write_all(chunk).map_err(io("write", path))?;
+            }
+            pos = end;
+        }
+        file.set_len(bytes.len() as u64)
+            .map_err(io("truncate", path))?;
+        rustix::fs::fchmod(file.as_fd(), Mode::from_raw_mode(v.meta.mode & 0o7777))
+            .map_err(|e| io("chmod", path)(errno(e)))?;
+        if let Some(ns) = v.meta.mtime_ns {
+            let t = ts(ns);
+            rustix::fs::futimens(
+                file.as_fd(),
+                &Timestamps {
+                    last_access: t,
+                    last_modification: t,
+                },
+            )
+            .map_err(|e| io("utimens", path)(errno(e)))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the non-ignored content of a directory, deepest first.
+    fn clear_dir(&self, path: &Path) -> Result<()> {
+        let names = self
+            .root
+            .list_dir(path)
+            .map_err(SandboxError::io("list", path))?;
+        for n in names {
+            let child = path.join(OsStr::from_bytes(&n));
+            let st = self
+                .root
+                .lstat(&child)
+                .map_err(SandboxError::io("lstat", &child))?;
+            let is_dir = fsops::file_type(&st) == FileType::Directory;
+            if self.noise.is_ignored(&child, is_dir) {
+                continue;
+            }
+            if is_dir {
+                self.clear_dir(&child)?;
+            }
+            self.remove(&child)?;
+        }
+        self.remove(path)
+    }
+}
+
+fn ts(ns: i64) -> Timespec {
+    Timespec {
+        tv_sec: ns.div_euclid(1_000_000_000),
+        tv_nsec: ns.rem_euclid(1_000_000_000) as _,
+    }
+}
