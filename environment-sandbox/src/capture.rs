@@ -95,6 +95,39 @@ fn rel_path(rel: &[u8]) -> &Path {
     Path::new(std::ffi::OsStr::from_bytes(rel))
 }
 
+/// Whether a file was modified so recently that a write in the same clock tick could follow.
+fn is_recent(st: &rustix::fs::Stat) -> bool {
+    const TICK_NS: i64 = 50_000_000;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(i64::MAX);
+    now - fsops::mtime_ns(st).max(fsops::ctime_ns(st)) < TICK_NS
+}
+
+/// Reads the file again from the start and checks it still holds `content`.
+fn same_content(file: &mut File, content: &Content) -> Result<bool> {
+    use std::io::{Seek, SeekFrom};
+    let io = |e: std::io::Error| SandboxError::Io {
+        op: "re-read",
+        path: std::path::PathBuf::new(),
+        source: e,
+    };
+    file.seek(SeekFrom::Start(0)).map_err(io)?;
+    match content {
+        Content::Inline(bytes) => {
+            let mut again = Vec::with_capacity(bytes.len());
+            file.read_to_end(&mut again).map_err(io)?;
+            Ok(&again == bytes)
+        }
+        Content::Blob(hash) => {
+            let mut hasher = blake3::Hasher::new();
+            std::io::copy(file, &mut hasher).map_err(io)?;
+            Ok(hasher.finalize().as_bytes() == &hash.0)
+        }
+    }
+}
+
 /// What one path looks like now.
 enum Seen {
     Gone,

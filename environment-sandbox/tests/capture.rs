@@ -1,0 +1,302 @@
+//! Capture hazards, each its own test: everything a process does to the tree shows up in the
+//! environment, and nothing else does.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::{Entry, disk, no_skip, setup, view, write};
+use environment_core::{
+    ActorId, HistoryEntry, HistoryOptions, Intent, IntentKind, LocalEnvironment, OpFlags, Options,
+};
+use environment_sandbox::{Tracker, TrackerConfig};
+
+fn barrier(s: &common::Setup) -> Option<environment_core::Observation> {
+    s.tracker
+        .capture_now(Intent::new(IntentKind::Command, "step"), OpFlags::COMMAND)
+        .unwrap()
+}
+
+fn head_matches_disk(s: &common::Setup) {
+    let head = s.env.head("main").unwrap();
+    assert_eq!(view(&s.env, &head), disk(s.work.path(), &no_skip));
+}
+
+#[test]
+fn initial_capture_records_the_whole_tree() {
+    let s = setup(|w| {
+        write(w, "src/main.rs", b"fn main() {}\n");
+        write(w, "README.md", &vec![b'r'; 5000]);
+        std::os::unix::fs::symlink("src/main.rs", w.join("link")).unwrap();
+    });
+    head_matches_disk(&s);
+}
+
+#[test]
+fn nested_directories_created_at_once_are_never_missed() {
+    let s = setup(|_| {});
+    std::fs::create_dir_all(s.work.path().join("a/b/c")).unwrap();
+    std::fs::write(s.work.path().join("a/b/c/f"), b"x").unwrap();
+    std::fs::create_dir_all(s.work.path().join("p/q/r/s/t")).unwrap();
+    std::fs::write(s.work.path().join("p/q/r/s/t/deep"), b"y").unwrap();
+    barrier(&s).expect("a capture");
+    head_matches_disk(&s);
+}
+
+#[test]
+fn renames_across_directories_pair_up() {
+    let s = setup(|w| {
+        write(w, "one/file.txt", b"content");
+        write(w, "tree/sub/leaf", b"leaf");
+        std::fs::create_dir_all(w.join("two")).unwrap();
+    });
+    std::fs::rename(
+        s.work.path().join("one/file.txt"),
+        s.work.path().join("two/renamed.txt"),
+    )
+    .unwrap();
+    std::fs::rename(s.work.path().join("tree"), s.work.path().join("two/tree")).unwrap();
+    barrier(&s).unwrap();
+    head_matches_disk(&s);
+    // The moved directory is still watched under its new name.
+    std::fs::write(s.work.path().join("two/tree/sub/new"), b"n").unwrap();
+    barrier(&s).unwrap();
+    head_matches_disk(&s);
+    // A directory moved out of the tree is a deletion; one moved in is scanned.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::rename(s.work.path().join("two/tree"), outside.path().join("tree")).unwrap();
+    write(outside.path(), "incoming/x/y", b"in");
+    std::fs::rename(
+        outside.path().join("incoming"),
+        s.work.path().join("incoming"),
+    )
+    .unwrap();
+    barrier(&s).unwrap();
+    head_matches_disk(&s);
+    // Changes in the moved-out tree are not ours any more.
+    std::fs::write(outside.path().join("tree/sub/leaf"), b"changed outside").unwrap();
+    assert!(barrier(&s).is_none());
+}
+
+#[test]
+fn queue_overflow_falls_back_to_a_rescan() {
+    let s = setup(|_| {});
+    let limit: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(16384);
+    // More events than the kernel queues, with nobody reading: the queue overflows.
+    let dir = s.work.path().join("burst");
+    std::fs::create_dir(&dir).unwrap();
+    barrier(&s).unwrap();
+    let n = limit / 2 + 100;
+    for i in 0..n {
+        std::fs::write(dir.join(format!("f{i}")), b"x").unwrap();
+    }
+    barrier(&s).unwrap();
+    head_matches_disk(&s);
+}
+
+#[test]
+fn same_size_edit_with_the_mtime_put_back_is_seen() {
+    let s = setup(|w| write(w, "data", b"aaaa"));
+    let path = s.work.path().join("data");
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    std::fs::write(&path, b"bbbb").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    barrier(&s).expect("the edit is captured");
+    head_matches_disk(&s);
+    // Also without events: a rescan compares ctime, which the edit moved.
+    drop(s.tracker);
+    std::fs::write(&path, b"cccc").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let mut cfg = TrackerConfig::new(s.work.path(), ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let _t = Tracker::open(s.env.clone(), cfg).unwrap();
+    let head = s.env.head("main").unwrap();
+    assert_eq!(view(&s.env, &head), disk(s.work.path(), &no_skip));
+}
+
+#[test]
+fn modes_including_special_bits_are_recorded_exactly() {
+    let s = setup(|_| {});
+    let w = s.work.path();
+    for (name, mode) in [
+        ("setuid", 0o4755),
+        ("setgid", 0o2750),
+        ("plain", 0o640),
+        ("exec", 0o700),
+    ] {
+        write(w, name, name.as_bytes());
+        std::fs::set_permissions(w.join(name), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::create_dir(w.join("sticky")).unwrap();
+    std::fs::set_permissions(w.join("sticky"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    barrier(&s).unwrap();
+    let v = view(&s.env, &s.env.head("main").unwrap());
+    assert_eq!(
+        v["setuid"],
+        Entry::File {
+            mode: 0o4755,
+            content: b"setuid".to_vec()
+        }
+    );
+    assert_eq!(
+        v["setgid"],
+        Entry::File {
+            mode: 0o2750,
+            content: b"setgid".to_vec()
+        }
+    );
+    assert_eq!(v["sticky"], Entry::Dir { mode: 0o1777 });
+    head_matches_disk(&s);
+}
+
+#[test]
+fn special_files_are_recorded_never_opened() {
+    let s = setup(|_| {});
+    let fifo = s.work.path().join("pipe");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    // Opening a FIFO for reading would block forever: the capture must not.
+    barrier(&s).unwrap();
+    let v = view(&s.env, &s.env.head("main").unwrap());
+    assert_eq!(v["pipe"], Entry::Other("Fifo".into()));
+}
+
+#[test]
+fn a_file_rewritten_during_capture_is_never_recorded_torn() {
+    let s = setup(|w| write(w, "hot", &vec![b'A'; 1 << 20]));
+    let path = s.work.path().join("hot");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            use std::io::{Seek, Write};
+            let mut f = std::fs::File::options().write(true).open(&path).unwrap();
+            let mut n = 0u8;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n = n.wrapping_add(1);
+                let byte = b'A' + n % 26;
+                f.seek(std::io::SeekFrom::Start(0)).unwrap();
+                // Each rewrite is one write of the whole content; a read that overlaps one sees
+                // a mix of two rewrites unless it is detected and repeated.
+                f.write_all(&vec![byte; 1 << 20]).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut captured = 0;
+    while Instant::now() < deadline {
+        if let Some(obs) = barrier(&s) {
+            captured += 1;
+            if let Some(Entry::File { content, .. }) = view(&s.env, &obs.version).get("hot") {
+                let first_diff = content.iter().position(|b| *b != content[0]);
+                assert!(
+                    first_diff.is_none(),
+                    "a torn read was recorded: {:?} then {:?} at {:?}, len {}",
+                    content[0] as char,
+                    first_diff.map(|i| content[i] as char),
+                    first_diff,
+                    content.len()
+                );
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    barrier(&s);
+    head_matches_disk(&s);
+    let _ = captured;
+}
+
+#[test]
+fn ignored_paths_are_not_captured_and_quiet_ones_leave_no_history_node() {
+    let s = setup(|w| write(w, "pkg/mod.py", b"x = 1"));
+    let w = s.work.path();
+    write(w, ".main.rs.swp", b"swap");
+    write(w, "pkg/__pycache__/m.cpython.pyc", b"bytecode");
+    assert!(
+        barrier(&s).is_none(),
+        "only ignored paths changed: no operation"
+    );
+    write(w, "target/debug/app", b"binary");
+    let obs = barrier(&s).unwrap();
+    let op = s.env.op(&obs.version).unwrap();
+    assert!(op.flags.contains(OpFlags::QUIET));
+    write(w, "src/lib.rs", b"pub fn f() {}");
+    barrier(&s).unwrap();
+    let h = s
+        .env
+        .history(&s.agent, "main", &HistoryOptions::default())
+        .unwrap();
+    assert!(
+        matches!(&h[0], HistoryEntry::Op { op, .. } if op.summary.keys.iter().any(|k| k.path() == b"src/lib.rs"))
+    );
+    assert!(
+        matches!(&h[1], HistoryEntry::Captures { quiet: 1, .. }),
+        "{}",
+        h[1]
+    );
+    let v = view(&s.env, &s.env.head("main").unwrap());
+    assert!(!v.contains_key(".main.rs.swp") && !v.keys().any(|k| k.contains("__pycache__")));
+}
+
+#[test]
+fn automatic_capture_debounces_and_respects_the_maximum_wait() {
+    let work = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(work.path(), ActorId::new("service:watcher").unwrap());
+    cfg.quiet_period = Duration::from_millis(300);
+    cfg.max_wait = Duration::from_millis(900);
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    // A burst of writes is one capture.
+    for i in 0..50 {
+        write(work.path(), &format!("burst/{i}"), b"x");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tracker.captures() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(tracker.captures(), 1);
+    // A writer that never pauses for the quiet period is still captured within the max wait.
+    let start = Instant::now();
+    while tracker.captures() < 2 && start.elapsed() < Duration::from_secs(10) {
+        write(
+            work.path(),
+            "busy",
+            start.elapsed().as_millis().to_string().as_bytes(),
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        tracker.captures() >= 2,
+        "a busy writer postponed captures forever"
+    );
+    tracker.close().unwrap();
+    assert_eq!(
+        view(&env, &env.head("main").unwrap()),
+        disk(work.path(), &no_skip)
+    );
+}

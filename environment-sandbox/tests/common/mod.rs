@@ -1,0 +1,117 @@
+//! Helpers shared by the sandbox tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use environment_core::{ActorId, EntryKind, KeyPrefix, LocalEnvironment, Namespace, OpId, Options};
+use environment_sandbox::{Tracker, TrackerConfig};
+
+/// What a path holds, as compared between the disk and a view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    File { mode: u32, content: Vec<u8> },
+    Dir { mode: u32 },
+    Symlink { target: Vec<u8> },
+    Other(String),
+}
+
+/// Every path under `root` except those matching `skip`.
+pub fn disk(root: &Path, skip: &dyn Fn(&str) -> bool) -> BTreeMap<String, Entry> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().to_string();
+            if skip(&rel) {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let mode = m.permissions().mode() & 0o7777;
+            let entry = if m.file_type().is_symlink() {
+                Entry::Symlink {
+                    target: std::fs::read_link(&p)
+                        .unwrap()
+                        .into_os_string()
+                        .into_encoded_bytes(),
+                }
+            } else if m.is_dir() {
+                stack.push(p.clone());
+                Entry::Dir { mode }
+            } else if m.is_file() {
+                Entry::File {
+                    mode,
+                    content: std::fs::read(&p).unwrap(),
+                }
+            } else {
+                Entry::Other(format!("{:o}", m.mode() & 0o170000))
+            };
+            out.insert(rel, entry);
+        }
+    }
+    out
+}
+
+/// Every `fs` key of a version, as the disk would show it.
+pub fn view(env: &LocalEnvironment, version: &OpId) -> BTreeMap<String, Entry> {
+    let actor = ActorId::new("test:reader").unwrap();
+    let mut out = BTreeMap::new();
+    for (k, v) in env
+        .list(&actor, &KeyPrefix::all(Namespace::Fs), version)
+        .unwrap()
+    {
+        let path = String::from_utf8(k.path().to_vec()).unwrap();
+        let entry = match v.meta.kind {
+            EntryKind::File => Entry::File {
+                mode: v.meta.mode,
+                content: env.content(&v).unwrap(),
+            },
+            EntryKind::Dir => Entry::Dir { mode: v.meta.mode },
+            EntryKind::Symlink => Entry::Symlink {
+                target: v.meta.symlink_target.clone().unwrap(),
+            },
+            other => Entry::Other(format!("{other:?}")),
+        };
+        out.insert(path, entry);
+    }
+    out
+}
+
+pub fn no_skip(_: &str) -> bool {
+    false
+}
+
+/// An environment and a tracker (manual captures) over a fresh workspace.
+pub struct Setup {
+    pub work: tempfile::TempDir,
+    pub home: tempfile::TempDir,
+    pub env: LocalEnvironment,
+    pub tracker: Tracker,
+    pub agent: ActorId,
+}
+
+pub fn setup(prepare: impl FnOnce(&Path)) -> Setup {
+    let work = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    prepare(work.path());
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(work.path(), ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    Setup {
+        work,
+        home,
+        env,
+        tracker,
+        agent: ActorId::new("agent:test").unwrap(),
+    }
+}
+
+pub fn write(root: &Path, rel: &str, content: &[u8]) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, content).unwrap();
+}

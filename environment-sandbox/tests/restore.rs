@@ -1,0 +1,190 @@
+//! Restore hazards: exactly the target comes back, only what differs is touched, nothing outside
+//! the root is ever written, ignored paths are left alone, running processes keep running.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+use common::{disk, no_skip, setup, view, write};
+use environment_core::{Intent, IntentKind, OpFlags};
+use environment_sandbox::RestoreStep;
+
+fn barrier(s: &common::Setup) -> Option<environment_core::Observation> {
+    s.tracker
+        .capture_now(Intent::new(IntentKind::Command, "step"), OpFlags::COMMAND)
+        .unwrap()
+}
+
+fn restore(s: &common::Setup, to: &environment_core::OpId) -> environment_sandbox::RestorePlan {
+    s.tracker
+        .restore(&s.agent, to, Intent::new(IntentKind::Restore, "roll back"))
+        .unwrap()
+}
+
+#[test]
+fn restores_content_modes_types_and_deletions_exactly() {
+    let s = setup(|w| {
+        write(w, "src/main.rs", b"fn main() {}\n");
+        write(w, "src/lib.rs", &vec![b'l'; 10_000]);
+        write(w, "bin/tool", b"#!/bin/sh\n");
+        std::fs::set_permissions(w.join("bin/tool"), std::fs::Permissions::from_mode(0o4755))
+            .unwrap();
+        std::fs::create_dir(w.join("shared")).unwrap();
+        std::fs::set_permissions(w.join("shared"), std::fs::Permissions::from_mode(0o1777))
+            .unwrap();
+        std::os::unix::fs::symlink("src/main.rs", w.join("entry")).unwrap();
+        write(w, "was_file", b"f");
+        write(w, "was_dir/inner", b"i");
+    });
+    let good = s.env.head("main").unwrap();
+    let before = disk(s.work.path(), &no_skip);
+    let w = s.work.path();
+    // Break everything.
+    std::fs::write(w.join("src/main.rs"), b"broken").unwrap();
+    std::fs::remove_file(w.join("src/lib.rs")).unwrap();
+    std::fs::set_permissions(w.join("bin/tool"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(w.join("shared"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::remove_file(w.join("entry")).unwrap();
+    std::fs::write(w.join("entry"), b"now a file").unwrap();
+    std::fs::remove_file(w.join("was_file")).unwrap();
+    write(w, "was_file/nested", b"now a dir");
+    std::fs::remove_dir_all(w.join("was_dir")).unwrap();
+    std::fs::write(w.join("was_dir"), b"now a file").unwrap();
+    write(w, "junk/a/b", b"new stuff");
+    let plan = s.tracker.plan_restore(&good).unwrap();
+    let broken = disk(w, &no_skip);
+    assert_eq!(disk(w, &no_skip), broken, "planning changes nothing");
+    assert!(
+        plan.steps
+            .contains(&RestoreStep::Remove("fs:junk/a/b".parse().unwrap()))
+    );
+    let done = restore(&s, &good);
+    assert_eq!(done.steps, plan.steps);
+    assert_eq!(disk(w, &no_skip), before);
+    // The rollback is an operation in the log, and the tree equals the head's view.
+    let head = s.env.head("main").unwrap();
+    assert!(s.env.op(&head).unwrap().flags.contains(OpFlags::ROLLBACK));
+    assert_eq!(view(&s.env, &head), before);
+    // Its own events make no capture.
+    assert!(barrier(&s).is_none());
+}
+
+#[test]
+fn only_what_differs_is_written() {
+    let s = setup(|w| {
+        for i in 0..50 {
+            write(w, &format!("f{i}"), format!("{i}").as_bytes());
+        }
+    });
+    let good = s.env.head("main").unwrap();
+    let inode = |n: &str| std::fs::metadata(s.work.path().join(n)).unwrap().ino();
+    let untouched = inode("f7");
+    std::fs::write(s.work.path().join("f3"), b"changed").unwrap();
+    let plan = restore(&s, &good);
+    assert_eq!(
+        plan.steps,
+        vec![RestoreStep::Write("fs:f3".parse().unwrap())]
+    );
+    assert_eq!(inode("f7"), untouched, "an unchanged file was rewritten");
+}
+
+#[test]
+fn a_planted_symlink_never_lets_a_restore_write_outside() {
+    let outside = tempfile::tempdir().unwrap();
+    let s = setup(|w| write(w, "sub/secret.txt", b"inside"));
+    let good = s.env.head("main").unwrap();
+    // The agent swaps the directory for a symlink to somewhere else.
+    std::fs::remove_dir_all(s.work.path().join("sub")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), s.work.path().join("sub")).unwrap();
+    restore(&s, &good);
+    assert!(
+        std::fs::read_dir(outside.path()).unwrap().next().is_none(),
+        "wrote outside the root"
+    );
+    let m = std::fs::symlink_metadata(s.work.path().join("sub")).unwrap();
+    assert!(m.is_dir() && !m.file_type().is_symlink());
+    assert_eq!(
+        std::fs::read(s.work.path().join("sub/secret.txt")).unwrap(),
+        b"inside"
+    );
+}
+
+#[test]
+fn resolution_beneath_the_root_refuses_symlinks_and_dotdot() {
+    let outside = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), work.path().join("link")).unwrap();
+    let root = environment_sandbox::fsops::Root::open(work.path()).unwrap();
+    for bad in ["link/x", "../x", "a/../../x", "link"] {
+        let r = root.open_beneath(std::path::Path::new(bad), rustix::fs::OFlags::RDONLY, 0);
+        assert!(r.is_err(), "{bad} resolved");
+    }
+}
+
+#[test]
+fn sparse_files_stay_sparse() {
+    let s = setup(|w| {
+        let f = std::fs::File::create(w.join("disk.img")).unwrap();
+        f.set_len(64 << 20).unwrap();
+        use std::io::{Seek, Write};
+        let mut f = f;
+        f.seek(std::io::SeekFrom::Start(32 << 20)).unwrap();
+        f.write_all(b"middle").unwrap();
+    });
+    let good = s.env.head("main").unwrap();
+    std::fs::remove_file(s.work.path().join("disk.img")).unwrap();
+    restore(&s, &good);
+    let m = std::fs::metadata(s.work.path().join("disk.img")).unwrap();
+    assert_eq!(m.len(), 64 << 20);
+    assert!(
+        m.blocks() * 512 < 1 << 20,
+        "restored file takes {} bytes",
+        m.blocks() * 512
+    );
+    let bytes = std::fs::read(s.work.path().join("disk.img")).unwrap();
+    assert_eq!(&bytes[32 << 20..(32 << 20) + 6], b"middle");
+}
+
+#[test]
+fn ignored_paths_are_never_restored_or_deleted() {
+    let s = setup(|w| write(w, "src/a.rs", b"a"));
+    let good = s.env.head("main").unwrap();
+    let w = s.work.path();
+    write(w, "src/.a.rs.swp", b"editor state");
+    write(w, "src/__pycache__/x.pyc", b"cache");
+    write(w, "newdir/__pycache__/y.pyc", b"cache in a new dir");
+    write(w, "newdir/tracked.txt", b"tracked");
+    restore(&s, &good);
+    assert_eq!(
+        std::fs::read(w.join("src/.a.rs.swp")).unwrap(),
+        b"editor state"
+    );
+    assert_eq!(
+        std::fs::read(w.join("src/__pycache__/x.pyc")).unwrap(),
+        b"cache"
+    );
+    // The new directory keeps its ignored content, and so stays; its tracked file goes.
+    assert!(w.join("newdir/__pycache__/y.pyc").exists());
+    assert!(!w.join("newdir/tracked.txt").exists());
+}
+
+#[test]
+fn processes_in_the_tree_keep_running() {
+    let s = setup(|w| write(w, "state", b"good"));
+    let good = s.env.head("main").unwrap();
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("while true; do cat state > /dev/null; sleep 0.01; done")
+        .current_dir(s.work.path())
+        .spawn()
+        .unwrap();
+    std::fs::write(s.work.path().join("state"), b"bad").unwrap();
+    restore(&s, &good);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(child.try_wait().unwrap().is_none(), "the process died");
+    assert_eq!(std::fs::read(s.work.path().join("state")).unwrap(), b"good");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
