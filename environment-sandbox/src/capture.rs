@@ -95,6 +95,13 @@ fn rel_path(rel: &[u8]) -> &Path {
     Path::new(std::ffi::OsStr::from_bytes(rel))
 }
 
+/// Whether a path is a temporary file of an interrupted restore.
+fn is_restore_temp(rel: &[u8]) -> bool {
+    rel.rsplit(|b| *b == b'/')
+        .next()
+        .is_some_and(|n| n.starts_with(crate::noise::RESTORE_TEMP.as_bytes()))
+}
+
 /// Whether a file was modified so recently that a write in the same clock tick could follow.
 fn is_recent(st: &rustix::fs::Stat) -> bool {
     const TICK_NS: i64 = 50_000_000;
@@ -317,6 +324,12 @@ impl Capturer {
             if StatEntry::of(&after) != StatEntry::of(&before) {
                 continue;
             }
+            // Timestamps move in clock ticks, not per write: a file modified within the last
+            // tick may have changed while it was read with fstat none the wiser. Such a file is
+            // read again and must give the same bytes.
+            if is_recent(&after) && !same_content(&mut file, &content)? {
+                continue;
+            }
             let mut meta = Meta::of(EntryKind::File);
             meta.mode = before.st_mode & 0o7777;
             meta.size = size;
@@ -355,6 +368,13 @@ impl Capturer {
                 } else {
                     [dir.as_slice(), b"/", &name].concat()
                 };
+                if is_restore_temp(&rel) {
+                    // Left by a restore that was killed: ours to remove.
+                    if let Ok((d, n)) = self.root.parent(rel_path(&rel)) {
+                        let _ = rustix::fs::unlinkat(&d, n, rustix::fs::AtFlags::empty());
+                    }
+                    continue;
+                }
                 let path = rel_path(&rel);
                 let Ok(st) = self.root.lstat(path) else {
                     dirty.insert(rel);

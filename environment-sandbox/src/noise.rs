@@ -73,8 +73,16 @@ impl Default for NoiseRules {
     }
 }
 
+/// Temporary files of an interrupted restore: the engine's own, never anyone's content.
+pub(crate) const RESTORE_TEMP: &str = ".environment-restore-";
+
 fn build(root: &Path, defaults: &[&str], extra: &[String]) -> Result<Gitignore> {
     let mut b = GitignoreBuilder::new(root);
+    let own = format!("{RESTORE_TEMP}*");
+    b.add_line(None, &own).map_err(|e| SandboxError::Rule {
+        rule: own.clone(),
+        detail: e.to_string(),
+    })?;
     for rule in defaults
         .iter()
         .copied()

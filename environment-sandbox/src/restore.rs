@@ -208,7 +208,8 @@ impl Capturer {
             }
         }
         let tmp_name = format!(
-            ".environment-restore-{}-{}",
+            "{}{}-{}",
+            crate::noise::RESTORE_TEMP,
             std::process::id(),
             TMP.fetch_add(1, Ordering::Relaxed)
         );

@@ -1,0 +1,109 @@
+//! The capture/restore scenario as an unprivileged user. Run as root (as CI does), the test
+//! re-executes itself as uid/gid 65534 with `setpriv`; run as anyone else, it runs as is.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::{disk, no_skip, view, write};
+use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
+use environment_sandbox::{Tracker, TrackerConfig};
+
+const DIR: &str = "ENVIRONMENT_SANDBOX_UNPRIVILEGED_DIR";
+const NOBODY: u32 = 65534;
+
+/// Capture, break, restore, check — the whole cycle.
+fn scenario(dir: &Path) {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    write(&work, "src/main.rs", b"fn main() {}\n");
+    write(&work, "bin/run", b"#!/bin/sh\n");
+    std::fs::set_permissions(
+        work.join("bin/run"),
+        std::fs::Permissions::from_mode(0o4755),
+    )
+    .unwrap();
+    write(&work, "data/big", &vec![3u8; 200_000]);
+    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let good = env.head("main").unwrap();
+    let expected = disk(&work, &no_skip);
+    std::fs::remove_dir_all(work.join("src")).unwrap();
+    std::fs::write(work.join("data/big"), b"clobbered").unwrap();
+    std::fs::set_permissions(work.join("bin/run"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    tracker
+        .capture_now(Intent::new(IntentKind::Command, "break"), OpFlags::COMMAND)
+        .unwrap()
+        .unwrap();
+    tracker
+        .restore(
+            &ActorId::new("agent:x").unwrap(),
+            &good,
+            Intent::new(IntentKind::Restore, "fix"),
+        )
+        .unwrap();
+    assert_eq!(disk(&work, &no_skip), expected);
+    assert_eq!(view(&env, &env.head("main").unwrap()), expected);
+    env.verify_deep().unwrap();
+    std::fs::write(
+        dir.join("scenario-done"),
+        rustix::process::geteuid().as_raw().to_string(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn unprivileged_child_entry() {
+    // The scenario, when re-executed by `capture_and_restore_as_an_unprivileged_user`.
+    if let Ok(dir) = std::env::var(DIR) {
+        assert_ne!(
+            rustix::process::geteuid().as_raw(),
+            0,
+            "the child must not be root"
+        );
+        scenario(Path::new(&dir));
+    }
+}
+
+#[test]
+fn capture_and_restore_as_an_unprivileged_user() {
+    let dir = tempfile::tempdir().unwrap();
+    if !rustix::process::geteuid().is_root() {
+        scenario(dir.path());
+        return;
+    }
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    rustix::fs::chown(
+        dir.path(),
+        Some(rustix::fs::Uid::from_raw(NOBODY)),
+        Some(rustix::fs::Gid::from_raw(NOBODY)),
+    )
+    .unwrap();
+    let status = Command::new("setpriv")
+        .args([
+            format!("--reuid={NOBODY}"),
+            format!("--regid={NOBODY}"),
+            "--clear-groups".into(),
+            "--".into(),
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "unprivileged_child_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(DIR, dir.path())
+        .env("HOME", dir.path())
+        .status()
+        .expect("setpriv (util-linux) is needed to drop privileges");
+    assert!(status.success(), "the unprivileged scenario failed");
+    let uid = std::fs::read_to_string(dir.path().join("scenario-done"))
+        .expect("the scenario ran to its end");
+    assert_eq!(uid, NOBODY.to_string());
+}
