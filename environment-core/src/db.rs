@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE,
 CREATE TABLE IF NOT EXISTS heads(name TEXT PRIMARY KEY, op BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS marks(name TEXT PRIMARY KEY, op BLOB NOT NULL, actor TEXT NOT NULL, time_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS forks(op BLOB PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dropped(seq INTEGER PRIMARY KEY, actor TEXT NOT NULL, time_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS effects(
     id INTEGER PRIMARY KEY,
     key TEXT NOT NULL UNIQUE,
@@ -137,10 +138,14 @@ impl NodeSource for DbNodes<'_> {
     }
 }
 
-/// The row id the next stored node gets. Nodes are never deleted, so the largest id only grows.
+/// The row id the next stored node gets: above every id ever used, including those of nodes
+/// garbage collection removed (kept in `meta` as a high-water mark), so an id is never reused.
 pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
     Ok(conn
-        .prepare_cached("SELECT COALESCE(MAX(id), 0) + 1 FROM nodes")?
+        .prepare_cached(
+            "SELECT MAX(COALESCE((SELECT MAX(id) FROM nodes), 0),
+                        COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'node_high_water'), 0)) + 1",
+        )?
         .query_row([], |r| r.get(0))?)
 }
 

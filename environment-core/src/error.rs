@@ -131,6 +131,18 @@ pub enum EnvError {
         /// The state asked for.
         to: &'static str,
     },
+    /// The version was thinned out by retention: its record stays, its content does not.
+    #[error("version {0} was dropped by retention; its content is no longer kept")]
+    VersionDropped(OpId),
+    /// Retention may not drop this version (a branch head, a mark, a fork point, a merge parent,
+    /// a rollback target or the first operation).
+    #[error("version {id} is protected from retention: {why}")]
+    ProtectedVersion {
+        /// The version.
+        id: OpId,
+        /// What protects it.
+        why: &'static str,
+    },
     /// Nothing to undo: the head is the first operation of its branch's history.
     #[error("nothing to undo on branch {0:?}")]
     NothingToUndo(String),
@@ -223,7 +235,9 @@ impl ForAgent for EnvError {
                 "Use a relative path with no `.`, `..`, empty segment or NUL byte, each key once."
                     .to_owned()
             }
-            EnvError::UnknownVersion(_) | EnvError::AmbiguousVersion { .. } => {
+            EnvError::UnknownVersion(_)
+            | EnvError::AmbiguousVersion { .. }
+            | EnvError::VersionDropped(_) => {
                 "List the history to find a valid version (a longer id prefix, a mark or a branch \
                  name)."
                     .to_owned()

@@ -223,11 +223,9 @@ impl Watcher {
         if mask.contains(EventMask::MOVED_FROM) {
             moves.insert(cookie, (child, is_dir));
         } else if mask.contains(EventMask::MOVED_TO) {
-            if let Some((from, was_dir)) = moves.remove(&cookie) {
-                if was_dir {
-                    // The watches moved with the directory; their paths did not.
-                    self.unwatch_paths_only(&from);
-                }
+            if let Some((from, true)) = moves.remove(&cookie) {
+                // The watches moved with the directory; their paths did not.
+                self.unwatch_paths_only(&from);
             }
             if is_dir {
                 self.watch_tree(child, dirty);

@@ -287,7 +287,10 @@ impl Inner {
         let nodes = self.writer_nodes(conn);
         let mut rebased = false;
         if base_id != head_id {
-            let (_, base_view) = self.stored_op_in(conn, &base_id)?;
+            let (base_op, base_view) = self.stored_op_in(conn, &base_id)?;
+            if super::retention::seq_dropped(conn, base_op.seq)? {
+                return Err(EnvError::VersionDropped(base_id));
+            }
             let moved =
                 self.moved_keys(conn, &base_view, &head_view, p.puts.iter().map(|(k, _)| k))?;
             if !moved.is_empty() {

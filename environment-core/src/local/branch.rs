@@ -215,7 +215,10 @@ impl Inner {
         let head_id =
             head_in(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))?;
         let (_, head_view) = self.stored_op_in(conn, &head_id)?;
-        let (_, target_view) = self.stored_op_in(conn, target)?;
+        let (target_op, target_view) = self.stored_op_in(conn, target)?;
+        if super::retention::seq_dropped(conn, target_op.seq)? {
+            return Err(EnvError::VersionDropped(*target));
+        }
         let nodes = self.writer_nodes(conn);
         let changes = tree::diff(&nodes, &head_view, &target_view, None)?;
         let applied: Vec<tree::Applied> = changes
@@ -274,6 +277,9 @@ impl Inner {
         }
         let (_, ours_view) = self.stored_op_in(conn, &ours_id)?;
         let (_, theirs_view) = self.stored_op_in(conn, &theirs_id)?;
+        // A common ancestor thinned out by retention is replaced by its nearest kept ancestor:
+        // an older base still merges correctly, at worst with more conflicts.
+        let base_id = self.nearest_kept(conn, &base_id)?;
         let (_, base_view) = self.stored_op_in(conn, &base_id)?;
         let nodes = self.writer_nodes(conn);
         let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);

@@ -152,6 +152,7 @@ impl LocalEnvironment {
             Some("history"),
         )?;
         let head = self.head(branch)?;
+        let dropped = self.inner.readers.with(super::retention::dropped_in)?;
         let (marks, forks) = self.inner.readers.with(|conn| {
             let marks = marks_in(conn)?;
             let mut stmt = conn.prepare_cached("SELECT op FROM forks")?;
@@ -168,6 +169,10 @@ impl LocalEnvironment {
             }
             let op = self.op(&id)?;
             cur = op.parents.first().copied();
+            if dropped.contains(&op.id) {
+                // Thinned out: its child is shown attached to the next kept ancestor.
+                continue;
+            }
             let op_marks: Vec<String> = marks
                 .iter()
                 .filter(|(_, m)| *m == op.id)

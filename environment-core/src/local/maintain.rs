@@ -23,6 +23,8 @@ pub struct GcReport {
     pub bytes_removed: u64,
     /// Temporary files of dead writers removed.
     pub temp_removed: u64,
+    /// Tree nodes that only dropped versions used, removed.
+    pub nodes_removed: u64,
 }
 
 /// What an integrity check covered.
@@ -70,7 +72,57 @@ impl LocalEnvironment {
             }
         }
         report.temp_removed = self.inner.blobs.clear_temp(&guard)?;
+        report.nodes_removed = self.collect_nodes()?;
         Ok(report)
+    }
+
+    /// Removes the tree nodes no kept version reaches. Runs as one writer job: no commit can
+    /// add a reference meanwhile. Nothing to do until retention has dropped something.
+    fn collect_nodes(&self) -> Result<u64> {
+        let inner = self.inner.clone();
+        self.inner.writer.run(false, move |conn, _| {
+            let any_dropped: bool = conn
+                .prepare_cached("SELECT 1 FROM dropped LIMIT 1")?
+                .exists([])?;
+            if !any_dropped {
+                return Ok(0);
+            }
+            let nodes = inner.writer_nodes(conn);
+            let mut live: HashSet<NodeId> = HashSet::new();
+            let mut stmt = conn.prepare_cached(
+                "SELECT root, record FROM ops WHERE seq NOT IN (SELECT seq FROM dropped)",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let op = decode_op(&row.get::<_, Vec<u8>>(1)?)?;
+                let root = Ptr {
+                    hash: op.view,
+                    id: row.get(0)?,
+                };
+                tree::walk_nodes(&nodes, &root, &mut |p| live.insert(p.id), &mut |_| {})?;
+            }
+            let high: NodeId =
+                conn.query_row("SELECT COALESCE(MAX(id), 0) FROM nodes", [], |r| r.get(0))?;
+            let mut all = conn.prepare_cached("SELECT id FROM nodes")?;
+            let dead: Vec<NodeId> = all
+                .query_map([], |r| r.get::<_, NodeId>(0))?
+                .filter_map(|r| r.ok())
+                .filter(|id| !live.contains(id))
+                .collect();
+            let mut del = conn.prepare_cached("DELETE FROM nodes WHERE id = ?1")?;
+            for id in &dead {
+                del.execute([id])?;
+            }
+            conn.execute(
+                "INSERT INTO meta(name, value) VALUES ('node_high_water', ?1)
+                 ON CONFLICT(name) DO UPDATE SET value = MAX(CAST(value AS INTEGER), ?1)",
+                [high],
+            )?;
+            for id in &dead {
+                inner.nodes.remove(id);
+            }
+            Ok(dead.len() as u64)
+        })
     }
 
     /// Keeps a blob alive for `owner` (a message, an effect result…) even if no view refers to it.
@@ -139,7 +191,9 @@ impl Inner {
         conn.execute_batch("BEGIN")?;
         let result = (|| {
             let mut roots = Vec::new();
-            let mut stmt = conn.prepare_cached("SELECT root, record FROM ops")?;
+            let mut stmt = conn.prepare_cached(
+                "SELECT root, record FROM ops WHERE seq NOT IN (SELECT seq FROM dropped)",
+            )?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 let op = decode_op(&row.get::<_, Vec<u8>>(1)?)?;
@@ -198,6 +252,11 @@ impl Inner {
         let mut seqs: HashMap<OpId, u64> = HashMap::new();
         let mut walked = HashSet::new();
         let nodes = self.nodes_in(conn);
+        let dropped: HashSet<i64> = {
+            let mut stmt = conn.prepare("SELECT seq FROM dropped")?;
+            let rows = stmt.query_map([], |r| r.get::<_, i64>(0))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
         let mut stmt = conn.prepare("SELECT seq, id, root, record FROM ops ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
@@ -227,6 +286,12 @@ impl Inner {
                     }
                 }
             }
+            seqs.insert(id, op.seq);
+            report.ops += 1;
+            if dropped.contains(&seq) {
+                // Thinned out: the record is checked, its view is no longer kept.
+                continue;
+            }
             let mut bad: Option<Ptr> = None;
             let root = Ptr {
                 hash: op.view,
@@ -255,8 +320,6 @@ impl Inner {
                     ),
                 ));
             }
-            seqs.insert(id, op.seq);
-            report.ops += 1;
         }
         for (table, column) in [("heads", "name"), ("marks", "name")] {
             let sql = format!("SELECT {column}, op FROM {table}");
@@ -264,14 +327,13 @@ impl Inner {
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 let (name, op): (String, Vec<u8>) = (row.get(0)?, row.get(1)?);
-                let ok = op_id_from(&op)
-                    .ok()
-                    .is_some_and(|id| seqs.contains_key(&id));
-                if !ok {
-                    return Err(broken(
-                        format!("{table} {name}"),
-                        "names an operation that does not exist",
-                    ));
+                let at = || format!("{table} {name}");
+                match op_id_from(&op).ok().and_then(|id| seqs.get(&id).copied()) {
+                    None => return Err(broken(at(), "names an operation that does not exist")),
+                    Some(seq) if dropped.contains(&(seq as i64)) => {
+                        return Err(broken(at(), "names an operation retention dropped"));
+                    }
+                    Some(_) => {}
                 }
             }
         }

@@ -6,6 +6,7 @@ mod effect;
 mod events;
 mod history;
 mod maintain;
+mod retention;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -88,6 +89,8 @@ pub(crate) struct Inner {
     nodes: Arc<NodeCache>,
     ops: Arc<quick_cache::sync::Cache<OpId, (Arc<Operation>, NodeId)>>,
     hub: Arc<events::Hub>,
+    /// Versions dropped by retention (as this process knows them; the table is the truth).
+    dropped: std::sync::RwLock<std::collections::HashSet<OpId>>,
 }
 
 /// An environment stored on this machine: a SQLite database (`env.db`) and a blob store
@@ -147,9 +150,14 @@ impl LocalEnvironment {
             nodes,
             ops,
             hub,
+            dropped: std::sync::RwLock::new(Default::default()),
         });
         let env = LocalEnvironment { inner };
         env.init()?;
+        let dropped = env.inner.readers.with(retention::dropped_in)?;
+        if let Ok(mut d) = env.inner.dropped.write() {
+            *d = dropped;
+        }
         events::start_outbox(&env.inner);
         Ok(env)
     }
@@ -246,6 +254,7 @@ impl LocalEnvironment {
 
     /// The root of a version's view.
     fn view(&self, id: &OpId) -> Result<Ptr> {
+        self.check_kept(id)?;
         Ok(self.stored_op(id)?.1)
     }
 
