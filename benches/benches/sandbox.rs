@@ -1,0 +1,204 @@
+//! environment-sandbox against its peers, side by side on the same tree in one run:
+//! capture after 1 and 1,000 changed files vs `git add -A && git commit`; restore of 1 and 1,000
+//! files vs `rsync -a --delete` (a full scan); the first capture of the whole tree vs `cp -a`.
+//!
+//! `cargo bench -p environment-benches --bench sandbox` uses the reference shape `repo-100k-small`
+//! from `shared/workloads/gen_tree.py`; run once as a test it uses a small tree.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, OpId, Options};
+use environment_sandbox::{Tracker, TrackerConfig};
+
+fn bench_mode() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn gen_tree(dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads/gen_tree.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).arg("make").arg(dir).args(["--large", ""]);
+    if !bench_mode() {
+        cmd.args(["--files", "2000", "--dirs", "150"]);
+    }
+    let out = cmd.output().expect("python3 runs gen_tree.py");
+    assert!(out.status.success(), "gen_tree.py failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn small_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                if e.file_name() != ".git" {
+                    stack.push(e.path());
+                }
+            } else if !e.file_name().to_string_lossy().starts_with("big") {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Appends a line to `n` files, round robin from `*next`.
+fn mutate(files: &[PathBuf], n: usize, next: &mut usize) {
+    use std::io::Write;
+    for _ in 0..n {
+        let p = &files[*next % files.len()];
+        *next += 7919;
+        let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+        writeln!(f, "mutated {next}").unwrap();
+    }
+}
+
+fn sh(dir: &Path, cmd: &str) {
+    let st = Command::new("sh").arg("-c").arg(cmd).current_dir(dir).status().unwrap();
+    assert!(st.success(), "{cmd}");
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success())
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    tree: PathBuf,
+    scratch: PathBuf,
+    env: LocalEnvironment,
+    tracker: Tracker,
+    files: Vec<PathBuf>,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    gen_tree(&tree);
+    let env = LocalEnvironment::open(dir.path().join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&tree, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let files = small_files(&tree);
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    Fixture { tree, scratch, env, tracker, files, _dir: dir }
+}
+
+fn capture(f: &Fixture) -> Option<OpId> {
+    f.tracker
+        .capture_now(Intent::new(IntentKind::Command, "bench"), OpFlags::COMMAND)
+        .unwrap()
+        .map(|o| o.version)
+}
+
+fn bench_capture(c: &mut Criterion) {
+    let f = fixture();
+    // git keeps its repository outside the tree, so the tracker does not see it.
+    let git_dir = f.scratch.join("git");
+    let git = format!(
+        "git --git-dir={} --work-tree=. -c user.name=bench -c user.email=bench@localhost",
+        git_dir.display()
+    );
+    sh(&f.tree, &format!("git init -q --bare {} && {git} add -A && {git} commit -q -m init", git_dir.display()));
+    let mut next = 0usize;
+    let mut g = c.benchmark_group("capture after changes");
+    for n in [1usize, 1000] {
+        g.bench_function(format!("environment, {n} changed"), |b| {
+            b.iter_batched(|| mutate(&f.files, n, &mut next), |_| capture(&f).expect("a change"), BatchSize::PerIteration)
+        });
+        next += n;
+        g.bench_function(format!("git add -A && git commit, {n} changed"), |b| {
+            b.iter_batched(
+                || mutate(&f.files, n, &mut next),
+                |_| sh(&f.tree, &format!("{git} add -A && {git} commit -q -m x")),
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
+fn bench_restore(c: &mut Criterion) {
+    let f = fixture();
+    let agent = ActorId::new("agent:bench").unwrap();
+    let mut g = c.benchmark_group("restore");
+    let pristine = f.scratch.join("pristine");
+    let rsync = have("rsync");
+    if rsync {
+        sh(&f.tree, &format!("cp -a . {}", pristine.display()));
+    } else {
+        eprintln!("rsync is not installed: the rsync peer is skipped");
+    }
+    let mut next = 0usize;
+    for n in [1usize, 1000] {
+        let good = f.env.head("main").unwrap();
+        g.bench_function(format!("environment, {n} changed"), |b| {
+            b.iter_batched(
+                || {
+                    mutate(&f.files, n, &mut next);
+                    capture(&f);
+                },
+                |_| f.tracker.restore(&agent, &good, Intent::new(IntentKind::Restore, "bench")).unwrap(),
+                BatchSize::PerIteration,
+            )
+        });
+        if rsync {
+            g.bench_function(format!("rsync -a --delete (full scan), {n} changed"), |b| {
+                b.iter_batched(
+                    || mutate(&f.files, n, &mut next),
+                    |_| sh(&f.tree, &format!("rsync -a --delete {}/ ./", pristine.display())),
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+        // Leave the tree as the tracker last saw it.
+        f.tracker.restore(&agent, &good, Intent::new(IntentKind::Restore, "reset")).unwrap();
+    }
+    g.finish();
+}
+
+fn bench_first_capture(c: &mut Criterion) {
+    let f = fixture();
+    let mut g = c.benchmark_group("first capture of the whole tree");
+    g.sample_size(10);
+    g.bench_function("environment", |b| {
+        b.iter_batched(
+            || tempfile::tempdir_in(&f.scratch).unwrap(),
+            |home| {
+                let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+                let mut cfg = TrackerConfig::new(&f.tree, ActorId::new("service:watcher").unwrap());
+                cfg.auto = false;
+                drop(Tracker::open(env, cfg).unwrap());
+                home
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    let copy = f.scratch.join("copy");
+    g.bench_function("cp -a", |b| {
+        b.iter_batched(
+            || {
+                let _ = std::fs::remove_dir_all(&copy);
+            },
+            |_| sh(&f.scratch, &format!("cp -a {} {}", f.tree.display(), copy.display())),
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+    drop(f.tracker);
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
+    targets = bench_capture, bench_restore, bench_first_capture
+}
+criterion_main!(benches);
