@@ -8,6 +8,8 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+#[cfg(test)]
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -156,9 +158,12 @@ impl BlobStore {
     fn temp_file(&self) -> Result<(PathBuf, File), BlobError> {
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let path = self.tmp.join(format!("{}-{n}", std::process::id()));
+        // Read-only from birth: the creating descriptor may still write, nobody else can, and
+        // no chmod is needed before the rename.
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o444)
             .open(&path)
             .map_err(io_err(&path))?;
         Ok((path, file))
@@ -193,7 +198,6 @@ impl BlobStore {
             if durable {
                 file.sync_all()?;
             }
-            file.set_permissions(fs::Permissions::from_mode(0o444))?;
             drop(file);
             let dest = self.path_of(&hash);
             let parent = dest.parent().unwrap_or(&self.dir);

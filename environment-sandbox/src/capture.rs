@@ -71,6 +71,182 @@ impl KeyMap {
     }
 }
 
+/// A path and what it looks like now.
+type Looked = (Vec<u8>, Seen);
+
+/// What reads the tree during a capture: shareable between threads, so a large capture reads,
+/// hashes and stores files on every core.
+struct Reader<'a> {
+    root: &'a Root,
+    noise: &'a Noise,
+    blobs: &'a environment_core::BlobStore,
+}
+
+impl Reader<'_> {
+    /// Looks at every path, in parallel when there are many.
+    fn look_all(&self, paths: Vec<Vec<u8>>, bulk: bool) -> Result<Vec<Looked>> {
+        let threads = if bulk {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(8)
+        } else {
+            1
+        };
+        if threads <= 1 {
+            return paths
+                .into_iter()
+                .map(|p| {
+                    let s = self.look(&p, bulk)?;
+                    Ok((p, s))
+                })
+                .collect();
+        }
+        let chunk = paths.len().div_ceil(threads);
+        let results: Vec<Result<Vec<Looked>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = paths
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .map(|p| Ok((p.clone(), self.look(p, bulk)?)))
+                            .collect()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(SandboxError::Watch("a capture thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        let mut out = Vec::with_capacity(paths.len());
+        for r in results {
+            out.extend(r?);
+        }
+        Ok(out)
+    }
+
+    /// Reads one path: its value, or that it is gone.
+    fn look(&self, rel: &[u8], bulk: bool) -> Result<Seen> {
+        let path = rel_path(rel);
+        let st = match self.root.lstat(path) {
+            Ok(st) => st,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
+                    || fsops::is_escape(&e) =>
+            {
+                return Ok(if self.noise.is_ignored(path, false) {
+                    Seen::Skipped
+                } else {
+                    Seen::Gone
+                });
+            }
+            Err(e) => return Err(SandboxError::io("lstat", path)(e)),
+        };
+        let ft = fsops::file_type(&st);
+        let class = self.noise.classify(path, ft == FileType::Directory);
+        if class == Class::Ignored {
+            return Ok(Seen::Skipped);
+        }
+        let mode = st.st_mode & 0o7777;
+        let value = match ft {
+            FileType::Directory => Value::dir().mode(mode),
+            FileType::Symlink => {
+                let target = self
+                    .root
+                    .readlink(path)
+                    .map_err(SandboxError::io("readlink", path))?;
+                let mut v = Value::symlink(target);
+                v.meta.mtime_ns = Some(fsops::mtime_ns(&st));
+                v
+            }
+            FileType::RegularFile => return self.read_file(path, bulk, class),
+            other => {
+                let kind = match other {
+                    FileType::Fifo => EntryKind::Fifo,
+                    FileType::Socket => EntryKind::Socket,
+                    _ => EntryKind::Device,
+                };
+                let mut meta = Meta::of(kind);
+                meta.mode = mode;
+                meta.attributes
+                    .insert("rdev".into(), st.st_rdev.to_string());
+                meta.attributes
+                    .insert("type".into(), format!("{other:?}").to_lowercase());
+                Value {
+                    content: Content::Inline(Vec::new()),
+                    meta,
+                }
+            }
+        };
+        Ok(Seen::Present(value, StatEntry::of(&st), class))
+    }
+
+    /// Reads a regular file, again if it changed while being read (fstat before and after).
+    fn read_file(&self, path: &Path, bulk: bool, class: Class) -> Result<Seen> {
+        let blobs = self.blobs;
+        for _ in 0..REREADS {
+            let fd = match self.root.open_beneath(path, OFlags::RDONLY, 0) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Seen::Gone),
+                Err(e) => return Err(SandboxError::io("open", path)(e)),
+            };
+            let before =
+                rustix::fs::fstat(&fd).map_err(|e| SandboxError::io("fstat", path)(e.into()))?;
+            let mut file = File::from(fd);
+            let size = before.st_size as u64;
+            let content = if size as usize <= INLINE_MAX {
+                let mut buf = Vec::with_capacity(size as usize);
+                file.read_to_end(&mut buf)
+                    .map_err(SandboxError::io("read", path))?;
+                if buf.len() <= INLINE_MAX {
+                    Content::Inline(buf)
+                } else {
+                    continue;
+                }
+            } else {
+                let (hash, _) = if bulk {
+                    blobs.put_reader_unsynced(&mut file)
+                } else {
+                    blobs.put_reader(&mut file)
+                }
+                .map_err(environment_core::EnvError::from)?;
+                Content::Blob(hash)
+            };
+            let after =
+                rustix::fs::fstat(&file).map_err(|e| SandboxError::io("fstat", path)(e.into()))?;
+            if StatEntry::of(&after) != StatEntry::of(&before) {
+                continue;
+            }
+            // Timestamps move in clock ticks, not per write: a file modified within the last
+            // tick may have changed while it was read with fstat none the wiser. Such a file is
+            // read again and must give the same bytes.
+            if is_recent(&after) && !same_content(&mut file, &content)? {
+                continue;
+            }
+            let mut meta = Meta::of(EntryKind::File);
+            meta.mode = before.st_mode & 0o7777;
+            meta.size = size;
+            meta.mtime_ns = Some(fsops::mtime_ns(&before));
+            if (before.st_blocks as u64) * 512 < size {
+                meta.attributes.insert("sparse".into(), "true".into());
+            }
+            return Ok(Seen::Present(
+                Value { content, meta },
+                StatEntry::of(&before),
+                class,
+            ));
+        }
+        // It keeps changing: leave it for the next capture rather than record a torn read.
+        tracing::warn!(path = %path.display(), "file kept changing while being read; will capture it later");
+        Ok(Seen::Skipped)
+    }
+}
+
 /// Reads changed paths and commits them.
 pub struct Capturer {
     pub(crate) env: LocalEnvironment,
@@ -166,12 +342,16 @@ impl Capturer {
         let mut changes: BTreeMap<Key, Option<Value>> = BTreeMap::new();
         let mut cache: Vec<(Vec<u8>, Option<StatEntry>)> = Vec::new();
         let mut all_quiet = true;
-        for rel in &dirty {
-            if rel.is_empty() {
-                continue;
-            }
+        let reader = Reader {
+            root: &self.root,
+            noise: &self.noise,
+            blobs: self.env.blobs(),
+        };
+        let looked =
+            reader.look_all(dirty.into_iter().filter(|r| !r.is_empty()).collect(), bulk)?;
+        for (rel, seen) in &looked {
             let key = self.keys.key(rel)?;
-            match self.look(rel, bulk)? {
+            match seen {
                 Seen::Skipped => {}
                 Seen::Gone => {
                     let prefix = self.keys.prefix(rel)?;
@@ -188,13 +368,13 @@ impl Capturer {
                 }
                 Seen::Present(value, stat, class) => {
                     let before = self.env.read_unchecked(&key, &head)?;
-                    if before.as_ref() != Some(&value) {
-                        if class != Class::Quiet {
+                    if before.as_ref() != Some(value) {
+                        if *class != Class::Quiet {
                             all_quiet = false;
                         }
-                        changes.insert(key, Some(value));
+                        changes.insert(key, Some(value.clone()));
                     }
-                    cache.push((rel.clone(), Some(stat)));
+                    cache.push((rel.clone(), Some(*stat)));
                 }
             }
         }
@@ -229,123 +409,6 @@ impl Capturer {
         drop(guard);
         self.cache.update(cache)?;
         Ok(observation.filter(|o| !o.noop))
-    }
-
-    /// Reads one path: its value, or that it is gone.
-    fn look(&self, rel: &[u8], bulk: bool) -> Result<Seen> {
-        let path = rel_path(rel);
-        let st = match self.root.lstat(path) {
-            Ok(st) => st,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound
-                    || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
-                    || fsops::is_escape(&e) =>
-            {
-                return Ok(if self.noise.is_ignored(path, false) {
-                    Seen::Skipped
-                } else {
-                    Seen::Gone
-                });
-            }
-            Err(e) => return Err(SandboxError::io("lstat", path)(e)),
-        };
-        let ft = fsops::file_type(&st);
-        let class = self.noise.classify(path, ft == FileType::Directory);
-        if class == Class::Ignored {
-            return Ok(Seen::Skipped);
-        }
-        let mode = st.st_mode & 0o7777;
-        let value = match ft {
-            FileType::Directory => Value::dir().mode(mode),
-            FileType::Symlink => {
-                let target = self
-                    .root
-                    .readlink(path)
-                    .map_err(SandboxError::io("readlink", path))?;
-                let mut v = Value::symlink(target);
-                v.meta.mtime_ns = Some(fsops::mtime_ns(&st));
-                v
-            }
-            FileType::RegularFile => return self.read_file(path, bulk, class),
-            other => {
-                let kind = match other {
-                    FileType::Fifo => EntryKind::Fifo,
-                    FileType::Socket => EntryKind::Socket,
-                    _ => EntryKind::Device,
-                };
-                let mut meta = Meta::of(kind);
-                meta.mode = mode;
-                meta.attributes
-                    .insert("rdev".into(), st.st_rdev.to_string());
-                meta.attributes
-                    .insert("type".into(), format!("{other:?}").to_lowercase());
-                Value {
-                    content: Content::Inline(Vec::new()),
-                    meta,
-                }
-            }
-        };
-        Ok(Seen::Present(value, StatEntry::of(&st), class))
-    }
-
-    /// Reads a regular file, again if it changed while being read (fstat before and after).
-    fn read_file(&self, path: &Path, bulk: bool, class: Class) -> Result<Seen> {
-        let blobs = self.env.blobs();
-        for _ in 0..REREADS {
-            let fd = match self.root.open_beneath(path, OFlags::RDONLY, 0) {
-                Ok(fd) => fd,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Seen::Gone),
-                Err(e) => return Err(SandboxError::io("open", path)(e)),
-            };
-            let before =
-                rustix::fs::fstat(&fd).map_err(|e| SandboxError::io("fstat", path)(e.into()))?;
-            let mut file = File::from(fd);
-            let size = before.st_size as u64;
-            let content = if size as usize <= INLINE_MAX {
-                let mut buf = Vec::with_capacity(size as usize);
-                file.read_to_end(&mut buf)
-                    .map_err(SandboxError::io("read", path))?;
-                if buf.len() <= INLINE_MAX {
-                    Content::Inline(buf)
-                } else {
-                    continue;
-                }
-            } else {
-                let (hash, _) = if bulk {
-                    blobs.put_reader_unsynced(&mut file)
-                } else {
-                    blobs.put_reader(&mut file)
-                }
-                .map_err(environment_core::EnvError::from)?;
-                Content::Blob(hash)
-            };
-            let after =
-                rustix::fs::fstat(&file).map_err(|e| SandboxError::io("fstat", path)(e.into()))?;
-            if StatEntry::of(&after) != StatEntry::of(&before) {
-                continue;
-            }
-            // Timestamps move in clock ticks, not per write: a file modified within the last
-            // tick may have changed while it was read with fstat none the wiser. Such a file is
-            // read again and must give the same bytes.
-            if is_recent(&after) && !same_content(&mut file, &content)? {
-                continue;
-            }
-            let mut meta = Meta::of(EntryKind::File);
-            meta.mode = before.st_mode & 0o7777;
-            meta.size = size;
-            meta.mtime_ns = Some(fsops::mtime_ns(&before));
-            if (before.st_blocks as u64) * 512 < size {
-                meta.attributes.insert("sparse".into(), "true".into());
-            }
-            return Ok(Seen::Present(
-                Value { content, meta },
-                StatEntry::of(&before),
-                class,
-            ));
-        }
-        // It keeps changing: leave it for the next capture rather than record a torn read.
-        tracing::warn!(path = %path.display(), "file kept changing while being read; will capture it later");
-        Ok(Seen::Skipped)
     }
 
     /// Walks the whole tree and returns the paths whose stat differs from the cache, plus those
