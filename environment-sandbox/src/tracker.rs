@@ -1,8 +1,15 @@
-//! The tracker: watcher, debounce, capture and restore of one root, behind one lock.
+//! The tracker: watcher, debounce, capture and restore of one root.
+//!
+//! Three locks, always taken in this order and never held across each other's work: the watcher
+//! (held only to read the kernel queue), the pending dirty set (held for a moment), and the
+//! capturer (held for a capture or a restore). A dedicated thread keeps reading the kernel queue
+//! while a capture runs, so a burst of writes does not overflow it; another debounces and
+//! captures.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -35,7 +42,9 @@ pub struct TrackerConfig {
     pub quiet_period: Duration,
     /// …but never longer than this after the first change, however busy the tree.
     pub max_wait: Duration,
-    /// Capture automatically in a background thread (otherwise only on [`Tracker::capture_now`]).
+    /// Read the kernel queue and capture in background threads. Without them (manual mode)
+    /// nothing reads the queue between [`Tracker::capture_now`] barriers: a burst of more events
+    /// than the kernel queues (`max_queued_events`) then falls back to a rescan.
     pub auto: bool,
 }
 
@@ -55,19 +64,20 @@ impl TrackerConfig {
     }
 }
 
-struct State {
-    capturer: Capturer,
-    watcher: Watcher,
+/// Changes seen and not yet captured.
+#[derive(Default)]
+struct Pending {
     dirty: BTreeSet<Vec<u8>>,
     first_change: Option<Instant>,
-    last_change: Instant,
-    captures: u64,
+    last_change: Option<Instant>,
 }
 
 struct Shared {
-    state: Mutex<State>,
-    stop: Mutex<bool>,
-    stopped: Condvar,
+    watcher: Mutex<Watcher>,
+    pending: Mutex<Pending>,
+    capturer: Mutex<Capturer>,
+    stop: AtomicBool,
+    captures: AtomicU64,
     config: TrackerConfig,
 }
 
@@ -75,7 +85,7 @@ struct Shared {
 /// cooperation of whoever makes it, and any version can be restored in place.
 pub struct Tracker {
     shared: Arc<Shared>,
-    thread: Option<thread::JoinHandle<()>>,
+    threads: Vec<thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Tracker {
@@ -86,8 +96,14 @@ impl std::fmt::Debug for Tracker {
     }
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+/// A poisoned lock only means another thread panicked mid-way; the data stays usable (the
+/// stores are transactional), so the lock is taken back.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn intent(text: &str) -> Intent {
+    Intent::new(IntentKind::Capture, text)
 }
 
 impl Tracker {
@@ -105,9 +121,10 @@ impl Tracker {
         if let Some(target) = cache.interrupted_restore()? {
             tracing::warn!(%target, "a restore was interrupted; run it again to complete it");
         }
+        // Watch first, then scan: a change in between is seen by one or the other.
         let watcher = Watcher::new(&root_path, noise.clone())
             .map_err(|e| SandboxError::Watch(e.to_string()))?;
-        let capturer = Capturer {
+        let mut capturer = Capturer {
             env,
             root,
             noise,
@@ -116,109 +133,100 @@ impl Tracker {
             actor: config.actor.clone(),
             branch: config.branch.clone(),
         };
-        let mut state = State {
-            capturer,
-            watcher,
-            dirty: BTreeSet::new(),
-            first_change: None,
-            last_change: Instant::now(),
-            captures: 0,
-        };
-        let dirty = state.capturer.rescan_dirty()?;
-        state.capturer.capture(
-            dirty,
-            Intent::new(IntentKind::Capture, "initial capture"),
-            OpFlags::AUTO_CAPTURE,
-        )?;
+        let dirty = capturer.rescan_dirty()?;
+        capturer.capture(dirty, intent("initial capture"), OpFlags::AUTO_CAPTURE)?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(state),
-            stop: Mutex::new(false),
-            stopped: Condvar::new(),
+            watcher: Mutex::new(watcher),
+            pending: Mutex::new(Pending::default()),
+            capturer: Mutex::new(capturer),
+            stop: AtomicBool::new(false),
+            captures: AtomicU64::new(0),
             config,
         });
-        let thread = if shared.config.auto {
-            let s = shared.clone();
-            Some(
-                thread::Builder::new()
-                    .name("environment-capture".into())
-                    .spawn(move || auto_capture(&s))
-                    .map_err(|e| SandboxError::Watch(e.to_string()))?,
-            )
-        } else {
-            None
-        };
-        Ok(Tracker { shared, thread })
+        let mut threads = Vec::new();
+        if shared.config.auto {
+            for (name, f) in [
+                ("environment-drain", drain_loop as fn(&Shared)),
+                ("environment-capture", capture_loop),
+            ] {
+                let s = shared.clone();
+                threads.push(
+                    thread::Builder::new()
+                        .name(name.into())
+                        .spawn(move || f(&s))
+                        .map_err(|e| SandboxError::Watch(e.to_string()))?,
+                );
+            }
+        }
+        Ok(Tracker { shared, threads })
     }
 
     /// A restore that was interrupted (its target), if any.
     pub fn interrupted_restore(&self) -> Result<Option<String>> {
-        lock(&self.shared.state)
-            .capturer
-            .cache
-            .interrupted_restore()
+        lock(&self.shared.capturer).cache.interrupted_restore()
     }
 
     /// The capture barrier: captures everything changed up to now, attributed to `intent`
     /// (e.g. the command that just ended). `None` if nothing changed.
     pub fn capture_now(&self, intent: Intent, flags: OpFlags) -> Result<Option<Observation>> {
-        let mut st = lock(&self.shared.state);
-        capture_locked(&mut st, intent, flags)
+        drain(&self.shared);
+        let mut capturer = lock(&self.shared.capturer);
+        capture_pending(&self.shared, &mut capturer, intent, flags)
     }
 
-    /// Forces the next capture to be a full rescan against the stat cache, as after a queue
-    /// overflow.
+    /// Forces a full rescan against the stat cache, as after a queue overflow.
     pub fn rescan_now(&self) -> Result<Option<Observation>> {
-        let mut st = lock(&self.shared.state);
-        st.watcher.needs_rescan = true;
-        capture_locked(
-            &mut st,
-            Intent::new(IntentKind::Capture, "rescan"),
-            OpFlags::AUTO_CAPTURE,
-        )
+        lock(&self.shared.watcher).needs_rescan = true;
+        self.capture_now(intent("rescan"), OpFlags::AUTO_CAPTURE)
     }
 
     /// What a restore to `target` would change, without changing the tree. Uncaptured changes
     /// are captured first, so the plan is exact.
     pub fn plan_restore(&self, target: &OpId) -> Result<RestorePlan> {
-        let mut st = lock(&self.shared.state);
-        capture_locked(
-            &mut st,
-            Intent::new(IntentKind::Capture, "capture before a restore plan"),
+        drain(&self.shared);
+        let mut capturer = lock(&self.shared.capturer);
+        capture_pending(
+            &self.shared,
+            &mut capturer,
+            intent("capture before a restore plan"),
             OpFlags::AUTO_CAPTURE,
         )?;
-        Ok(st.capturer.plan(target)?.0)
+        Ok(capturer.plan(target)?.0)
     }
 
     /// Restores the live tree to `target`: a safety capture of anything not yet captured, then
     /// only what differs is written or removed, then a rollback operation is recorded. Processes
     /// working in the tree keep running; a file descriptor they already hold keeps the old inode
     /// (a replaced file is a new file at the same path).
-    pub fn restore(&self, actor: &ActorId, target: &OpId, intent: Intent) -> Result<RestorePlan> {
-        let mut st = lock(&self.shared.state);
-        capture_locked(
-            &mut st,
-            Intent::new(IntentKind::Capture, "safety capture before a restore"),
+    pub fn restore(&self, actor: &ActorId, target: &OpId, intent_: Intent) -> Result<RestorePlan> {
+        drain(&self.shared);
+        let mut capturer = lock(&self.shared.capturer);
+        capture_pending(
+            &self.shared,
+            &mut capturer,
+            intent("safety capture before a restore"),
             OpFlags::AUTO_CAPTURE,
         )?;
-        let (plan, changes) = st.capturer.plan(target)?;
+        let (plan, changes) = capturer.plan(target)?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
-        st.capturer.cache.begin_restore(&target.to_string(), now)?;
-        let cache = st.capturer.apply(&changes)?;
-        let branch = st.capturer.branch.clone();
-        st.capturer.env.restore(actor, &branch, target, intent)?;
-        st.capturer.cache.update(cache)?;
-        st.capturer.cache.end_restore()?;
-        // The restore's own events: what they name now equals the head, so they commit nothing.
-        let State { watcher, dirty, .. } = &mut *st;
-        watcher.drain(dirty);
-        let pending = std::mem::take(&mut st.dirty);
-        st.first_change = None;
-        st.capturer.capture(
-            pending,
-            Intent::new(IntentKind::Capture, "automatic capture"),
+        capturer.cache.begin_restore(&target.to_string(), now)?;
+        let cache = capturer.apply(&changes)?;
+        let branch = capturer.branch.clone();
+        capturer.env.restore(actor, &branch, target, intent_)?;
+        capturer.cache.update(cache)?;
+        capturer.cache.end_restore()?;
+        // The restore's own events name paths that now equal the head: capturing them commits
+        // nothing, and leaves nothing pending to be mistaken for the agent's work.
+        drop(capturer);
+        drain(&self.shared);
+        let mut capturer = lock(&self.shared.capturer);
+        capture_pending(
+            &self.shared,
+            &mut capturer,
+            intent("automatic capture"),
             OpFlags::AUTO_CAPTURE,
         )?;
         Ok(plan)
@@ -226,24 +234,18 @@ impl Tracker {
 
     /// How many captures the background thread made.
     pub fn captures(&self) -> u64 {
-        lock(&self.shared.state).captures
+        self.shared.captures.load(Ordering::Relaxed)
     }
 
     /// Stops tracking after a final capture.
     pub fn close(mut self) -> Result<Option<Observation>> {
-        self.stop_thread();
-        self.capture_now(
-            Intent::new(IntentKind::Capture, "final capture"),
-            OpFlags::AUTO_CAPTURE,
-        )
+        self.stop_threads();
+        self.capture_now(intent("final capture"), OpFlags::AUTO_CAPTURE)
     }
 
-    fn stop_thread(&mut self) {
-        if let Ok(mut s) = self.shared.stop.lock() {
-            *s = true;
-        }
-        self.shared.stopped.notify_all();
-        if let Some(t) = self.thread.take() {
+    fn stop_threads(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -251,89 +253,109 @@ impl Tracker {
 
 impl Drop for Tracker {
     fn drop(&mut self) {
-        self.stop_thread();
+        self.stop_threads();
     }
 }
 
-fn capture_locked(st: &mut State, intent: Intent, flags: OpFlags) -> Result<Option<Observation>> {
-    let State { watcher, dirty, .. } = st;
-    watcher.drain(dirty);
-    if st.watcher.needs_rescan {
-        st.watcher.needs_rescan = false;
-        let rescanned = st.capturer.rescan_dirty()?;
-        st.dirty.extend(rescanned);
-        tracing::info!(paths = st.dirty.len(), "rescanned against the stat cache");
+/// Moves every event the kernel has queued into the pending set.
+fn drain(shared: &Shared) -> usize {
+    let mut found = BTreeSet::new();
+    let n = lock(&shared.watcher).drain(&mut found);
+    if !found.is_empty() {
+        let now = Instant::now();
+        let mut p = lock(&shared.pending);
+        p.dirty.extend(found);
+        p.first_change.get_or_insert(now);
+        p.last_change = Some(now);
     }
-    let pending = std::mem::take(&mut st.dirty);
-    st.first_change = None;
+    n
+}
+
+/// Captures what is pending (after a rescan, if the watcher lost events).
+fn capture_pending(
+    shared: &Shared,
+    capturer: &mut Capturer,
+    intent: Intent,
+    flags: OpFlags,
+) -> Result<Option<Observation>> {
+    let rescan = std::mem::take(&mut lock(&shared.watcher).needs_rescan);
+    let mut pending = std::mem::take(&mut lock(&shared.pending).dirty);
+    if rescan {
+        let found = capturer.rescan_dirty()?;
+        tracing::info!(paths = found.len(), "rescanned against the stat cache");
+        pending.extend(found);
+    }
+    {
+        let mut p = lock(&shared.pending);
+        if p.dirty.is_empty() {
+            p.first_change = None;
+        }
+    }
     if pending.is_empty() {
         return Ok(None);
     }
-    let obs = st.capturer.capture(pending, intent, flags)?;
+    let obs = capturer.capture(pending, intent, flags)?;
     if obs.is_some() {
-        st.captures += 1;
+        shared.captures.fetch_add(1, Ordering::Relaxed);
     }
     Ok(obs)
 }
 
-/// The background loop: wait for events, debounce (quiet period, bounded by the maximum wait),
-/// capture.
-fn auto_capture(shared: &Shared) {
-    let cfg = &shared.config;
-    loop {
-        if shared.stop.lock().map(|s| *s).unwrap_or(true) {
+/// The drain thread: waits for the inotify descriptor and empties the kernel queue, whatever
+/// the capturer is doing.
+fn drain_loop(shared: &Shared) {
+    let fd = match rustix::io::dup(lock(&shared.watcher).as_fd()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot poll the watcher; automatic capture stops");
             return;
         }
-        let timeout = {
-            let st = lock(&shared.state);
-            match st.first_change {
-                None => cfg.quiet_period,
-                Some(first) => {
-                    let quiet_left = cfg.quiet_period.saturating_sub(st.last_change.elapsed());
-                    let max_left = cfg.max_wait.saturating_sub(first.elapsed());
-                    quiet_left.min(max_left)
+    };
+    while !shared.stop.load(Ordering::Relaxed) {
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        if matches!(rustix::event::poll(&mut fds, Some(&timeout)), Ok(n) if n > 0) {
+            drain(shared);
+        }
+    }
+}
+
+/// The capture thread: debounces (a quiet period, bounded by the maximum wait) and captures.
+fn capture_loop(shared: &Shared) {
+    let cfg = &shared.config;
+    let tick = cfg
+        .quiet_period
+        .min(Duration::from_millis(50))
+        .max(Duration::from_millis(5));
+    while !shared.stop.load(Ordering::Relaxed) {
+        thread::sleep(tick);
+        let due = {
+            let rescan = lock(&shared.watcher).needs_rescan;
+            let p = lock(&shared.pending);
+            rescan
+                || match (p.first_change, p.last_change) {
+                    (Some(first), Some(last)) => {
+                        last.elapsed() >= cfg.quiet_period || first.elapsed() >= cfg.max_wait
+                    }
+                    _ => false,
                 }
-            }
         };
-        // Wait for the inotify descriptor to become readable, or for the debounce to run out.
-        let fd = {
-            let st = lock(&shared.state);
-            rustix::io::dup(st.watcher.as_fd()).ok()
-        };
-        if let Some(fd) = fd {
-            let mut fds = [rustix::event::PollFd::new(
-                &fd,
-                rustix::event::PollFlags::IN,
-            )];
-            let ts = rustix::event::Timespec {
-                tv_sec: timeout.as_secs() as _,
-                tv_nsec: timeout.subsec_nanos() as _,
-            };
-            let _ = rustix::event::poll(&mut fds, Some(&ts));
-        } else {
-            thread::sleep(timeout);
-        }
-        let mut st = lock(&shared.state);
-        let State { watcher, dirty, .. } = &mut *st;
-        if watcher.drain(dirty) > 0 {
-            let now = Instant::now();
-            st.last_change = now;
-            if !st.dirty.is_empty() {
-                st.first_change.get_or_insert(now);
-            }
-        }
-        let due = st.watcher.needs_rescan
-            || st.first_change.is_some_and(|first| {
-                st.last_change.elapsed() >= cfg.quiet_period || first.elapsed() >= cfg.max_wait
-            });
-        if due
-            && let Err(e) = capture_locked(
-                &mut st,
-                Intent::new(IntentKind::Capture, "automatic capture"),
+        if due {
+            let mut capturer = lock(&shared.capturer);
+            if let Err(e) = capture_pending(
+                shared,
+                &mut capturer,
+                intent("automatic capture"),
                 OpFlags::AUTO_CAPTURE,
-            )
-        {
-            tracing::warn!(error = %e, "automatic capture failed; will retry");
+            ) {
+                tracing::warn!(error = %e, "automatic capture failed; will retry");
+            }
         }
     }
 }
