@@ -1,0 +1,575 @@
+//! [`Bus`]: the handle applications hold.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicI64;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rusqlite::{Connection, OpenFlags, Transaction};
+
+use crate::config::BusConfig;
+use crate::consumer::Consumer;
+use crate::error::{BusError, Result, SqlContext};
+use crate::ops::{self, Claimed, Ctx, Settle};
+use crate::pending::{self, Pending};
+use crate::schema::{self, ACKED, DEAD, LEASED, READY, WAITING};
+use crate::types::{
+    DeadLetter, GroupOptions, Lease, MessageId, NewMessage, PublishOptions, Published, PurgeReport,
+    Receipt, TopicMetrics,
+};
+use crate::writer::{Op, Wakers, Work, Writer};
+
+/// Where one message stands in one group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliveryStatus {
+    /// Claimable now or after its delay/backoff.
+    Ready,
+    /// Behind an earlier message with the same ordering key.
+    Waiting,
+    /// Leased (the lease may have expired; the next claim decides).
+    Leased,
+    /// Acked.
+    Acked,
+    /// A dead letter.
+    Dead,
+}
+
+struct Inner {
+    tx: Option<Sender<Box<dyn Work>>>,
+    writer: Option<JoinHandle<()>>,
+    path: PathBuf,
+    config: BusConfig,
+    readers: Mutex<Vec<Connection>>,
+    wakers: Arc<Wakers>,
+    purge_cursor: Arc<AtomicI64>,
+    /// Stopped after the writer.
+    checkpointer: Option<schema::Checkpointer>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel stops the writer after it drained its queue; joining makes the
+        // close of its connection happen before a reopen.
+        self.tx.take();
+        if let Some(h) = self.writer.take() {
+            let _ = h.join();
+        }
+        self.checkpointer.take();
+    }
+}
+
+/// A durable message bus on one SQLite database. Cheap to clone; all clones share one writer
+/// thread. Dropping the last clone stops the writer once its queue is drained.
+///
+/// Command methods return a [`Pending`]: `.await` it, or `.wait()` on a plain thread.
+#[derive(Clone)]
+pub struct Bus {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Bus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bus")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+impl Bus {
+    /// Opens (creating if needed) the bus in the SQLite database at `path`. The file may be the
+    /// environment's own database: the bus only touches tables named `bus_*`.
+    pub fn open(path: impl AsRef<Path>, config: BusConfig) -> Result<Bus> {
+        let path = path.as_ref().to_path_buf();
+        let open_err = |message: String| BusError::Open {
+            path: path.display().to_string(),
+            message,
+        };
+        let conn = Connection::open(&path).map_err(|e| open_err(e.to_string()))?;
+        schema::configure(&conn, config.busy_timeout)?;
+        schema::install(&conn)?;
+        let checkpointer = match config.checkpoint_every {
+            Some(every) => {
+                conn.pragma_update(
+                    None,
+                    "wal_autocheckpoint",
+                    schema::BACKSTOP_CHECKPOINT_PAGES,
+                )
+                .ctx("setting wal_autocheckpoint")?;
+                Some(schema::Checkpointer::start(&path, every)?)
+            }
+            None => None,
+        };
+        let wakers = Arc::new(Wakers::default());
+        let (tx, rx) = mpsc::channel::<Box<dyn Work>>();
+        let purge_cursor = Arc::new(AtomicI64::new(0));
+        let writer = Writer {
+            conn,
+            clock: config.clock.clone(),
+            backoff: config.backoff,
+            wakers: wakers.clone(),
+            max_batch: config.max_group_commit.max(1),
+            auto_purge: config
+                .auto_purge
+                .map(|every| (every, ops::ms(config.retention))),
+            purge_cursor: purge_cursor.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("bus-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| open_err(format!("cannot start the writer thread: {e}")))?;
+        Ok(Bus {
+            inner: Arc::new(Inner {
+                tx: Some(tx),
+                writer: Some(handle),
+                path,
+                config,
+                readers: Mutex::new(Vec::new()),
+                wakers,
+                purge_cursor,
+                checkpointer,
+            }),
+        })
+    }
+
+    /// The configuration the bus was opened with.
+    pub fn config(&self) -> &BusConfig {
+        &self.inner.config
+    }
+
+    /// Sends a command that refuses (if at all) before its first write.
+    fn submit<T, F>(&self, f: F) -> Pending<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Ctx<'_>) -> Result<T> + Send + 'static,
+    {
+        self.submit_with(false, f)
+    }
+
+    fn submit_with<T, F>(&self, needs_savepoint: bool, f: F) -> Pending<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Ctx<'_>) -> Result<T> + Send + 'static,
+    {
+        let (answer, pending) = pending::pair();
+        let work: Box<dyn Work> = Box::new(Op {
+            f,
+            answer,
+            needs_savepoint,
+        });
+        match &self.inner.tx {
+            // A failed send drops the work, whose answer then reports WriterStopped.
+            Some(tx) => {
+                let _ = tx.send(work);
+            }
+            None => drop(work),
+        }
+        pending
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let pooled = self
+            .inner
+            .readers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => {
+                let c = Connection::open_with_flags(
+                    &self.inner.path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )
+                .ctx("opening a read connection")?;
+                c.busy_timeout(self.inner.config.busy_timeout)
+                    .ctx("setting busy_timeout")?;
+                c
+            }
+        };
+        let out = f(&conn);
+        self.inner
+            .readers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(conn);
+        out
+    }
+
+    /// Creates a topic; creating an existing one is a no-op.
+    pub fn create_topic(&self, topic: &str) -> Pending<()> {
+        let topic = topic.to_owned();
+        self.submit(move |ctx| ops::create_topic(ctx.conn, &topic))
+    }
+
+    /// Creates a consumer group subscribed to `topics` (which must exist), or adds
+    /// subscriptions to an existing group with the same options. A group receives the messages
+    /// published after it subscribed.
+    pub fn create_group(&self, group: &str, topics: &[&str], options: GroupOptions) -> Pending<()> {
+        let group = group.to_owned();
+        let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+        self.submit(move |ctx| ops::create_group(ctx.conn, &group, &topics, options.max_attempts))
+    }
+
+    /// Publishes one message to every group subscribed to `topic`.
+    pub fn publish(
+        &self,
+        topic: &str,
+        payload: impl Into<Vec<u8>>,
+        options: PublishOptions,
+    ) -> Pending<Published> {
+        let m = NewMessage {
+            topic: topic.to_owned(),
+            payload: payload.into(),
+            options,
+        };
+        if let Err(e) = ops::check_message(&m, &self.inner.config.limits) {
+            return Pending::done(Err(e));
+        }
+        let window = ops::ms(self.inner.config.dedup_window);
+        self.submit(move |ctx| ops::publish(ctx, &m, window))
+    }
+
+    /// Publishes many messages in one transaction: all or none.
+    pub fn publish_batch(&self, messages: Vec<NewMessage>) -> Pending<Vec<Published>> {
+        let limits = &self.inner.config.limits;
+        if messages.len() > limits.max_batch {
+            return Pending::done(Err(BusError::OutOfRange {
+                what: "batch size",
+                value: messages.len() as u128,
+                min: 0,
+                max: limits.max_batch as u128,
+            }));
+        }
+        if let Some(e) = messages
+            .iter()
+            .find_map(|m| ops::check_message(m, limits).err())
+        {
+            return Pending::done(Err(e));
+        }
+        let window = ops::ms(self.inner.config.dedup_window);
+        // An unknown topic may show up after earlier messages were written.
+        self.submit_with(true, move |ctx| {
+            messages
+                .iter()
+                .map(|m| ops::publish(ctx, m, window))
+                .collect()
+        })
+    }
+
+    fn check_claim(&self, consumer: &str, max: u32, lease: Duration) -> Result<i64> {
+        let limits = &self.inner.config.limits;
+        ops::check_name("consumer", consumer)?;
+        if max == 0 || max > limits.max_claim {
+            return Err(BusError::OutOfRange {
+                what: "claim size",
+                value: u128::from(max),
+                min: 1,
+                max: u128::from(limits.max_claim),
+            });
+        }
+        ops::check_range("lease", lease, Duration::from_millis(1), limits.max_lease)
+    }
+
+    /// The claim both [`Bus::claim`] and [`Consumer`] use; it also reports when the group's
+    /// next message falls due.
+    pub(crate) fn claim_detailed(
+        &self,
+        group: &str,
+        consumer: &str,
+        max: u32,
+        lease: Duration,
+    ) -> Pending<Claimed> {
+        let checked = self
+            .check_claim(consumer, max, lease)
+            .and_then(|lease_ms| ops::check_name("group", group).map(|()| lease_ms));
+        let lease_ms = match checked {
+            Ok(l) => l,
+            Err(e) => return Pending::done(Err(e)),
+        };
+        let (group, consumer) = (group.to_owned(), consumer.to_owned());
+        self.submit(move |ctx| ops::claim(ctx, &group, &consumer, max, lease_ms))
+    }
+
+    /// Leases up to `max` claimable messages of `group` to `consumer` for `lease` (the lease
+    /// holds while the clock reads at most `now + lease`). Attempts are counted here; a message
+    /// whose attempts are used up becomes a dead letter instead. Returns at once, possibly with
+    /// nothing (see [`Consumer::next`] to wait).
+    pub fn claim(
+        &self,
+        group: &str,
+        consumer: &str,
+        max: u32,
+        lease: Duration,
+    ) -> Pending<Vec<Lease>> {
+        let checked = self
+            .check_claim(consumer, max, lease)
+            .and_then(|lease_ms| ops::check_name("group", group).map(|()| lease_ms));
+        let lease_ms = match checked {
+            Ok(l) => l,
+            Err(e) => return Pending::done(Err(e)),
+        };
+        let (group, consumer) = (group.to_owned(), consumer.to_owned());
+        self.submit(move |ctx| ops::claim(ctx, &group, &consumer, max, lease_ms).map(|c| c.leases))
+    }
+
+    fn settle(&self, receipt: &Receipt, action: Settle) -> Pending<()> {
+        let receipt = *receipt;
+        self.submit(move |ctx| ops::settle(ctx, &receipt, &action))
+    }
+
+    /// Acknowledges: the message is done for this group and never delivered to it again.
+    pub fn ack(&self, receipt: &Receipt) -> Pending<()> {
+        self.settle(receipt, Settle::Ack)
+    }
+
+    /// Acks many receipts in one transaction; each gets its own outcome (a stale receipt does
+    /// not stop the others). A database error fails the whole call and acks none.
+    pub fn ack_many(&self, receipts: &[Receipt]) -> Pending<Vec<Result<()>>> {
+        let receipts = receipts.to_vec();
+        self.submit(move |ctx| {
+            let mut out = Vec::with_capacity(receipts.len());
+            for r in &receipts {
+                match ops::settle(ctx, r, &Settle::Ack) {
+                    // Possibly half-written: the transaction (or savepoint) must go.
+                    Err(e @ BusError::Sqlite { .. }) => return Err(e),
+                    other => out.push(other),
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Gives the message back for a retry after the configured backoff (exponential with
+    /// jitter, never instant). At the group's `max_attempts` it becomes a dead letter instead.
+    pub fn nack(&self, receipt: &Receipt) -> Pending<()> {
+        self.settle(
+            receipt,
+            Settle::Nack {
+                delay_ms: None,
+                error: None,
+            },
+        )
+    }
+
+    /// Gives the message back for a retry after exactly `delay` (zero allowed: an explicit
+    /// immediate retry).
+    pub fn nack_with_delay(&self, receipt: &Receipt, delay: Duration) -> Pending<()> {
+        self.nack_with_error(receipt, Some(delay), None)
+    }
+
+    /// Nack with an optional delay (`None`: backoff) and an error to keep as the message's last
+    /// error (shown on its dead letter).
+    pub fn nack_with_error(
+        &self,
+        receipt: &Receipt,
+        delay: Option<Duration>,
+        error: Option<&str>,
+    ) -> Pending<()> {
+        let limits = &self.inner.config.limits;
+        let delay_ms =
+            match delay.map(|d| ops::check_range("delay", d, Duration::ZERO, limits.max_delay)) {
+                Some(Err(e)) => return Pending::done(Err(e)),
+                Some(Ok(d)) => Some(d),
+                None => None,
+            };
+        if let Some(Err(e)) = error.map(|e| ops::check_text("error", e, 4096)) {
+            return Pending::done(Err(e));
+        }
+        self.settle(
+            receipt,
+            Settle::Nack {
+                delay_ms,
+                error: error.map(str::to_owned),
+            },
+        )
+    }
+
+    /// Heartbeat: the lease now runs until `lease` from now.
+    pub fn extend(&self, receipt: &Receipt, lease: Duration) -> Pending<()> {
+        let limits = &self.inner.config.limits;
+        match ops::check_range("lease", lease, Duration::from_millis(1), limits.max_lease) {
+            Ok(lease_ms) => self.settle(receipt, Settle::Extend { lease_ms }),
+            Err(e) => Pending::done(Err(e)),
+        }
+    }
+
+    /// Poison message: straight to the dead letters with `reason`, no retry.
+    pub fn terminate(&self, receipt: &Receipt, reason: &str) -> Pending<()> {
+        if let Err(e) = ops::check_text("reason", reason, 4096) {
+            return Pending::done(Err(e));
+        }
+        self.settle(
+            receipt,
+            Settle::Terminate {
+                reason: reason.to_owned(),
+            },
+        )
+    }
+
+    /// Puts the group's dead letters (or only `message`) back in line with fresh attempts.
+    /// Returns how many.
+    pub fn redrive(&self, group: &str, message: Option<MessageId>) -> Pending<u64> {
+        let group = group.to_owned();
+        self.submit(move |ctx| ops::redrive(ctx, &group, message))
+    }
+
+    /// The group's dead letters, oldest first (blocks briefly on a read connection).
+    pub fn dead_letters(&self, group: &str, limit: u32) -> Result<Vec<DeadLetter>> {
+        self.read(|c| ops::dead_letters(c, group, None, limit))
+    }
+
+    /// One dead letter.
+    pub fn dead_letter(&self, group: &str, message: MessageId) -> Result<DeadLetter> {
+        self.read(|c| ops::dead_letters(c, group, Some(message), 1))?
+            .pop()
+            .ok_or_else(|| BusError::NoSuchDeadLetter {
+                group: group.to_owned(),
+                message: message.0,
+            })
+    }
+
+    /// Where `message` stands in `group`; `None` if the group never had it (published before
+    /// it subscribed, or purged).
+    pub fn status(&self, group: &str, message: MessageId) -> Result<Option<DeliveryStatus>> {
+        let state = self.read(|c| ops::delivery_state(c, group, message))?;
+        state
+            .map(|s| match s {
+                READY => Ok(DeliveryStatus::Ready),
+                WAITING => Ok(DeliveryStatus::Waiting),
+                LEASED => Ok(DeliveryStatus::Leased),
+                ACKED => Ok(DeliveryStatus::Acked),
+                DEAD => Ok(DeliveryStatus::Dead),
+                other => Err(BusError::Corrupt {
+                    detail: format!("delivery state {other}"),
+                }),
+            })
+            .transpose()
+    }
+
+    /// Depth, in flight, oldest age, dead letters and redeliveries per topic and group.
+    pub fn metrics(&self) -> Result<Vec<TopicMetrics>> {
+        let now = self.inner.config.clock.now_ms();
+        self.read(|c| ops::metrics(c, now))
+    }
+
+    fn purge_command(&self, chunk: u32) -> Pending<(PurgeReport, bool)> {
+        let retention = ops::ms(self.inner.config.retention);
+        let chunk = i64::from(chunk.max(1));
+        let cursor = self.inner.purge_cursor.clone();
+        self.submit(move |ctx| {
+            let cutoff = ctx.now.saturating_sub(retention);
+            ops::purge_step(ctx.conn, ctx.now, cutoff, chunk, &cursor)
+        })
+    }
+
+    /// One bounded purge step as its own command: at most `chunk` acked deliveries removed
+    /// and `chunk` messages examined.
+    pub fn purge_step(&self, chunk: u32) -> Pending<PurgeReport> {
+        let retention = ops::ms(self.inner.config.retention);
+        let chunk = i64::from(chunk.max(1));
+        let cursor = self.inner.purge_cursor.clone();
+        self.submit(move |ctx| {
+            let cutoff = ctx.now.saturating_sub(retention);
+            ops::purge_step(ctx.conn, ctx.now, cutoff, chunk, &cursor).map(|(r, _)| r)
+        })
+    }
+
+    /// Purges everything the retention allows, in small steps so claims and acks interleave
+    /// instead of waiting for one long transaction. Blocks the calling thread.
+    pub fn purge(&self) -> Result<PurgeReport> {
+        let mut total = PurgeReport::default();
+        let mut quiet_wraps = 0;
+        // Two full sweeps without finding anything: the first may have started mid-table.
+        while quiet_wraps < 2 {
+            let (step, wrapped) = self.purge_command(500).wait()?;
+            if wrapped && step.is_empty() {
+                quiet_wraps += 1;
+            }
+            total.add(step);
+        }
+        Ok(total)
+    }
+
+    /// A consumer of `group` named `name` whose claims last `lease`; its `next()` waits for a
+    /// message without polling.
+    pub fn consumer(&self, group: &str, name: &str, lease: Duration) -> Result<Consumer> {
+        self.check_claim(name, 1, lease)?;
+        ops::check_name("group", group)?;
+        let (gid, _) = self.read(|c| ops::group_row(c, group))?;
+        Ok(Consumer::new(
+            self.clone(),
+            group.to_owned(),
+            name.to_owned(),
+            lease,
+            self.inner.wakers.get(gid),
+        ))
+    }
+
+    /// Wakes every waiting consumer of this process. Call it after committing a transaction
+    /// that used [`Bus::publish_in`] or [`Bus::ack_in`].
+    pub fn wake(&self) {
+        self.inner.wakers.wake_all();
+    }
+
+    /// Publishes inside the caller's transaction on the same database (transactional outbox):
+    /// the message exists if and only if the caller's transaction commits. Open the transaction
+    /// with `TransactionBehavior::Immediate`; the bus's tables must exist (open the bus on the
+    /// file first, or call [`install`](crate::install)). Call [`Bus::wake`] after the commit.
+    pub fn publish_in(
+        &self,
+        tx: &Transaction<'_>,
+        topic: &str,
+        payload: impl Into<Vec<u8>>,
+        options: PublishOptions,
+    ) -> Result<Published> {
+        let m = NewMessage {
+            topic: topic.to_owned(),
+            payload: payload.into(),
+            options,
+        };
+        ops::check_message(&m, &self.inner.config.limits)?;
+        let window = ops::ms(self.inner.config.dedup_window);
+        self.in_tx(tx, |ctx| ops::publish(ctx, &m, window))
+    }
+
+    /// Acks inside the caller's transaction: the application's record of having processed the
+    /// message and the ack commit together, so a crash never leaves one without the other.
+    /// A stale receipt is refused; the caller should then roll back its own writes.
+    pub fn ack_in(&self, tx: &Transaction<'_>, receipt: &Receipt) -> Result<()> {
+        self.in_tx(tx, |ctx| ops::settle(ctx, receipt, &Settle::Ack))
+    }
+
+    fn in_tx<T>(
+        &self,
+        tx: &Transaction<'_>,
+        f: impl FnOnce(&mut Ctx<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut rng = StdRng::from_os_rng();
+        let mut wake = Vec::new();
+        // A savepoint so a refusal leaves the caller's transaction as it was.
+        tx.prepare_cached("SAVEPOINT bus_in")
+            .and_then(|mut s| s.execute([]))
+            .ctx("savepoint")?;
+        let mut ctx = Ctx {
+            conn: tx,
+            now: self.inner.config.clock.now_ms(),
+            backoff: self.inner.config.backoff,
+            rng: &mut rng,
+            wake: &mut wake,
+        };
+        let r = f(&mut ctx);
+        if r.is_err() {
+            tx.execute_batch("ROLLBACK TO bus_in")
+                .ctx("rolling back a savepoint")?;
+        }
+        tx.prepare_cached("RELEASE bus_in")
+            .and_then(|mut s| s.execute([]))
+            .ctx("ending a savepoint")?;
+        r
+    }
+}

@@ -1,0 +1,158 @@
+//! The bus's operations as SQL on one connection inside an open transaction. The writer thread
+//! runs them in group commits; the `*_in` methods of [`Bus`](crate::Bus) run them inside a
+//! caller's transaction.
+//!
+//! `check` validates input before anything is written; `publish`, `lease` (claim, settle,
+//! redrive) and `upkeep` (purge, metrics, dead letters) do the work.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::error::{BusError, Result, SqlContext};
+use crate::types::{Backoff, Headers, Message, MessageId};
+
+/// The columns [`message_from`] reads, as a macro so queries stay literals (no per-call
+/// formatting on the hot path).
+macro_rules! message_cols {
+    () => {
+        "m.id, t.name, m.payload, m.okey, m.dedup_id, m.actor, m.correlation_id, m.causing_op, \
+         m.published_at"
+    };
+}
+
+mod check;
+mod lease;
+mod publish;
+mod upkeep;
+
+pub(crate) use check::{check_message, check_name, check_range, check_text};
+pub(crate) use lease::{Claimed, claim, redrive, settle};
+pub(crate) use publish::publish;
+pub(crate) use upkeep::{dead_letters, delivery_state, metrics, purge_step};
+
+/// What an operation needs besides the connection.
+pub(crate) struct Ctx<'a> {
+    pub conn: &'a Connection,
+    pub now: i64,
+    pub backoff: Backoff,
+    pub rng: &'a mut StdRng,
+    /// Groups that gained claimable messages; woken after the commit.
+    pub wake: &'a mut Vec<i64>,
+}
+
+/// How a receipt's holder settles its lease.
+#[derive(Debug, Clone)]
+pub(crate) enum Settle {
+    Ack,
+    Nack {
+        delay_ms: Option<i64>,
+        error: Option<String>,
+    },
+    Extend {
+        lease_ms: i64,
+    },
+    Terminate {
+        reason: String,
+    },
+}
+
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn topic_id(conn: &Connection, topic: &str) -> Result<i64> {
+    conn.prepare_cached("SELECT id FROM bus_topics WHERE name = ?1")
+        .and_then(|mut s| s.query_row([topic], |r| r.get(0)).optional())
+        .ctx("looking up a topic")?
+        .ok_or_else(|| BusError::UnknownTopic {
+            topic: topic.to_owned(),
+        })
+}
+
+/// (id, max_attempts)
+pub(crate) fn group_row(conn: &Connection, group: &str) -> Result<(i64, u32)> {
+    conn.prepare_cached("SELECT id, max_attempts FROM bus_groups WHERE name = ?1")
+        .and_then(|mut s| {
+            s.query_row([group], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
+        .ctx("looking up a group")?
+        .ok_or_else(|| BusError::UnknownGroup {
+            group: group.to_owned(),
+        })
+}
+
+pub(crate) fn create_topic(conn: &Connection, topic: &str) -> Result<()> {
+    check_name("topic", topic)?;
+    conn.prepare_cached("INSERT OR IGNORE INTO bus_topics(name) VALUES (?1)")
+        .and_then(|mut s| s.execute([topic]))
+        .ctx("creating a topic")?;
+    Ok(())
+}
+
+pub(crate) fn create_group(
+    conn: &Connection,
+    group: &str,
+    topics: &[String],
+    max_attempts: u32,
+) -> Result<()> {
+    check_name("group", group)?;
+    if max_attempts == 0 || max_attempts > 10_000 {
+        return Err(BusError::OutOfRange {
+            what: "max_attempts",
+            value: u128::from(max_attempts),
+            min: 1,
+            max: 10_000,
+        });
+    }
+    let mut topic_ids = Vec::with_capacity(topics.len());
+    for t in topics {
+        check_name("topic", t)?;
+        topic_ids.push(topic_id(conn, t)?);
+    }
+    let gid = match group_row(conn, group) {
+        Ok((id, existing)) if existing == max_attempts => id,
+        Ok((_, existing)) => {
+            return Err(BusError::GroupConflict {
+                group: group.to_owned(),
+                existing,
+                requested: max_attempts,
+            });
+        }
+        Err(BusError::UnknownGroup { .. }) => {
+            conn.execute(
+                "INSERT INTO bus_groups(name, max_attempts) VALUES (?1, ?2)",
+                params![group, max_attempts],
+            )
+            .ctx("creating a group")?;
+            conn.last_insert_rowid()
+        }
+        Err(e) => return Err(e),
+    };
+    for tid in topic_ids {
+        conn.execute(
+            "INSERT OR IGNORE INTO bus_subscriptions(topic_id, group_id) VALUES (?1, ?2)",
+            params![tid, gid],
+        )
+        .ctx("subscribing a group")?;
+    }
+    Ok(())
+}
+
+fn message_from(r: &Row<'_>, at: usize) -> rusqlite::Result<Message> {
+    Ok(Message {
+        id: MessageId(r.get(at)?),
+        topic: r.get(at + 1)?,
+        payload: r.get(at + 2)?,
+        ordering_key: r.get(at + 3)?,
+        dedup_id: r.get(at + 4)?,
+        headers: Headers {
+            actor: r.get(at + 5)?,
+            correlation_id: r.get(at + 6)?,
+            causing_op: r.get(at + 7)?,
+        },
+        published_at_ms: r.get(at + 8)?,
+    })
+}
