@@ -12,7 +12,7 @@ use std::os::unix::fs::OpenOptionsExt;
 #[cfg(test)]
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::error::BlobError;
 use crate::hash::Hash;
@@ -23,6 +23,8 @@ pub struct BlobStore {
     dir: PathBuf,
     tmp: PathBuf,
     lock_path: PathBuf,
+    /// Which of the 256 fan-out directories this process knows to exist.
+    fans: Vec<AtomicBool>,
 }
 
 /// Held while blobs are written and until the operation referring to them commits; garbage
@@ -35,6 +37,9 @@ pub struct WriteGuard(#[allow(dead_code)] File);
 pub struct SweepGuard(#[allow(dead_code)] File);
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Temporary files start with this; no blob name does.
+const TEMP_PREFIX: &str = ".tmp-";
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> BlobError + '_ {
     move |source| BlobError::Io {
@@ -59,6 +64,7 @@ impl BlobStore {
             dir,
             tmp,
             lock_path,
+            fans: (0..256).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 
@@ -90,11 +96,33 @@ impl BlobStore {
     /// Stores `bytes` and returns their hash. Storing existing content is a cheap no-op.
     /// Call under a [`WriteGuard`] that lives until the referring operation commits.
     pub fn put(&self, bytes: &[u8]) -> Result<Hash, BlobError> {
+        self.put_with(bytes, true)
+    }
+
+    /// Like [`BlobStore::put`] without the per-blob fsync: for storing many blobs at once,
+    /// followed by one [`BlobStore::sync`] before anything refers to them.
+    pub fn put_unsynced(&self, bytes: &[u8]) -> Result<Hash, BlobError> {
+        self.put_with(bytes, false)
+    }
+
+    /// The hash known up front, the temporary file goes in the blob's own directory: a rename
+    /// within one directory does not take the filesystem-wide lock a cross-directory rename
+    /// takes, so parallel writers do not queue behind each other.
+    fn put_with(&self, bytes: &[u8], durable: bool) -> Result<Hash, BlobError> {
         let hash = Hash(*blake3::hash(bytes).as_bytes());
         if self.contains(&hash) {
             return Ok(hash);
         }
-        self.install(hash, |f| f.write_all(bytes))?;
+        let fan = self.fan_dir(&hash)?;
+        let (tmp_path, mut file) = self.temp_in(&fan)?;
+        if let Err(e) = file.write_all(bytes) {
+            let _ = fs::remove_file(&tmp_path);
+            return Err(BlobError::Io {
+                path: tmp_path,
+                source: e,
+            });
+        }
+        self.finish(hash, tmp_path, file, durable)?;
         Ok(hash)
     }
 
@@ -103,14 +131,13 @@ impl BlobStore {
         self.put_reader_with(reader, true)
     }
 
-    /// Like [`BlobStore::put_reader`] without the per-blob fsync: for storing many blobs at once,
-    /// followed by one [`BlobStore::sync`] before anything refers to them.
+    /// Like [`BlobStore::put_reader`] without the per-blob fsync.
     pub fn put_reader_unsynced(&self, reader: impl Read) -> Result<(Hash, u64), BlobError> {
         self.put_reader_with(reader, false)
     }
 
     /// Flushes everything written to the blob store's filesystem (one `syncfs`), making blobs
-    /// stored with [`BlobStore::put_reader_unsynced`] durable.
+    /// stored without a per-blob fsync durable.
     pub fn sync(&self) -> Result<(), BlobError> {
         let dir = File::open(&self.dir).map_err(io_err(&self.dir))?;
         rustix::fs::syncfs(&dir).map_err(|e| BlobError::Io {
@@ -124,7 +151,7 @@ impl BlobStore {
         mut reader: impl Read,
         durable: bool,
     ) -> Result<(Hash, u64), BlobError> {
-        let (tmp_path, mut file) = self.temp_file()?;
+        let (tmp_path, mut file) = self.temp_in(&self.tmp)?;
         let mut hasher = blake3::Hasher::new();
         let mut buf = vec![0u8; 256 * 1024];
         let mut len = 0u64;
@@ -151,13 +178,36 @@ impl BlobStore {
             let _ = fs::remove_file(&tmp_path);
             return Ok((hash, len));
         }
+        self.fan_dir(&hash)?;
         self.finish(hash, tmp_path, file, durable)?;
         Ok((hash, len))
     }
 
-    fn temp_file(&self) -> Result<(PathBuf, File), BlobError> {
+    /// The directory of a blob, created on first use.
+    fn fan_dir(&self, hash: &Hash) -> Result<PathBuf, BlobError> {
+        let i = hash.0[0] as usize;
+        let dir = self.dir.join(&hash.to_hex()[..2]);
+        if !self.fans[i].load(Ordering::Relaxed) {
+            match fs::create_dir(&dir) {
+                Ok(()) => File::open(&self.dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io_err(&self.dir))?,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(BlobError::Io {
+                        path: dir,
+                        source: e,
+                    });
+                }
+            }
+            self.fans[i].store(true, Ordering::Relaxed);
+        }
+        Ok(dir)
+    }
+
+    fn temp_in(&self, dir: &Path) -> Result<(PathBuf, File), BlobError> {
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = self.tmp.join(format!("{}-{n}", std::process::id()));
+        let path = dir.join(format!("{TEMP_PREFIX}{}-{n}", std::process::id()));
         // Read-only from birth: the creating descriptor may still write, nobody else can, and
         // no chmod is needed before the rename.
         let file = OpenOptions::new()
@@ -169,23 +219,7 @@ impl BlobStore {
         Ok((path, file))
     }
 
-    fn install(
-        &self,
-        hash: Hash,
-        write: impl FnOnce(&mut File) -> io::Result<()>,
-    ) -> Result<(), BlobError> {
-        let (tmp_path, mut file) = self.temp_file()?;
-        if let Err(e) = write(&mut file) {
-            let _ = fs::remove_file(&tmp_path);
-            return Err(BlobError::Io {
-                path: tmp_path,
-                source: e,
-            });
-        }
-        self.finish(hash, tmp_path, file, true)
-    }
-
-    /// fsync, read-only, rename into place, fsync the directory: the blob is durable before any
+    /// fsync, rename into place, fsync the directory: a durable blob is on disk before any
     /// operation can refer to it.
     fn finish(
         &self,
@@ -200,13 +234,8 @@ impl BlobStore {
             }
             drop(file);
             let dest = self.path_of(&hash);
-            let parent = dest.parent().unwrap_or(&self.dir);
-            if !parent.exists() {
-                fs::create_dir_all(parent)?;
-                File::open(&self.dir)?.sync_all()?;
-            }
             fs::rename(&tmp_path, &dest)?;
-            if durable {
+            if durable && let Some(parent) = dest.parent() {
                 File::open(parent)?.sync_all()?;
             }
             Ok(())
@@ -275,10 +304,21 @@ impl BlobStore {
     /// Removes temporary files of writers that died; under a [`SweepGuard`] no writer is alive.
     pub(crate) fn clear_temp(&self, _guard: &SweepGuard) -> Result<u64, BlobError> {
         let mut n = 0;
-        for entry in fs::read_dir(&self.tmp).map_err(io_err(&self.tmp))? {
-            let entry = entry.map_err(io_err(&self.tmp))?;
-            if fs::remove_file(entry.path()).is_ok() {
-                n += 1;
+        let mut dirs = vec![self.tmp.clone()];
+        for fan in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
+            let fan = fan.map_err(io_err(&self.dir))?;
+            if fan.file_name().len() == 2 {
+                dirs.push(fan.path());
+            }
+        }
+        for dir in dirs {
+            for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+                let entry = entry.map_err(io_err(&dir))?;
+                let ours =
+                    dir == self.tmp || entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX);
+                if ours && fs::remove_file(entry.path()).is_ok() {
+                    n += 1;
+                }
             }
         }
         Ok(n)

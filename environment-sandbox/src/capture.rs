@@ -21,6 +21,9 @@ use crate::statcache::{StatCache, StatEntry};
 /// filesystem is synced once before the commit.
 const BULK: usize = 32;
 
+/// Files up to this size are read whole before they are stored; larger ones are streamed.
+const IN_MEMORY: u64 = 4 << 20;
+
 /// How often a file that keeps changing while it is read is read again.
 const REREADS: usize = 5;
 
@@ -208,6 +211,17 @@ impl Reader<'_> {
                 } else {
                     continue;
                 }
+            } else if size <= IN_MEMORY {
+                // Read whole, so the blob is named before it is written (see `BlobStore::put`).
+                let mut buf = Vec::with_capacity(size as usize);
+                file.read_to_end(&mut buf)
+                    .map_err(SandboxError::io("read", path))?;
+                let stored = if bulk {
+                    blobs.put_unsynced(&buf)
+                } else {
+                    blobs.put(&buf)
+                };
+                Content::Blob(stored.map_err(environment_core::EnvError::from)?)
             } else {
                 let (hash, _) = if bulk {
                     blobs.put_reader_unsynced(&mut file)
