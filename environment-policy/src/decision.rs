@@ -1,0 +1,279 @@
+//! Decisions: the verdict, the rules behind it, the policy version, and an explanation rendered
+//! only when someone asks for it (so the check itself never formats text).
+
+use std::sync::Arc;
+
+use environment_core::{AccessRequest, Verdict};
+
+use crate::resource::resource_short;
+use crate::ruleset::RuleSet;
+use crate::token::TokenError;
+
+/// The outcome of a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The action may happen.
+    Allow,
+    /// It must not.
+    Deny,
+    /// It may happen once someone approves it.
+    NeedsApproval,
+}
+
+/// Why the outcome is what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reason {
+    /// A permit applied and no forbid did.
+    Permitted,
+    /// A permit applied through a granted approval.
+    Approved,
+    /// Allowed because another actor delegated the right (the rules are the delegator's).
+    Delegated {
+        /// The delegation followed first.
+        delegation: String,
+    },
+    /// A forbid applied.
+    Forbidden,
+    /// No permit applied (default deny); `rules` names a permit whose conditions did not hold.
+    NoPermit,
+    /// The action is not declared in the schema.
+    UnknownAction,
+    /// The resource is of a kind the policy cannot judge (an unparsable URL, say).
+    UnknownResource,
+    /// The only applicable permits have spent their quota for this window.
+    QuotaExhausted {
+        /// When the next window opens (ms).
+        retry_at: i64,
+    },
+    /// A permit applies once approved.
+    ApprovalRequired,
+    /// The presented capability token refused the request.
+    Token(TokenError),
+}
+
+/// Up to four rule indices, inline (a check must not allocate).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Hits {
+    idx: [u32; 4],
+    len: u8,
+}
+
+impl Hits {
+    pub(crate) fn push(&mut self, i: u32) {
+        if usize::from(self.len) < self.idx.len() && !self.as_slice().contains(&i) {
+            self.idx[usize::from(self.len)] = i;
+            self.len += 1;
+        }
+    }
+    pub(crate) fn one(i: u32) -> Hits {
+        let mut h = Hits::default();
+        h.push(i);
+        h
+    }
+    pub(crate) fn as_slice(&self) -> &[u32] {
+        &self.idx[..usize::from(self.len)]
+    }
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A decision. Cheap to make; call [`Decision::explain`] for the text.
+#[derive(Clone)]
+pub struct Decision {
+    pub(crate) outcome: Outcome,
+    pub(crate) reason: Reason,
+    pub(crate) hits: Hits,
+    pub(crate) version: u64,
+    pub(crate) rules: Arc<RuleSet>,
+    pub(crate) approval: Option<String>,
+}
+
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decision")
+            .field("outcome", &self.outcome)
+            .field("reason", &self.reason)
+            .field("rules", &self.rule_ids().collect::<Vec<_>>())
+            .field("policy_version", &self.version)
+            .field("approval", &self.approval)
+            .finish()
+    }
+}
+
+impl Decision {
+    /// Allow, deny or needs approval.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// Whether the action may happen now.
+    pub fn is_allowed(&self) -> bool {
+        self.outcome == Outcome::Allow
+    }
+
+    /// Why.
+    pub fn reason(&self) -> &Reason {
+        &self.reason
+    }
+
+    /// The policy version that decided.
+    pub fn policy_version(&self) -> u64 {
+        self.version
+    }
+
+    /// The ids of the rules that decided: the forbids that applied (up to four), the permit that
+    /// allowed or asks for approval, or for a default deny a permit whose conditions did not
+    /// hold (none when no permit came close).
+    pub fn rule_ids(&self) -> impl Iterator<Item = &str> + '_ {
+        self.hits
+            .as_slice()
+            .iter()
+            .filter_map(|i| self.rules.rule(*i))
+            .map(|r| r.id.as_str())
+    }
+
+    /// Who may approve, for [`Outcome::NeedsApproval`].
+    pub fn approvers(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        if self.outcome != Outcome::NeedsApproval {
+            return out;
+        }
+        for i in self.hits.as_slice() {
+            if let Some(r) = self.rules.rule(*i) {
+                for a in &r.conditions.approval_from {
+                    if !out.contains(a) {
+                        out.push(a.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The id of the approval request filed for this decision, if one was.
+    pub fn approval_request(&self) -> Option<&str> {
+        self.approval.as_deref()
+    }
+
+    /// A short text an LLM can act on: what was decided, by which rule, why, and what to do next.
+    pub fn explain(&self, req: &AccessRequest) -> String {
+        let what = format!(
+            "`{}` {} `{}`",
+            req.actor,
+            req.action,
+            resource_short(&req.resource)
+        );
+        let first = self
+            .hits
+            .as_slice()
+            .first()
+            .and_then(|i| self.rules.rule(*i));
+        let ids = || {
+            self.rule_ids()
+                .map(|id| format!("`{id}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let advice = |default: &str| {
+            first
+                .and_then(|r| r.advice.clone())
+                .unwrap_or_else(|| default.to_owned())
+        };
+        let v = self.version;
+        match (&self.outcome, &self.reason) {
+            (Outcome::Allow, Reason::Approved) => {
+                format!(
+                    "Allowed by rule {} with a granted approval (policy v{v}).",
+                    ids()
+                )
+            }
+            (Outcome::Allow, Reason::Delegated { delegation }) => format!(
+                "Allowed through delegation `{delegation}` by rule {} (policy v{v}).",
+                ids()
+            ),
+            (Outcome::Allow, _) => format!("Allowed by rule {} (policy v{v}).", ids()),
+            (_, Reason::Forbidden) => {
+                let matched = first.map_or(String::new(), |r| {
+                    format!(
+                        ": `{}` matches `{}`",
+                        resource_short(&req.resource),
+                        r.resource
+                    )
+                });
+                format!(
+                    "Denied by rule {}{matched}. The action did NOT happen. Do not retry; {} (policy v{v}).",
+                    ids(),
+                    advice("ask a human to change the policy if it is needed")
+                )
+            }
+            (_, Reason::NoPermit) => match first {
+                Some(r) => format!(
+                    "Denied: rule `{}` permits {what} only {}, which does not hold now. The action did NOT happen. Do not retry as is; {} (policy v{v}).",
+                    r.id,
+                    r.conditions.describe(),
+                    advice("meet the condition or ask a human")
+                ),
+                None => format!(
+                    "Denied: no rule permits {what} (default deny). The action did NOT happen. Do not retry; ask what you may do under this resource, or ask a human for access (policy v{v})."
+                ),
+            },
+            (_, Reason::UnknownAction) => format!(
+                "Denied: action `{}` is not declared in the policy schema. The action did NOT happen. Do not retry (policy v{v}).",
+                req.action
+            ),
+            (_, Reason::UnknownResource) => format!(
+                "Denied: the policy cannot judge resource `{}`. The action did NOT happen (policy v{v}).",
+                resource_short(&req.resource)
+            ),
+            (_, Reason::QuotaExhausted { retry_at }) => format!(
+                "Denied by rule {}: its quota is used up for this window. The action did NOT happen. Retry after {retry_at} ms since the epoch, or ask a human (policy v{v}).",
+                ids()
+            ),
+            (_, Reason::Token(e)) => format!(
+                "Denied: {e}. The action did NOT happen. Do not retry with this token; ask the agent that gave it for a new one (policy v{v})."
+            ),
+            (Outcome::NeedsApproval, _) => {
+                let from = self.approvers().join(" or ");
+                let req_id = self.approval.as_ref().map_or(String::new(), |id| {
+                    format!(" Approval request `{id}` is filed; retry with it once granted.")
+                });
+                format!(
+                    "Needs approval: rule {} permits {what} once {from} approves. The action did NOT happen yet.{req_id} (policy v{v}).",
+                    ids()
+                )
+            }
+            (_, _) => format!("Denied {what} (policy v{v})."),
+        }
+    }
+
+    /// The decision in core's terms, with its explanation rendered unless it is an allow.
+    pub fn to_core(&self, req: &AccessRequest) -> environment_core::Decision {
+        let verdict = match self.outcome {
+            Outcome::Allow => Verdict::Allow,
+            Outcome::Deny => Verdict::Deny,
+            Outcome::NeedsApproval => Verdict::NeedsApproval {
+                what: format!(
+                    "{} {} {}",
+                    req.actor,
+                    req.action,
+                    resource_short(&req.resource)
+                ),
+                from: self.approvers(),
+                request: self.approval.clone(),
+            },
+        };
+        environment_core::Decision {
+            verdict,
+            rules: self.rule_ids().map(str::to_owned).collect(),
+            policy_version: self.version,
+            explanation: if self.outcome == Outcome::Allow {
+                String::new()
+            } else {
+                self.explain(req)
+            },
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The crate's error types.
+
+use crate::format::LoadIssue;
+use crate::token::TokenError;
+
+/// Everything that can go wrong when changing or loading a policy. A refused change changes
+/// nothing: neither the in-memory policy nor the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// Rules or a schema that do not validate; every problem found, with its location.
+    #[error("invalid policy ({} problem(s)): {}", .0.len(), render_issues(.0))]
+    Invalid(Vec<LoadIssue>),
+    /// The SQLite store failed.
+    #[error("policy store: {0}")]
+    Store(#[from] rusqlite::Error),
+    /// The store holds something this version cannot read.
+    #[error("policy store is corrupt: {0}")]
+    Corrupt(String),
+    /// The membership would make a group contain itself.
+    #[error("adding `{member}` to `{group}` would make a cycle")]
+    Cycle {
+        /// The would-be member.
+        member: String,
+        /// The group.
+        group: String,
+    },
+    /// Members can only be added to `group:` or `role:` entities.
+    #[error("`{0}` is not a group or role (ids start with group: or role:)")]
+    NotAGroup(String),
+    /// An id that is not `kind:name`, or one of the reserved principals.
+    #[error("bad entity id `{0}`")]
+    BadEntity(String),
+    /// No rule with this id.
+    #[error("no rule `{0}`")]
+    UnknownRule(String),
+    /// No approval with this id.
+    #[error("no approval request `{0}`")]
+    UnknownApproval(String),
+    /// The approval was already decided.
+    #[error("approval request `{id}` is {state}, not pending")]
+    ApprovalNotPending {
+        /// The approval.
+        id: String,
+        /// Its state.
+        state: &'static str,
+    },
+    /// The approver is not among those the rule names (or is the requester).
+    #[error("`{approver}` may not decide approval request `{id}`")]
+    NotAnApprover {
+        /// The approval.
+        id: String,
+        /// Who tried.
+        approver: String,
+    },
+    /// The request does not need an approval (it is allowed or plainly denied).
+    #[error("this request does not need approval: {0}")]
+    NoApprovalNeeded(String),
+    /// No delegation with this id.
+    #[error("no delegation `{0}`")]
+    UnknownDelegation(String),
+    /// A delegation that is malformed or would exceed the chain bound.
+    #[error("bad delegation: {0}")]
+    BadDelegation(String),
+    /// A capability token problem.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+}
+
+fn render_issues(issues: &[LoadIssue]) -> String {
+    issues
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, PolicyError>;

@@ -1,0 +1,324 @@
+//! The policy: the compiled rules, the relations and delegations, the runtime counters
+//! (quotas, approvals, token uses), and the store behind them; and the changes to rules and
+//! relations. Checks live in `check`, the other families of operations in their own modules.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use environment_core::Clock;
+
+use crate::approval::Approval;
+use crate::delegation::Delegation;
+use crate::error::{PolicyError, Result};
+use crate::format::{LoadIssue, RuleFile, check_rule};
+use crate::relations::{ANYONE, EntityId, RelationRefusal, Relations};
+use crate::rule::{ActorKind, Rule};
+use crate::ruleset::RuleSet;
+use crate::schema::Schema;
+use crate::store::Store;
+
+pub(crate) struct State {
+    pub(crate) version: u64,
+    pub(crate) rules: Arc<RuleSet>,
+    pub(crate) relations: Relations,
+    pub(crate) delegations: Vec<Delegation>,
+}
+
+#[derive(Default)]
+pub(crate) struct Runtime {
+    pub(crate) quotas: HashMap<(String, String), (i64, u32)>,
+    pub(crate) approvals: BTreeMap<String, Approval>,
+    pub(crate) token_uses: HashMap<String, u32>,
+}
+
+/// The policy of one environment: rules, relations, delegations, approvals and tokens.
+/// Share it as `Arc<Policy>`; checks run concurrently, changes are serialized.
+pub struct Policy {
+    pub(crate) state: RwLock<State>,
+    pub(crate) runtime: Mutex<Runtime>,
+    pub(crate) store: Mutex<Store>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) token_key: [u8; 32],
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("version", &self.version())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+pub(crate) fn lock<T>(l: &Mutex<T>) -> MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn random_id(prefix: &str) -> String {
+    let bytes: [u8; 12] = rand::random();
+    format!("{prefix}{}", hex::encode(bytes))
+}
+
+fn issue(message: String) -> LoadIssue {
+    LoadIssue {
+        line: 0,
+        column: 0,
+        rule: None,
+        message,
+    }
+}
+
+impl Policy {
+    /// Opens (or creates) a policy stored in the SQLite file at `path`.
+    pub fn open(path: &Path, clock: Arc<dyn Clock>) -> Result<Policy> {
+        Policy::from_store(Store::open(path)?, clock)
+    }
+
+    /// A policy kept in an in-memory SQLite database (tests, throwaway environments).
+    pub fn in_memory(clock: Arc<dyn Clock>) -> Result<Policy> {
+        Policy::from_store(Store::in_memory()?, clock)
+    }
+
+    fn from_store(mut store: Store, clock: Arc<dyn Clock>) -> Result<Policy> {
+        let loaded = store.load()?;
+        let mut relations = Relations::new();
+        for (m, g) in &loaded.relations {
+            if relations.can_add(m, g).is_err() {
+                return Err(PolicyError::Corrupt(format!("relation {m} in {g}")));
+            }
+            relations.add(m, g);
+        }
+        let file = match &loaded.rules {
+            Some(text) => RuleFile::parse(text).map_err(PolicyError::Invalid)?,
+            None => RuleFile::default(),
+        };
+        let rules = Arc::new(RuleSet::build(file.schema, file.rules, &mut relations));
+        let mut runtime = Runtime::default();
+        for a in loaded.approvals {
+            runtime.approvals.insert(a.id.clone(), a);
+        }
+        for (rule, actor, window, used) in loaded.quotas {
+            runtime.quotas.insert((rule, actor), (window, used));
+        }
+        runtime.token_uses.extend(loaded.token_uses);
+        Ok(Policy {
+            state: RwLock::new(State {
+                version: loaded.version,
+                rules,
+                relations,
+                delegations: loaded.delegations,
+            }),
+            runtime: Mutex::new(runtime),
+            store: Mutex::new(store),
+            clock,
+            token_key: loaded.token_key,
+        })
+    }
+
+    /// The current policy version (bumped by every change to rules, relations or delegations).
+    pub fn version(&self) -> u64 {
+        read(&self.state).version
+    }
+
+    /// Replaces the schema and all rules with those of a rule file (TOML); returns the new version.
+    pub fn load_rules(&self, text: &str) -> Result<u64> {
+        let file = RuleFile::parse(text).map_err(PolicyError::Invalid)?;
+        self.set_rules(file)
+    }
+
+    /// Replaces the schema and all rules; returns the new version.
+    pub fn set_rules(&self, file: RuleFile) -> Result<u64> {
+        let mut issues = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for r in &file.rules {
+            if !seen.insert(r.id.as_str()) {
+                issues.push(LoadIssue {
+                    rule: Some(r.id.clone()),
+                    ..issue("duplicate rule id".into())
+                });
+            }
+            for m in check_rule(r, &file.schema) {
+                issues.push(LoadIssue {
+                    rule: Some(r.id.clone()),
+                    ..issue(m)
+                });
+            }
+        }
+        if !issues.is_empty() {
+            return Err(PolicyError::Invalid(issues));
+        }
+        let text = file.render();
+        let mut st = write(&self.state);
+        let version = st.version + 1;
+        let rules = RuleSet::build(file.schema, file.rules, &mut st.relations);
+        lock(&self.store).save_rules(version, &text)?;
+        st.rules = Arc::new(rules);
+        st.version = version;
+        Ok(version)
+    }
+
+    /// The current schema and rules.
+    pub fn rules(&self) -> RuleFile {
+        let st = read(&self.state);
+        RuleFile {
+            schema: st.rules.schema.schema.clone(),
+            rules: st.rules.rules.clone(),
+        }
+    }
+
+    /// The current rules as a rule file.
+    pub fn render_rules(&self) -> String {
+        self.rules().render()
+    }
+
+    /// Adds one rule (its id must be new); returns the new version.
+    pub fn add_rule(&self, rule: Rule) -> Result<u64> {
+        let mut file = self.rules();
+        file.rules.push(rule);
+        self.set_rules(file)
+    }
+
+    /// Removes the rule with this id; returns the new version.
+    pub fn remove_rule(&self, id: &str) -> Result<u64> {
+        let mut file = self.rules();
+        let before = file.rules.len();
+        file.rules.retain(|r| r.id != id);
+        if file.rules.len() == before {
+            return Err(PolicyError::UnknownRule(id.to_owned()));
+        }
+        self.set_rules(file)
+    }
+
+    /// Replaces the schema, keeping the rules (which must still validate).
+    pub fn set_schema(&self, schema: Schema) -> Result<u64> {
+        let mut file = self.rules();
+        file.schema = schema;
+        self.set_rules(file)
+    }
+
+    /// Records `member ∈ group` (a group or role); returns the version (bumped if it is new).
+    /// Refuses a membership that would make a cycle.
+    pub fn add_member(&self, member: &str, group: &str) -> Result<u64> {
+        check_entity(member)?;
+        let mut st = write(&self.state);
+        refusal(st.relations.can_add(member, group), member, group)?;
+        if st.relations.contains(member, group) {
+            return Ok(st.version);
+        }
+        let version = st.version + 1;
+        lock(&self.store).add_relation(version, member, group)?;
+        st.relations.add(member, group);
+        st.version = version;
+        Ok(version)
+    }
+
+    /// Records many memberships as one change (one version, one transaction): all or none.
+    pub fn add_members(&self, pairs: &[(&str, &str)]) -> Result<u64> {
+        let mut st = write(&self.state);
+        let mut next = st.relations.clone();
+        for (m, g) in pairs {
+            check_entity(m)?;
+            refusal(next.can_add(m, g), m, g)?;
+            next.add(m, g);
+        }
+        let version = st.version + 1;
+        lock(&self.store).add_relations(version, pairs)?;
+        st.relations = next;
+        st.version = version;
+        Ok(version)
+    }
+
+    /// Removes `member ∈ group`; returns the version (bumped if it existed).
+    pub fn remove_member(&self, member: &str, group: &str) -> Result<u64> {
+        let mut st = write(&self.state);
+        if !st.relations.contains(member, group) {
+            return Ok(st.version);
+        }
+        let version = st.version + 1;
+        lock(&self.store).remove_relation(version, member, group)?;
+        st.relations.remove(member, group);
+        st.version = version;
+        Ok(version)
+    }
+
+    /// Whether `who` is `group` or in it, transitively.
+    pub fn is_member(&self, who: &str, group: &str) -> bool {
+        let st = read(&self.state);
+        match (st.relations.lookup(who), st.relations.lookup(group)) {
+            (Some(w), Some(g)) => st.relations.is_in(w, g),
+            _ => who == group,
+        }
+    }
+
+    /// Every stored membership as (member, group), sorted.
+    pub fn relations(&self) -> Vec<(String, String)> {
+        read(&self.state).relations.pairs()
+    }
+
+    /// Every group and role `who` is in, directly or not.
+    pub fn groups_of(&self, who: &str) -> Vec<String> {
+        let mut out = read(&self.state).relations.groups_of(who);
+        out.sort();
+        out
+    }
+
+    /// The direct members of a group.
+    pub fn members(&self, group: &str) -> Vec<String> {
+        read(&self.state).relations.members(group)
+    }
+}
+
+fn check_entity(id: &str) -> Result<()> {
+    if ActorKind::of(id).is_none() && !crate::rule::is_group(id) {
+        return Err(PolicyError::BadEntity(id.to_owned()));
+    }
+    Ok(())
+}
+
+fn refusal(r: std::result::Result<(), RelationRefusal>, member: &str, group: &str) -> Result<()> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(RelationRefusal::Cycle) => Err(PolicyError::Cycle {
+            member: member.to_owned(),
+            group: group.to_owned(),
+        }),
+        Err(RelationRefusal::NotAGroup) => Err(PolicyError::NotAGroup(group.to_owned())),
+        Err(RelationRefusal::Reserved) => {
+            Err(PolicyError::BadEntity(format!("{member} / {group}")))
+        }
+    }
+}
+
+pub(crate) fn principals(rel: &Relations, actor: &str) -> Vec<EntityId> {
+    let mut out = vec![ANYONE];
+    match rel.lookup(actor) {
+        Some(id) => {
+            let k = rel.kind_principal(id);
+            if k != ANYONE {
+                out.push(k);
+            }
+            out.push(id);
+            out.extend_from_slice(rel.ancestors(id));
+        }
+        None => {
+            if let Some(k) = kind_id(actor) {
+                out.push(k);
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn kind_id(actor: &str) -> Option<EntityId> {
+    match ActorKind::of(actor)? {
+        ActorKind::Human => Some(crate::relations::KIND_HUMAN),
+        ActorKind::Agent => Some(crate::relations::KIND_AGENT),
+        ActorKind::Service => Some(crate::relations::KIND_SERVICE),
+    }
+}
