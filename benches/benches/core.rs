@@ -90,7 +90,9 @@ fn bench_act(c: &mut Criterion) {
                     t.await.unwrap();
                 }
             });
-            start.elapsed().mul_f64(iters as f64 / (per_task * 8) as f64)
+            start
+                .elapsed()
+                .mul_f64(iters as f64 / (per_task * 8) as f64)
         })
     });
     g.finish();
@@ -122,8 +124,12 @@ fn bench_diff_and_read(c: &mut Criterion) {
     assert_eq!(env.diff(&a, &v1, &v2, None).unwrap().len(), 1);
     assert_eq!(env.diff(&a, &v2, &v3, None).unwrap().len(), 1000);
     let mut g = c.benchmark_group("diff 100k-key views");
-    g.bench_function("1 key differs", |b| b.iter(|| env.diff(&a, &v1, &v2, None).unwrap()));
-    g.bench_function("1000 keys differ", |b| b.iter(|| env.diff(&a, &v2, &v3, None).unwrap()));
+    g.bench_function("1 key differs", |b| {
+        b.iter(|| env.diff(&a, &v1, &v2, None).unwrap())
+    });
+    g.bench_function("1000 keys differ", |b| {
+        b.iter(|| env.diff(&a, &v2, &v3, None).unwrap())
+    });
     g.finish();
     let key = Key::fs(path(4242)).unwrap();
     c.bench_function("read at an old version", |b| {

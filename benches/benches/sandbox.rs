@@ -26,7 +26,11 @@ fn gen_tree(dir: &Path) {
         cmd.args(["--files", "2000", "--dirs", "150"]);
     }
     let out = cmd.output().expect("python3 runs gen_tree.py");
-    assert!(out.status.success(), "gen_tree.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "gen_tree.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn small_files(root: &Path) -> Vec<PathBuf> {
@@ -61,12 +65,21 @@ fn mutate(files: &[PathBuf], n: usize, next: &mut usize) {
 }
 
 fn sh(dir: &Path, cmd: &str) {
-    let st = Command::new("sh").arg("-c").arg(cmd).current_dir(dir).status().unwrap();
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .status()
+        .unwrap();
     assert!(st.success(), "{cmd}");
 }
 
 fn have(tool: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success())
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 struct Fixture {
@@ -89,7 +102,14 @@ fn fixture() -> Fixture {
     let files = small_files(&tree);
     let scratch = dir.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
-    Fixture { tree, scratch, env, tracker, files, _dir: dir }
+    Fixture {
+        tree,
+        scratch,
+        env,
+        tracker,
+        files,
+        _dir: dir,
+    }
 }
 
 fn capture(f: &Fixture) -> Option<OpId> {
@@ -107,12 +127,22 @@ fn bench_capture(c: &mut Criterion) {
         "git --git-dir={} --work-tree=. -c user.name=bench -c user.email=bench@localhost",
         git_dir.display()
     );
-    sh(&f.tree, &format!("git init -q --bare {} && {git} add -A && {git} commit -q -m init", git_dir.display()));
+    sh(
+        &f.tree,
+        &format!(
+            "git init -q --bare {} && {git} add -A && {git} commit -q -m init",
+            git_dir.display()
+        ),
+    );
     let mut next = 0usize;
     let mut g = c.benchmark_group("capture after changes");
     for n in [1usize, 1000] {
         g.bench_function(format!("environment, {n} changed"), |b| {
-            b.iter_batched(|| mutate(&f.files, n, &mut next), |_| capture(&f).expect("a change"), BatchSize::PerIteration)
+            b.iter_batched(
+                || mutate(&f.files, n, &mut next),
+                |_| capture(&f).expect("a change"),
+                BatchSize::PerIteration,
+            )
         });
         next += n;
         g.bench_function(format!("git add -A && git commit, {n} changed"), |b| {
@@ -146,7 +176,11 @@ fn bench_restore(c: &mut Criterion) {
                     mutate(&f.files, n, &mut next);
                     capture(&f);
                 },
-                |_| f.tracker.restore(&agent, &good, Intent::new(IntentKind::Restore, "bench")).unwrap(),
+                |_| {
+                    f.tracker
+                        .restore(&agent, &good, Intent::new(IntentKind::Restore, "bench"))
+                        .unwrap()
+                },
                 BatchSize::PerIteration,
             )
         });
@@ -154,13 +188,20 @@ fn bench_restore(c: &mut Criterion) {
             g.bench_function(format!("rsync -a --delete (full scan), {n} changed"), |b| {
                 b.iter_batched(
                     || mutate(&f.files, n, &mut next),
-                    |_| sh(&f.tree, &format!("rsync -a --delete {}/ ./", pristine.display())),
+                    |_| {
+                        sh(
+                            &f.tree,
+                            &format!("rsync -a --delete {}/ ./", pristine.display()),
+                        )
+                    },
                     BatchSize::PerIteration,
                 )
             });
         }
         // Leave the tree as the tracker last saw it.
-        f.tracker.restore(&agent, &good, Intent::new(IntentKind::Restore, "reset")).unwrap();
+        f.tracker
+            .restore(&agent, &good, Intent::new(IntentKind::Restore, "reset"))
+            .unwrap();
     }
     g.finish();
 }
@@ -188,7 +229,12 @@ fn bench_first_capture(c: &mut Criterion) {
             || {
                 let _ = std::fs::remove_dir_all(&copy);
             },
-            |_| sh(&f.scratch, &format!("cp -a {} {}", f.tree.display(), copy.display())),
+            |_| {
+                sh(
+                    &f.scratch,
+                    &format!("cp -a {} {}", f.tree.display(), copy.display()),
+                )
+            },
             BatchSize::PerIteration,
         )
     });

@@ -27,7 +27,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
             ActRequest::new(coder.clone(), Intent::edit("scaffold the parser"))
                 .base(v0)
                 .put(Key::fs("src/parser.rs")?, Value::file("fn parse() {}\n"))
-                .put(Key::fs("Cargo.toml")?, Value::file("[package]\nname = \"demo\"\n")),
+                .put(
+                    Key::fs("Cargo.toml")?,
+                    Value::file("[package]\nname = \"demo\"\n"),
+                ),
         )
         .await?
         .version;
@@ -38,13 +41,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
     env.act(
         ActRequest::new(reviewer.clone(), Intent::edit("document the parser"))
             .on("review")
-            .put(Key::fs("src/parser.rs")?, Value::file("/// Parses.\nfn parse() {}\n"))
+            .put(
+                Key::fs("src/parser.rs")?,
+                Value::file("/// Parses.\nfn parse() {}\n"),
+            )
             .put(Key::fs("README.md")?, Value::file("# demo\n")),
     )
     .await?;
     env.act(
-        ActRequest::new(coder.clone(), Intent::edit("make parse public"))
-            .put(Key::fs("src/parser.rs")?, Value::file("pub fn parse() {}\n")),
+        ActRequest::new(coder.clone(), Intent::edit("make parse public")).put(
+            Key::fs("src/parser.rs")?,
+            Value::file("pub fn parse() {}\n"),
+        ),
     )
     .await?;
 
@@ -53,7 +61,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .act(
             ActRequest::new(coder.clone(), Intent::edit("based on an old read"))
                 .base(v1)
-                .put(Key::fs("src/parser.rs")?, Value::file("fn parse() { todo }\n")),
+                .put(
+                    Key::fs("src/parser.rs")?,
+                    Value::file("fn parse() { todo }\n"),
+                ),
         )
         .await;
     if let Err(e) = stale {
@@ -69,8 +80,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // Undo the merge, then restore the marked version: both append operations.
     env.undo(&coder, "main").await?;
     let marked = env.resolve("scaffolded").await?;
-    env.restore(&coder, "main", &marked, Intent::edit("back to the scaffold"))
-        .await?;
+    env.restore(
+        &coder,
+        "main",
+        &marked,
+        Intent::edit("back to the scaffold"),
+    )
+    .await?;
 
     // An external effect with an idempotency key runs once, however often it is retried.
     for attempt in 1..=2 {
@@ -88,7 +104,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
 
     println!("\nhistory of main (newest first):");
-    for entry in env.history(&coder, "main", &HistoryOptions::default()).await? {
+    for entry in env
+        .history(&coder, "main", &HistoryOptions::default())
+        .await?
+    {
         println!("  {entry}");
     }
     let report = env.verify().await?;
