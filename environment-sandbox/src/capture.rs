@@ -432,14 +432,14 @@ impl Capturer {
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
         while let Some(dir) = stack.pop() {
-            let names = match self.root.list_dir(rel_path(&dir)) {
+            let entries = match self.root.scan_dir(rel_path(&dir)) {
                 Ok(n) => n,
                 Err(_) => {
                     dirty.insert(dir);
                     continue;
                 }
             };
-            for name in names {
+            for (name, st) in entries {
                 let rel = if dir.is_empty() {
                     name
                 } else {
@@ -453,7 +453,7 @@ impl Capturer {
                     continue;
                 }
                 let path = rel_path(&rel);
-                let Ok(st) = self.root.lstat(path) else {
+                let Ok(st) = st else {
                     dirty.insert(rel);
                     continue;
                 };

@@ -143,17 +143,37 @@ impl Root {
     /// The names in directory `rel`.
     pub fn list_dir(&self, rel: &Path) -> io::Result<Vec<Vec<u8>>> {
         let fd = self.open_beneath(rel, OFlags::DIRECTORY | OFlags::RDONLY, 0)?;
-        let mut dir = rustix::fs::Dir::read_from(&fd).map_err(errno)?;
-        let mut out = Vec::new();
-        while let Some(entry) = dir.read() {
-            let entry = entry.map_err(errno)?;
-            let name = entry.file_name().to_bytes();
-            if name != b"." && name != b".." {
-                out.push(name.to_vec());
-            }
-        }
-        Ok(out)
+        list_fd(&fd)
     }
+
+    /// Directory `rel` opened beneath the root, its names, and the `lstat` of each (relative to
+    /// the open directory: one path resolution for the whole directory, not one per entry).
+    pub fn scan_dir(&self, rel: &Path) -> io::Result<Vec<(Vec<u8>, io::Result<Stat>)>> {
+        let fd = self.open_beneath(rel, OFlags::DIRECTORY | OFlags::RDONLY, 0)?;
+        let names = list_fd(&fd)?;
+        Ok(names
+            .into_iter()
+            .map(|n| {
+                let st =
+                    rustix::fs::statat(&fd, n.as_slice(), AtFlags::SYMLINK_NOFOLLOW).map_err(errno);
+                (n, st)
+            })
+            .collect())
+    }
+}
+
+/// The names in an open directory.
+fn list_fd(fd: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+    let mut dir = rustix::fs::Dir::read_from(fd).map_err(errno)?;
+    let mut out = Vec::new();
+    while let Some(entry) = dir.read() {
+        let entry = entry.map_err(errno)?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            out.push(name.to_vec());
+        }
+    }
+    Ok(out)
 }
 
 /// The file type bits of a stat.
