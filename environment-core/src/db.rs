@@ -71,6 +71,8 @@ fn tune(conn: &Connection) -> Result<()> {
     conn.pragma_update(None, "cache_size", -65536)?;
     conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
+    // Every statement of the write path stays prepared (the default cache of 16 evicts some).
+    conn.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
 
@@ -116,9 +118,21 @@ pub(crate) struct DbNodes<'a> {
     pub fill_cache: bool,
 }
 
+thread_local! {
+    /// Nodes written by the jobs already done in the open transaction, for the jobs after them:
+    /// only the thread holding the write connection runs jobs, so this is that transaction's.
+    static IN_FLIGHT: std::cell::RefCell<std::collections::HashMap<NodeId, Arc<Node>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
 impl NodeSource for DbNodes<'_> {
     fn node(&self, ptr: &Ptr) -> Result<Arc<Node>> {
         if let Some(n) = self.cache.get(&ptr.id) {
+            return Ok(n);
+        }
+        if !self.fill_cache
+            && let Some(n) = IN_FLIGHT.with(|m| m.borrow().get(&ptr.id).cloned())
+        {
             return Ok(n);
         }
         let data: Option<Vec<u8>> = self
@@ -401,6 +415,7 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
         if work_ok {
             if !alone {
                 let _ = exec(conn, "RELEASE job");
+                IN_FLIGHT.with(|m| m.borrow_mut().extend(fx.nodes.iter().cloned()));
             }
             any_ok = true;
             effects.events.append(&mut fx.events);
@@ -411,6 +426,7 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
         }
         finishers.push(fin);
     }
+    IN_FLIGHT.with(|m| m.borrow_mut().clear());
     let committed = if any_ok {
         exec(conn, "COMMIT").map_err(EnvError::from)
     } else {
