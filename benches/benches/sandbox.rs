@@ -74,6 +74,10 @@ fn sh(dir: &Path, cmd: &str) {
     assert!(st.success(), "{cmd}");
 }
 
+fn sync_disk() {
+    let _ = Command::new("sync").status();
+}
+
 fn have(tool: &str) -> bool {
     Command::new("sh")
         .arg("-c")
@@ -212,7 +216,11 @@ fn bench_first_capture(c: &mut Criterion) {
     g.sample_size(10);
     g.bench_function("environment", |b| {
         b.iter_batched(
-            || tempfile::tempdir_in(&f.scratch).unwrap(),
+            || {
+                // Both sides start with nothing left to write back from earlier iterations.
+                sync_disk();
+                tempfile::tempdir_in(&f.scratch).unwrap()
+            },
             |home| {
                 let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
                 let mut cfg = TrackerConfig::new(&f.tree, ActorId::new("service:watcher").unwrap());
@@ -228,6 +236,7 @@ fn bench_first_capture(c: &mut Criterion) {
         b.iter_batched(
             || {
                 let _ = std::fs::remove_dir_all(&copy);
+                sync_disk();
             },
             |_| {
                 sh(

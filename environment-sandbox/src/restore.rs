@@ -128,6 +128,29 @@ impl Capturer {
         Ok(cache)
     }
 
+    /// Drops from `dirty` the paths a restore wrote (or removed) that are still exactly as it
+    /// left them: their events were the restore's own.
+    pub(crate) fn forget_own_writes(
+        &self,
+        dirty: &mut std::collections::BTreeSet<Vec<u8>>,
+        written: &[(Vec<u8>, Option<StatEntry>)],
+    ) {
+        for (rel, entry) in written {
+            if !dirty.contains(rel) {
+                continue;
+            }
+            let now = self.root.lstat(Path::new(OsStr::from_bytes(rel))).ok();
+            let unchanged = match (entry, now) {
+                (Some(e), Some(st)) => *e == StatEntry::of(&st),
+                (None, None) => true,
+                _ => false,
+            };
+            if unchanged {
+                dirty.remove(rel);
+            }
+        }
+    }
+
     /// Removes a path; a directory only if nothing but removable entries are in it (ignored
     /// content keeps its directory).
     fn remove(&self, path: &Path) -> Result<()> {

@@ -213,16 +213,20 @@ impl Tracker {
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
         capturer.cache.begin_restore(&target.to_string(), now)?;
-        let cache = capturer.apply(&changes)?;
+        let written = capturer.apply(&changes)?;
         let branch = capturer.branch.clone();
         capturer.env.restore(actor, &branch, target, intent_)?;
-        capturer.cache.update(cache)?;
+        capturer.cache.update(written.clone())?;
         capturer.cache.end_restore()?;
-        // The restore's own events name paths that now equal the head: capturing them commits
-        // nothing, and leaves nothing pending to be mistaken for the agent's work.
+        // The restore's own events: a path still exactly as the restore left it needs no
+        // reading (the head holds it already); anything else is captured as usual.
         drop(capturer);
         drain(&self.shared);
         let mut capturer = lock(&self.shared.capturer);
+        {
+            let mut pending = lock(&self.shared.pending);
+            capturer.forget_own_writes(&mut pending.dirty, &written);
+        }
         capture_pending(
             &self.shared,
             &mut capturer,
