@@ -279,15 +279,23 @@ fn drain(shared: &Shared) -> usize {
 fn capture_pending(
     shared: &Shared,
     capturer: &mut Capturer,
-    intent: Intent,
+    mut intent: Intent,
     flags: OpFlags,
 ) -> Result<Option<Observation>> {
     let rescan = std::mem::take(&mut lock(&shared.watcher).needs_rescan);
     let mut pending = std::mem::take(&mut lock(&shared.pending).dirty);
     if rescan {
         let found = capturer.rescan_dirty()?;
-        tracing::info!(paths = found.len(), "rescanned against the stat cache");
+        tracing::warn!(
+            paths = found.len(),
+            "events were lost; rescanned against the stat cache"
+        );
         pending.extend(found);
+        // The log says so too: this capture's changes were found by a rescan.
+        intent.text = format!(
+            "{} (rescan: events were lost to a queue overflow or the watch limit)",
+            intent.text
+        );
     }
     {
         let mut p = lock(&shared.pending);

@@ -95,8 +95,14 @@ fn queue_overflow_falls_back_to_a_rescan() {
     for i in 0..n {
         std::fs::write(dir.join(format!("f{i}")), b"x").unwrap();
     }
-    barrier(&s).unwrap();
+    let obs = barrier(&s).unwrap();
     head_matches_disk(&s);
+    let op = s.env.op(&obs.version).unwrap();
+    assert!(
+        op.intent.text.contains("rescan"),
+        "the log says the capture came from a rescan: {}",
+        op.intent.text
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{Inner, LocalEnvironment, OpDraft, head_in, op_id_from, validate_name};
 use crate::authz::{Action, ActorId, Resource};
-use crate::db;
+use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result};
 use crate::key::Key;
 use crate::merge::{Conflict, ConflictSide, KeyConflict, merge_views};
@@ -112,44 +112,29 @@ impl LocalEnvironment {
         target: &OpId,
         intent: Intent,
     ) -> Result<OpId> {
-        self.authorize(
+        let target = *target;
+        self.write_branch(
             actor,
-            Action::Write,
-            Resource::Branch(branch.into()),
-            Some(branch),
-            Some("restore"),
-        )?;
-        let (inner, branch, target, actor) = (
-            self.inner.clone(),
-            branch.to_owned(),
-            *target,
-            actor.clone(),
-        );
-        self.inner.writer.run(false, move |conn, fx| {
-            inner.restore_in(conn, fx, &branch, &target, actor, intent)
-        })
+            branch,
+            "restore",
+            move |inner, conn, fx, branch, actor| {
+                inner.restore_in(conn, fx, branch, &target, actor, intent)
+            },
+        )
     }
 
     /// Restores `branch` to the version before its last operation.
     pub fn undo(&self, actor: &ActorId, branch: &str) -> Result<OpId> {
-        self.authorize(
-            actor,
-            Action::Write,
-            Resource::Branch(branch.into()),
-            Some(branch),
-            Some("undo"),
-        )?;
-        let (inner, branch, actor) = (self.inner.clone(), branch.to_owned(), actor.clone());
-        self.inner.writer.run(false, move |conn, fx| {
+        self.write_branch(actor, branch, "undo", |inner, conn, fx, branch, actor| {
             let head_id =
-                head_in(conn, &branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.clone()))?;
+                head_in(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))?;
             let head = inner.op_in(conn, &head_id)?;
             let parent = head
                 .parents
                 .first()
-                .ok_or_else(|| EnvError::NothingToUndo(branch.clone()))?;
+                .ok_or_else(|| EnvError::NothingToUndo(branch.into()))?;
             let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.id.short()));
-            inner.restore_in(conn, fx, &branch, parent, actor, intent)
+            inner.restore_in(conn, fx, branch, parent, actor, intent)
         })
     }
 
@@ -163,21 +148,37 @@ impl LocalEnvironment {
         target: &str,
         intent: Intent,
     ) -> Result<MergeOutcome> {
+        let source = source.to_owned();
+        self.write_branch(
+            actor,
+            target,
+            "merge",
+            move |inner, conn, fx, target, actor| {
+                inner.merge_in(conn, fx, &source, target, actor, intent)
+            },
+        )
+    }
+
+    /// Authorizes `operation` as a write on `branch`, then runs `work` in the writer.
+    fn write_branch<R: Send + 'static>(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        operation: &str,
+        work: impl FnOnce(&Inner, &Connection, &mut TxEffects, &str, ActorId) -> Result<R>
+        + Send
+        + 'static,
+    ) -> Result<R> {
         self.authorize(
             actor,
             Action::Write,
-            Resource::Branch(target.into()),
-            Some(target),
-            Some("merge"),
+            Resource::Branch(branch.into()),
+            Some(branch),
+            Some(operation),
         )?;
-        let (inner, source, target, actor) = (
-            self.inner.clone(),
-            source.to_owned(),
-            target.to_owned(),
-            actor.clone(),
-        );
+        let (inner, branch, actor) = (self.inner.clone(), branch.to_owned(), actor.clone());
         self.inner.writer.run(false, move |conn, fx| {
-            inner.merge_in(conn, fx, &source, &target, actor, intent)
+            work(&inner, conn, fx, &branch, actor)
         })
     }
 
@@ -190,16 +191,7 @@ impl LocalEnvironment {
 }
 
 pub(crate) fn marks_in(conn: &Connection) -> Result<Vec<(String, OpId)>> {
-    let mut stmt = conn.prepare_cached("SELECT name, op FROM marks ORDER BY name")?;
-    let rows = stmt.query_map([], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (n, op) = row?;
-        out.push((n, op_id_from(&op)?));
-    }
-    Ok(out)
+    super::named_ops(conn, "SELECT name, op FROM marks ORDER BY name")
 }
 
 impl Inner {

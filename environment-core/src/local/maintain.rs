@@ -127,24 +127,26 @@ impl LocalEnvironment {
 
     /// Keeps a blob alive for `owner` (a message, an effect result…) even if no view refers to it.
     pub fn pin_blob(&self, hash: &Hash, owner: &str) -> Result<()> {
-        let (h, owner) = (*hash, owner.to_owned());
-        self.inner.writer.run(false, move |conn, _| {
-            conn.execute(
-                "INSERT OR IGNORE INTO blob_pins(hash, owner) VALUES (?1, ?2)",
-                params![&h.0[..], owner],
-            )?;
-            Ok(())
-        })
+        self.pin_change(
+            "INSERT OR IGNORE INTO blob_pins(hash, owner) VALUES (?1, ?2)",
+            hash,
+            owner,
+        )
     }
 
     /// Releases a pin.
     pub fn unpin_blob(&self, hash: &Hash, owner: &str) -> Result<()> {
+        self.pin_change(
+            "DELETE FROM blob_pins WHERE hash = ?1 AND owner = ?2",
+            hash,
+            owner,
+        )
+    }
+
+    fn pin_change(&self, sql: &'static str, hash: &Hash, owner: &str) -> Result<()> {
         let (h, owner) = (*hash, owner.to_owned());
         self.inner.writer.run(false, move |conn, _| {
-            conn.execute(
-                "DELETE FROM blob_pins WHERE hash = ?1 AND owner = ?2",
-                params![&h.0[..], owner],
-            )?;
+            conn.execute(sql, params![&h.0[..], owner])?;
             Ok(())
         })
     }

@@ -217,18 +217,9 @@ impl LocalEnvironment {
 
     /// Every branch with its head, by name.
     pub fn branches(&self) -> Result<Vec<(String, OpId)>> {
-        self.inner.readers.with(|conn| {
-            let mut stmt = conn.prepare_cached("SELECT name, op FROM heads ORDER BY name")?;
-            let rows = stmt.query_map([], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (name, op) = row?;
-                out.push((name, op_id_from(&op)?));
-            }
-            Ok(out)
-        })
+        self.inner
+            .readers
+            .with(|conn| named_ops(conn, "SELECT name, op FROM heads ORDER BY name"))
     }
 
     /// The operation record with this id.
@@ -540,6 +531,20 @@ pub(crate) fn op_id_from(bytes: &[u8]) -> Result<OpId> {
         what: "operation id",
         detail: format!("{} bytes instead of 32", bytes.len()),
     })
+}
+
+/// Rows of (name, operation id), for heads and marks.
+pub(crate) fn named_ops(conn: &Connection, sql: &str) -> Result<Vec<(String, OpId)>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, op) = row?;
+        out.push((name, op_id_from(&op)?));
+    }
+    Ok(out)
 }
 
 pub(crate) fn head_in(conn: &Connection, branch: &str) -> Result<Option<OpId>> {
