@@ -213,14 +213,7 @@ impl Inner {
         }
         let nodes = self.writer_nodes(conn);
         let changes = tree::diff(&nodes, &head_view, &target_view, None)?;
-        let applied: Vec<tree::Applied> = changes
-            .into_iter()
-            .map(|c| tree::Applied {
-                key: c.key,
-                before: c.before,
-                after: c.after,
-            })
-            .collect();
+        let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
         let op = self.commit_op(
             conn,
             fx,
@@ -292,14 +285,7 @@ impl Inner {
             &mut resolve,
         )?;
         let changes = tree::diff(&edit, &ours_view, &view, None)?;
-        let applied: Vec<tree::Applied> = changes
-            .into_iter()
-            .map(|c| tree::Applied {
-                key: c.key,
-                before: c.before,
-                after: c.after,
-            })
-            .collect();
+        let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
         self.persist(conn, fx, edit, &view)?;
         let mut flags = OpFlags::MERGE;
         if !conflicts.is_empty() {

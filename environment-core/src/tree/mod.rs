@@ -64,6 +64,16 @@ pub(crate) struct Applied {
     pub after: Option<Value>,
 }
 
+impl From<KeyChange> for Applied {
+    fn from(c: KeyChange) -> Applied {
+        Applied {
+            key: c.key,
+            before: c.before,
+            after: c.after,
+        }
+    }
+}
+
 /// Applies `changes` (each key once) to the view at `root`; returns the new root and, for every
 /// key whose value actually changed, its before and after.
 pub(crate) fn apply(
