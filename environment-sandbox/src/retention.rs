@@ -118,7 +118,7 @@ pub fn thin(
     now_ms: i64,
 ) -> Result<ThinReport> {
     let mut captures = Vec::new();
-    let mut already = 0;
+    let mut already = HashSet::new();
     // History hides dropped versions; the schedule needs them all, so walk the records.
     let mut cur = Some(env.head(branch)?);
     while let Some(id) = cur {
@@ -130,7 +130,7 @@ pub fn thin(
             );
         if capture {
             if env.is_dropped(&op.id)? {
-                already += 1;
+                already.insert(op.id);
             }
             captures.push(Capture {
                 id: op.id,
@@ -142,7 +142,7 @@ pub fn thin(
     let protected = env.protected_versions()?;
     let mut drop = Vec::new();
     for c in &captures {
-        if !keep.contains(&c.id) && !protected.contains_key(&c.id) && !env.is_dropped(&c.id)? {
+        if !keep.contains(&c.id) && !protected.contains_key(&c.id) && !already.contains(&c.id) {
             drop.push(c.id);
         }
     }
@@ -151,7 +151,7 @@ pub fn thin(
     Ok(ThinReport {
         captures: captures.len(),
         dropped,
-        kept: captures.len() - already - dropped,
+        kept: captures.len() - already.len() - dropped,
         gc,
     })
 }
