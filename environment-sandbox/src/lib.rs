@@ -35,6 +35,7 @@
 pub mod capture;
 pub mod error;
 pub mod fsops;
+pub mod launch;
 pub mod noise;
 pub mod restore;
 pub mod retention;
@@ -43,6 +44,7 @@ pub mod tracker;
 pub mod watch;
 
 pub use error::{Result, SandboxError};
+pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
 pub use retention::{RetentionPolicy, ThinReport};
