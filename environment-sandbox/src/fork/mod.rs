@@ -42,7 +42,6 @@ pub struct ForkConfig {
     pub noise: NoiseRules,
 }
 
-
 /// One fork: a branch and the directories of its working tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkingTree {
