@@ -35,6 +35,7 @@
 pub mod capture;
 pub mod error;
 pub mod fsops;
+pub mod isolate;
 pub mod launch;
 pub mod noise;
 pub mod restore;
@@ -44,6 +45,9 @@ pub mod tracker;
 pub mod watch;
 
 pub use error::{Result, SandboxError};
+pub use isolate::{
+    Bind, Isolation, IsolationSpec, Limits, Root, Rootfs, Support, Workspace,
+};
 pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
