@@ -115,6 +115,8 @@ fn contained(p: &Path) -> bool {
 
 fn check_tar<R: Read>(reader: R, tarball: &Path) -> Result<()> {
     let mut archive = tar::Archive::new(reader);
+    // Symbolic links met so far: a later entry under one would be written through it.
+    let mut links = std::collections::HashSet::new();
     for entry in archive.entries().map_err(SandboxError::io("read", tarball))? {
         let entry = entry.map_err(SandboxError::io("read", tarball))?;
         let path = entry
@@ -126,6 +128,16 @@ fn check_tar<R: Read>(reader: R, tarball: &Path) -> Result<()> {
                 entry: path,
                 reason: "is absolute or contains '..'",
             });
+        }
+        let path: PathBuf = path.components().filter(|c| *c != Component::CurDir).collect();
+        if path.ancestors().skip(1).any(|a| links.contains(a)) {
+            return Err(SandboxError::SeedEntry {
+                entry: path,
+                reason: "passes through a symbolic link of the archive",
+            });
+        }
+        if entry.header().entry_type() == tar::EntryType::Symlink {
+            links.insert(path.clone());
         }
         if entry.header().entry_type() == tar::EntryType::Link {
             let target = entry
