@@ -45,9 +45,7 @@ pub mod tracker;
 pub mod watch;
 
 pub use error::{Result, SandboxError};
-pub use isolate::{
-    Bind, Isolation, IsolationSpec, Limits, Root, Rootfs, Support, Workspace,
-};
+pub use isolate::{Bind, Isolation, IsolationSpec, Limits, Root, Rootfs, Support, Workspace};
 pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};

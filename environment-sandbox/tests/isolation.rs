@@ -15,9 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use environment_sandbox::isolate::{DEFAULT_ENV_ALLOW, default_masked};
-use environment_sandbox::{
-    Bind, Isolation, IsolationSpec, Launcher, SandboxError, Workspace,
-};
+use environment_sandbox::{Bind, Isolation, IsolationSpec, Launcher, SandboxError, Workspace};
 
 const SCENARIO: &str = "ENVIRONMENT_SANDBOX_ISOLATION_SCENARIO";
 const NOBODY: u32 = 65534;
@@ -57,7 +55,10 @@ fn both(name: &str, scenario: fn()) {
         .output()
         .expect("setpriv (util-linux) is needed to drop privileges");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    if let Some(reason) = stdout.lines().find_map(|l| l.strip_prefix("SCENARIO-SKIPPED ")) {
+    if let Some(reason) = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SCENARIO-SKIPPED "))
+    {
         eprintln!("skipped as uid {NOBODY}: {reason}");
         return;
     }
@@ -128,8 +129,14 @@ fn scenario_filesystem() {
     );
     assert!(out.status.success());
     let text = stdout(&out);
-    assert!(text.starts_with(&format!("{}\nhello\n", ws_in.display())), "{text}");
-    assert!(!text.contains("WROTE") && !text.contains("CREATED"), "{text}");
+    assert!(
+        text.starts_with(&format!("{}\nhello\n", ws_in.display())),
+        "{text}"
+    );
+    assert!(
+        !text.contains("WROTE") && !text.contains("CREATED"),
+        "{text}"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         err.matches("Read-only file system").count(),
@@ -138,7 +145,9 @@ fn scenario_filesystem() {
     );
     assert!(text.contains("ssh=[] aws=[] netrc=[]"), "{text}");
     // /tmp is private: the workspace's mount point is the only entry.
-    let first = ws_in.strip_prefix("/tmp").map(|r| r.iter().next().unwrap().to_string_lossy().into_owned());
+    let first = ws_in
+        .strip_prefix("/tmp")
+        .map(|r| r.iter().next().unwrap().to_string_lossy().into_owned());
     assert_eq!(text.contains("tmp=[]"), first.is_err(), "{text}");
     if let Ok(first) = first {
         assert!(text.contains(&format!("tmp=[{first}]")), "{text}");
@@ -204,8 +213,10 @@ fn scenario_pid_namespace() {
     );
     let text = stdout(&out);
     assert!(
-        text.lines()
-            .all(|l| l.split(") ").nth(1).is_some_and(|rest| !rest.starts_with('Z'))),
+        text.lines().all(|l| l
+            .split(") ")
+            .nth(1)
+            .is_some_and(|rest| !rest.starts_with('Z'))),
         "{text}"
     );
 }
@@ -236,7 +247,11 @@ fn scenario_environment() {
     assert!(out.status.success());
     let text = stdout(&out);
     let (env, net) = text.split_once("==\n").unwrap();
-    let inside: BTreeSet<&str> = env.lines().filter_map(|l| l.split_once('=')).map(|(k, _)| k).collect();
+    let inside: BTreeSet<&str> = env
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, _)| k)
+        .collect();
     for k in &denied {
         assert!(!inside.contains(k.as_str()), "{k} leaked into the sandbox");
     }
@@ -245,7 +260,16 @@ fn scenario_environment() {
     assert!(inside.contains("PATH"));
     for k in &inside {
         assert!(
-            allowed(k) || ["EXPLICIT_VAR", "ENVIRONMENT_SOCKET", "PWD", "OLDPWD", "SHLVL", "_"].contains(k),
+            allowed(k)
+                || [
+                    "EXPLICIT_VAR",
+                    "ENVIRONMENT_SOCKET",
+                    "PWD",
+                    "OLDPWD",
+                    "SHLVL",
+                    "_"
+                ]
+                .contains(k),
             "unexpected {k}"
         );
     }
@@ -329,7 +353,10 @@ fn scenario_exit_and_signals() {
     wait_ready(&mut child);
     child.kill().unwrap();
     assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
-    assert!(gone("4242") && gone("4243"), "processes survived the sandbox");
+    assert!(
+        gone("4242") && gone("4243"),
+        "processes survived the sandbox"
+    );
 }
 
 #[test]
@@ -373,7 +400,10 @@ fn scenario_overlay() {
         std::fs::read_to_string(upper.join("a.txt")).unwrap(),
         "changed\n"
     );
-    assert_eq!(std::fs::read_to_string(upper.join("c.txt")).unwrap(), "new\n");
+    assert_eq!(
+        std::fs::read_to_string(upper.join("c.txt")).unwrap(),
+        "new\n"
+    );
     let wh = std::fs::symlink_metadata(upper.join("b.txt")).unwrap();
     assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
 }
@@ -471,7 +501,10 @@ fn probe_reports_support_or_a_reason() {
             let ws = tempfile::tempdir().unwrap();
             let iso = Isolation::new(IsolationSpec::host(ws.path())).unwrap();
             let d = iso.describe();
-            assert!(d.contains("host read-only") && d.contains("cgroup v2"), "{d}");
+            assert!(
+                d.contains("host read-only") && d.contains("cgroup v2"),
+                "{d}"
+            );
             assert_eq!(
                 d.contains("/proc fresh"),
                 support.fresh_proc,

@@ -66,7 +66,10 @@ fn both(name: &str, scenario: fn()) {
         .output()
         .expect("setpriv (util-linux) is needed to drop privileges");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    if let Some(reason) = stdout.lines().find_map(|l| l.strip_prefix("SCENARIO-SKIPPED ")) {
+    if let Some(reason) = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SCENARIO-SKIPPED "))
+    {
         eprintln!("skipped as uid {NOBODY}: {reason}");
         return;
     }
@@ -95,8 +98,11 @@ fn busybox_tree(dir: &Path) {
     write(dir, "etc/group", b"root:x:0:\n");
     write(dir, "etc/hosts", b"127.0.0.1 localhost\n");
     write(dir, "etc/profile", b"export PS1='# '\n");
-    std::fs::set_permissions(dir.join("etc/hosts"), std::fs::Permissions::from_mode(0o644))
-        .unwrap();
+    std::fs::set_permissions(
+        dir.join("etc/hosts"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
 }
 
 fn tarball(src: &Path, out: &Path) {
@@ -218,7 +224,11 @@ fn raw_entry(b: &mut tar::Builder<std::fs::File>, name: &[u8], kind: tar::EntryT
     h.as_old_mut().linkname[..link.len()].copy_from_slice(link);
     h.set_entry_type(kind);
     h.set_mode(0o644);
-    h.set_size(if kind == tar::EntryType::Regular { 4 } else { 0 });
+    h.set_size(if kind == tar::EntryType::Regular {
+        4
+    } else {
+        0
+    });
     h.set_cksum();
     let data: &[u8] = if kind == tar::EntryType::Regular {
         b"evil"

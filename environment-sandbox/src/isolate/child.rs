@@ -126,7 +126,9 @@ fn fork() -> io::Result<libc::pid_t> {
 fn exit(code: i32) -> ! {
     #[allow(unsafe_code)]
     // SAFETY: _exit ends the process without running any user-space cleanup.
-    unsafe { libc::_exit(code) }
+    unsafe {
+        libc::_exit(code)
+    }
 }
 
 /// Closes every descriptor except `keep`: the intermediate processes never exec, so they must
@@ -228,9 +230,7 @@ fn stage_name(plan: &Plan, stage: u32) -> &str {
             .copied()
             .unwrap_or("setup")
     } else {
-        plan.steps
-            .get(stage as usize)
-            .map_or("setup", |s| s.what())
+        plan.steps.get(stage as usize).map_or("setup", |s| s.what())
     }
 }
 
@@ -300,7 +300,8 @@ fn mirror(status: i32) -> ! {
     if libc::WIFSIGNALED(status) {
         let sig = libc::WTERMSIG(status);
         // No core dump of ours: the agent's is the one that matters.
-        let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+        let _ =
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
         #[allow(unsafe_code)]
         // SAFETY: resets one handler to the default, unblocks the signal and sends it to
         // ourselves; all async-signal-safe.
@@ -331,7 +332,10 @@ fn init_process(
 ) -> io::Result<()> {
     // Die with outer. If outer is already gone, nobody reads the setup pipe: stop here.
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-    let mut pfd = [rustix::event::PollFd::new(&setup_w, rustix::event::PollFlags::OUT)];
+    let mut pfd = [rustix::event::PollFd::new(
+        &setup_w,
+        rustix::event::PollFlags::OUT,
+    )];
     if rustix::event::poll(&mut pfd, Some(&rustix::event::Timespec::default())).is_ok()
         && pfd[0].revents().contains(rustix::event::PollFlags::ERR)
     {
@@ -395,11 +399,20 @@ fn build_root(plan: &Plan) -> Result<(), (u32, i32)> {
     let stage = |n: u32| move |e: rustix::io::Errno| (STAGE_BASE + n, e.raw_os_error());
     use rustix::mount::{mount, mount_bind_recursive, mount_change};
     // Nothing we mount may propagate back to the host, and host mounts stop appearing.
-    mount_change(c"/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
-        .map_err(stage(0))?;
+    mount_change(
+        c"/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )
+    .map_err(stage(0))?;
     // A tmpfs holds the staging root; the host moves under it at OLD.
-    mount(c"tmpfs", &*plan.staging, c"tmpfs", MountFlags::empty(), c"mode=0755")
-        .map_err(stage(1))?;
+    mount(
+        c"tmpfs",
+        &*plan.staging,
+        c"tmpfs",
+        MountFlags::empty(),
+        c"mode=0755",
+    )
+    .map_err(stage(1))?;
     let _ = rustix::fs::mkdir(&*plan.new_root, Mode::from_raw_mode(0o755));
     let _ = rustix::fs::mkdir(&*plan.old_root, Mode::from_raw_mode(0o755));
     rustix::process::pivot_root(&*plan.staging, &*plan.old_root).map_err(stage(2))?;
@@ -454,8 +467,14 @@ fn build_root(plan: &Plan) -> Result<(), (u32, i32)> {
                 }
             }
             Step::Overlay { target, data } => {
-                mount(c"overlay", &**target, c"overlay", MountFlags::empty(), &**data)
-                    .map_err(fail)?;
+                mount(
+                    c"overlay",
+                    &**target,
+                    c"overlay",
+                    MountFlags::empty(),
+                    &**data,
+                )
+                .map_err(fail)?;
             }
             Step::Proc {
                 target,
@@ -478,12 +497,10 @@ fn build_root(plan: &Plan) -> Result<(), (u32, i32)> {
                     c"newinstance,ptmxmode=0666,mode=0620",
                 );
             }
-            Step::Symlink { target, link } => {
-                match rustix::fs::symlink(&**target, &**link) {
-                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                    Err(e) => return Err(fail(e)),
-                }
-            }
+            Step::Symlink { target, link } => match rustix::fs::symlink(&**target, &**link) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(fail(e)),
+            },
         }
     }
 
@@ -531,8 +548,10 @@ pub(crate) fn read_only(path: &CStr) -> Result<(), rustix::io::Errno> {
         )
     };
     if r < 0 {
-        Err(rustix::io::Errno::from_io_error(&io::Error::last_os_error())
-            .unwrap_or(rustix::io::Errno::INVAL))
+        Err(
+            rustix::io::Errno::from_io_error(&io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::INVAL),
+        )
     } else {
         Ok(())
     }

@@ -308,8 +308,8 @@ impl Launcher for Isolation {
         let cwd = match command.get_current_dir() {
             Some(dir) if dir.is_absolute() => self.inside_path(dir),
             Some(dir) => {
-                let base = std::env::current_dir()
-                    .map_err(SandboxError::io("current directory", "."))?;
+                let base =
+                    std::env::current_dir().map_err(SandboxError::io("current directory", "."))?;
                 self.inside_path(&base.join(dir))
             }
             None => self.inner.workspace_inside.clone(),
@@ -444,7 +444,10 @@ fn absolute_clean(what: &str, p: &Path) -> Result<()> {
         Ok(())
     } else {
         Err(SandboxError::InvalidSpec {
-            detail: format!("{what} {} must be absolute without '.' or '..'", p.display()),
+            detail: format!(
+                "{what} {} must be absolute without '.' or '..'",
+                p.display()
+            ),
         })
     }
 }

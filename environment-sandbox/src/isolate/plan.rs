@@ -240,10 +240,11 @@ impl Plan {
         }
         let mut mounts: Vec<(PathBuf, Mount<'_>)> = Vec::new();
         match &spec.workspace {
+            // A rootfs that is its own workspace needs no bind.
+            Some(Workspace::Dir(_))
+                if matches!(spec.root, Root::Rootfs(_)) && workspace_inside == root => {}
             Some(Workspace::Dir(d)) => {
-                if !(matches!(spec.root, Root::Rootfs(_)) && workspace_inside == root) {
-                    mounts.push((workspace_inside.to_path_buf(), Mount::Bind(d, true)));
-                }
+                mounts.push((workspace_inside.to_path_buf(), Mount::Bind(d, true)));
             }
             Some(Workspace::Overlay { lower, upper, work }) => mounts.push((
                 workspace_inside.to_path_buf(),

@@ -261,7 +261,9 @@ fn explain(stage: u8, errno: i32) -> (String, String) {
         USERNS => format!("creating an unprivileged user namespace was refused ({err})"),
         MAPS => format!("writing the uid/gid map of the new user namespace failed ({err})"),
         NAMESPACES => {
-            format!("creating mount/pid/uts/ipc/net namespaces in the user namespace failed ({err})")
+            format!(
+                "creating mount/pid/uts/ipc/net namespaces in the user namespace failed ({err})"
+            )
         }
         FORK => format!("starting the first process of the new pid namespace failed ({err})"),
         MOUNT => format!("mounting inside the user namespace was refused ({err})"),
@@ -282,8 +284,7 @@ fn explain(stage: u8, errno: i32) -> (String, String) {
                 .to_owned(),
         );
     }
-    if read_sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref()
-        == Some("1")
+    if read_sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1")
     {
         hints.push(
             "AppArmor restricts unprivileged user namespaces \

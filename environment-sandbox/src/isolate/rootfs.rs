@@ -74,7 +74,10 @@ impl Rootfs {
         archive.set_preserve_mtime(true);
         archive.set_preserve_ownerships(false);
         let mut count = 0;
-        for entry in archive.entries().map_err(SandboxError::io("read", tarball))? {
+        for entry in archive
+            .entries()
+            .map_err(SandboxError::io("read", tarball))?
+        {
             let mut entry = entry.map_err(SandboxError::io("read", tarball))?;
             if skipped(entry.header().entry_type()) {
                 continue;
@@ -117,7 +120,10 @@ fn check_tar<R: Read>(reader: R, tarball: &Path) -> Result<()> {
     let mut archive = tar::Archive::new(reader);
     // Symbolic links met so far: a later entry under one would be written through it.
     let mut links = std::collections::HashSet::new();
-    for entry in archive.entries().map_err(SandboxError::io("read", tarball))? {
+    for entry in archive
+        .entries()
+        .map_err(SandboxError::io("read", tarball))?
+    {
         let entry = entry.map_err(SandboxError::io("read", tarball))?;
         let path = entry
             .path()
@@ -129,7 +135,10 @@ fn check_tar<R: Read>(reader: R, tarball: &Path) -> Result<()> {
                 reason: "is absolute or contains '..'",
             });
         }
-        let path: PathBuf = path.components().filter(|c| *c != Component::CurDir).collect();
+        let path: PathBuf = path
+            .components()
+            .filter(|c| *c != Component::CurDir)
+            .collect();
         if path.ancestors().skip(1).any(|a| links.contains(a)) {
             return Err(SandboxError::SeedEntry {
                 entry: path,
