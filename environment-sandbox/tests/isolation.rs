@@ -533,3 +533,63 @@ fn missing_program_fails_spawn() {
     let err = c.spawn().unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
 }
+
+fn scenario_dev() {
+    let ws = tempfile::tempdir().unwrap();
+    let iso = Isolation::new(IsolationSpec::host(ws.path())).unwrap();
+    let out = run(
+        &iso,
+        "set -e; ls -A /dev | tr '\\n' ' '; echo; echo x > /dev/null; \
+         head -c 16 /dev/urandom | wc -c; head -c 3 /dev/zero | wc -c; \
+         echo shared > /dev/shm/x && cat /dev/shm/x; ls /dev/pts",
+    );
+    assert!(out.status.success());
+    let text = stdout(&out);
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("fd full null ptmx pts random shm stderr stdin stdout tty urandom zero ")
+    );
+    assert_eq!(lines.next().map(str::trim), Some("16"));
+    assert_eq!(lines.next().map(str::trim), Some("3"));
+    assert_eq!(lines.next(), Some("shared"));
+    // A private devpts instance: none of the host's terminals.
+    assert_eq!(lines.next(), Some("ptmx"));
+    // ... in which the agent can open terminals of its own.
+    if Path::new("/usr/bin/python3").exists() {
+        let out = run(
+            &iso,
+            "/usr/bin/python3 -c 'import os; m, s = os.openpty(); print(os.ttyname(s))'",
+        );
+        assert_eq!(stdout(&out), "/dev/pts/0\n");
+    } else {
+        eprintln!("PTY check skipped: no /usr/bin/python3");
+    }
+}
+
+#[test]
+fn dev_is_minimal_and_usable() {
+    both("dev_is_minimal_and_usable", scenario_dev);
+}
+
+fn scenario_setup_failure() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut spec = IsolationSpec::host(ws.path());
+    // The mount point would have to be created in the read-only host.
+    spec.binds = vec![Bind {
+        host: ws.path().to_path_buf(),
+        inside: "/usr/share/environment-sandbox-missing".into(),
+        writable: false,
+    }];
+    let iso = Isolation::new(spec).unwrap();
+    let mut c = Command::new("/bin/true");
+    c.stderr(Stdio::piped());
+    iso.confine(&mut c).unwrap();
+    let err = c.spawn().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+}
+
+#[test]
+fn setup_failure_fails_spawn() {
+    both("setup_failure_fails_spawn", scenario_setup_failure);
+}

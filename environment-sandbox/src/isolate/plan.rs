@@ -289,9 +289,13 @@ impl Plan {
                 Root::Host => m.clone(),
                 Root::Rootfs(dir) => under(&dir.to_string_lossy(), m),
             };
+            // A link inside a rootfs would be followed from the half-built root: not masked.
             let Ok(meta) = std::fs::symlink_metadata(&on_host) else {
                 continue;
             };
+            if meta.file_type().is_symlink() {
+                continue;
+            }
             if meta.is_dir() {
                 s.steps.push(Step::Tmpfs {
                     target: Steps::c(&under(NEW, m))?,
