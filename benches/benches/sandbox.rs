@@ -288,12 +288,53 @@ fn bench_fork(c: &mut Criterion) {
             BatchSize::PerIteration,
         )
     });
+/// Sandbox start to the first instruction: spawn `true` confined (host mode) and wait, against
+/// bubblewrap doing the same with its own namespaces, when installed.
+fn bench_sandbox_start(c: &mut Criterion) {
+    use environment_sandbox::{Isolation, IsolationSpec, Launcher};
+    if let Err(e) = Isolation::probe() {
+        eprintln!("sandbox start: skipped, {e}");
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let mut spec = IsolationSpec::host(ws.path());
+    let iso = Isolation::new(spec.clone()).unwrap();
+    // Like bwrap's --unshare-all: a network namespace too.
+    spec.network = false;
+    let iso_no_net = Isolation::new(spec).unwrap();
+    let mut g = c.benchmark_group("sandbox start to the first instruction");
+    for (name, iso) in [
+        ("environment launcher", &iso),
+        ("environment launcher, network off", &iso_no_net),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut cmd = Command::new("/bin/true");
+                iso.confine(&mut cmd).unwrap();
+                assert!(cmd.status().unwrap().success());
+            })
+        });
+    }
+    if have("bwrap") {
+        g.bench_function("bwrap", |b| {
+            b.iter(|| {
+                let st = Command::new("bwrap")
+                    .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+                    .args(["--unshare-all", "/bin/true"])
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+            })
+        });
+    } else {
+        eprintln!("sandbox start: bwrap is not installed, peer skipped");
+    }
     g.finish();
 }
 
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = bench_capture, bench_restore, bench_first_capture, bench_fork
+    targets = bench_capture, bench_restore, bench_first_capture, bench_fork, bench_sandbox_start
 }
 criterion_main!(benches);

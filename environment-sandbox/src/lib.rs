@@ -36,6 +36,7 @@ pub mod capture;
 pub mod error;
 pub mod fork;
 pub mod fsops;
+pub mod isolate;
 pub mod launch;
 pub mod noise;
 pub mod restore;
@@ -46,6 +47,7 @@ pub mod watch;
 
 pub use error::{Result, SandboxError};
 pub use fork::{Candidate, ForkConfig, Forks, Pick, Tournament, TournamentReport, WorkingTree};
+pub use isolate::{Bind, Isolation, IsolationSpec, Limits, Root, Rootfs, Support, Workspace};
 pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
