@@ -288,6 +288,9 @@ fn bench_fork(c: &mut Criterion) {
             BatchSize::PerIteration,
         )
     });
+    g.finish();
+}
+
 /// Sandbox start to the first instruction: spawn `true` confined (host mode) and wait, against
 /// bubblewrap doing the same with its own namespaces, when installed.
 fn bench_sandbox_start(c: &mut Criterion) {
