@@ -9,8 +9,8 @@ use std::path::Path;
 use common::{disk, no_skip, run_unprivileged, unprivileged_entry, view, write};
 use environment_core::{ActorId, Key, LocalEnvironment, OpFlags, Options};
 use environment_sandbox::{
-    Candidate, ForkConfig, Forks, Isolation, IsolationSpec, Launcher, Pick, Tournament,
-    Tracker, TrackerConfig, WorkingTree, Workspace,
+    Candidate, ForkConfig, Forks, Isolation, IsolationSpec, Launcher, Pick, Tournament, Tracker,
+    TrackerConfig, WorkingTree, Workspace,
 };
 
 fn sh(name: &str, script: &str) -> Candidate {
@@ -51,10 +51,17 @@ fn scenario(dir: &Path) {
         base,
         vec![
             sh("wrong", "echo 'echo 3' > calc.sh && echo tried three"),
-            sh("right", "echo 'echo $((1 + 1))' > calc.sh && echo notes > NOTES"),
+            sh(
+                "right",
+                "echo 'echo $((1 + 1))' > calc.sh && echo notes > NOTES",
+            ),
             sh("vandal", "rm calc.sh README"),
         ],
-        vec!["/bin/sh".into(), "-c".into(), "test \"$(sh calc.sh)\" = 2 && echo PASS".into()],
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "test \"$(sh calc.sh)\" = 2 && echo PASS".into(),
+        ],
     );
     t.pick = Pick::AllPassers;
     t.concurrency = 2;
@@ -65,7 +72,10 @@ fn scenario(dir: &Path) {
         .iter()
         .map(|c| (c.candidate.name.as_str(), c.passed))
         .collect();
-    assert_eq!(names, [("wrong", false), ("right", true), ("vandal", false)]);
+    assert_eq!(
+        names,
+        [("wrong", false), ("right", true), ("vandal", false)]
+    );
     assert_eq!(report.winner, Some(1));
     let winner = &report.contestants[1];
     assert!(winner.test_output_tail.contains("PASS"));
@@ -95,7 +105,10 @@ fn scenario(dir: &Path) {
             )
             .unwrap()
             .expect("the test's output is recorded");
-        assert_eq!(out.meta.attributes.get("exit").map(String::as_str), Some("1"));
+        assert_eq!(
+            out.meta.attributes.get("exit").map(String::as_str),
+            Some("1")
+        );
         let op = env.op(&loser.head).unwrap();
         assert!(op.flags.contains(OpFlags::FAILED), "{:?}", op.flags);
         assert_eq!(op.actor, runner);
@@ -104,11 +117,18 @@ fn scenario(dir: &Path) {
     let gone = env
         .read_unchecked(&Key::fs("calc.sh").unwrap(), &vandal.head)
         .unwrap();
-    assert!(gone.is_none(), "the vandal's deletion was captured from its overlay");
+    assert!(
+        gone.is_none(),
+        "the vandal's deletion was captured from its overlay"
+    );
     // The candidate's own output is recorded with its command.
     let said = env
         .read_unchecked(
-            &Key::obj(format!("runs/{}/candidate/stdout", report.contestants[0].branch)).unwrap(),
+            &Key::obj(format!(
+                "runs/{}/candidate/stdout",
+                report.contestants[0].branch
+            ))
+            .unwrap(),
             &report.contestants[0].head,
         )
         .unwrap()

@@ -157,16 +157,12 @@ impl Tournament {
     ) -> Result<TournamentReport> {
         self.validate()?;
         let start = Instant::now();
-        let mut trees = Vec::with_capacity(self.candidates.len());
-        for c in &self.candidates {
-            let mut t = forks.fork(
-                &self.actor,
-                &self.base,
-                1,
-                &format!("{}/{}", self.name, c.name),
-            )?;
-            trees.append(&mut t);
-        }
+        let branches: Vec<String> = self
+            .candidates
+            .iter()
+            .map(|c| format!("{}/{}", self.name, c.name))
+            .collect();
+        let trees = forks.fork_into(&self.actor, &self.base, &branches)?;
         let results: Mutex<Vec<Option<Result<Contestant>>>> =
             Mutex::new((0..trees.len()).map(|_| None).collect());
         let next = Mutex::new(0usize);
