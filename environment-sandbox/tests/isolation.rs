@@ -701,3 +701,29 @@ fn scenario_pty() {
 fn pty_from_outside_is_the_controlling_terminal() {
     both("pty_from_outside_is_the_controlling_terminal", scenario_pty);
 }
+
+fn scenario_concurrent() {
+    let ws = tempfile::tempdir().unwrap();
+    let iso = Isolation::new(IsolationSpec::host(ws.path())).unwrap();
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let iso = &iso;
+            s.spawn(move || {
+                let out = run(iso, &format!("echo {i} > out-{i}; echo $$"));
+                assert!(out.status.success());
+                assert_eq!(stdout(&out), "2\n");
+            });
+        }
+    });
+    for i in 0..8 {
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join(format!("out-{i}"))).unwrap(),
+            format!("{i}\n")
+        );
+    }
+}
+
+#[test]
+fn concurrent_sandboxes_from_threads() {
+    both("concurrent_sandboxes_from_threads", scenario_concurrent);
+}
