@@ -727,3 +727,26 @@ fn scenario_concurrent() {
 fn concurrent_sandboxes_from_threads() {
     both("concurrent_sandboxes_from_threads", scenario_concurrent);
 }
+
+/// A caller whose process ignores `SIGCHLD` (some servers do): the exit status still arrives.
+#[test]
+#[allow(unsafe_code)]
+fn exit_status_survives_an_ignored_sigchld() {
+    use std::os::unix::process::CommandExt;
+    both("exit_status_survives_an_ignored_sigchld", || {
+        let ws = tempfile::tempdir().unwrap();
+        let iso = Isolation::new(IsolationSpec::host(ws.path())).unwrap();
+        let mut c = Command::new("/bin/sh");
+        c.args(["-c", "sleep 0.1 & exit 9"]);
+        // Added before confine: runs in the outer process, as an inherited disposition would.
+        // SAFETY: signal() is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        iso.confine(&mut c).unwrap();
+        assert_eq!(c.status().unwrap().code(), Some(9));
+    });
+}
