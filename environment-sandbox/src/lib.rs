@@ -6,6 +6,10 @@
 //! version can be restored in place, writing only what differs, through directory handles that
 //! never follow a symlink out of the tree; the processes working in it keep running.
 //!
+//! An [`Isolation`] runs the agent's programs in unprivileged namespaces, with the host read-only
+//! around a writable workspace or in a managed rootfs that a tracker captures like any tree (see
+//! [`isolate`]).
+//!
 //! ```
 //! use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
 //! use environment_sandbox::{Tracker, TrackerConfig};

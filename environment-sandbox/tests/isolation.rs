@@ -178,6 +178,55 @@ fn scenario_filesystem() {
     assert!(home.path().join(".ssh/id_ed25519").exists());
 }
 
+/// A writable host submount (not `/`, not replaced inside), to check the read-only bind is
+/// recursive.
+fn writable_submount() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let (mp, opts) = (f[4], f[5]);
+        let fstype = f
+            .iter()
+            .skip_while(|x| **x != "-")
+            .nth(1)
+            .copied()
+            .unwrap_or("");
+        // Filesystems where creating a file is normally possible.
+        let regular =
+            ["tmpfs", "ext4", "ext3", "xfs", "btrfs", "overlay", "f2fs"].contains(&fstype);
+        let replaced = ["/proc", "/dev", "/tmp", "/sys/kernel", "/sys/fs/fuse"]
+            .iter()
+            .any(|p| mp == *p || mp.starts_with(&format!("{p}/")));
+        (mp != "/"
+            && regular
+            && !replaced
+            && opts.split(',').any(|o| o == "rw")
+            && Path::new(mp).is_dir())
+        .then(|| mp.to_owned())
+    })
+}
+
+fn scenario_submounts() {
+    let Some(mp) = writable_submount() else {
+        eprintln!("submount check skipped: no writable submount on this host");
+        return;
+    };
+    let ws = tempfile::tempdir().unwrap();
+    let iso = Isolation::new(IsolationSpec::host(ws.path())).unwrap();
+    let out = run(&iso, &format!("touch '{mp}/.sandbox-probe'"));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Read-only file system"),
+        "{mp} must be read-only inside"
+    );
+    assert!(!Path::new(&mp).join(".sandbox-probe").exists());
+}
+
+#[test]
+fn host_submounts_are_read_only_too() {
+    both("host_submounts_are_read_only_too", scenario_submounts);
+}
+
 #[test]
 fn workspace_writable_host_read_only_secrets_masked() {
     both(
@@ -592,4 +641,112 @@ fn scenario_setup_failure() {
 #[test]
 fn setup_failure_fails_spawn() {
     both("setup_failure_fails_spawn", scenario_setup_failure);
+}
+
+#[allow(unsafe_code)]
+fn scenario_pty() {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let ws = tempfile::tempdir().unwrap();
+    let iso = Isolation::new(IsolationSpec::host(ws.path())).unwrap();
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors, owned right after.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0);
+    // SAFETY: fresh descriptors from openpty, owned once.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut c = Command::new("/bin/sh");
+    c.args([
+        "-c",
+        "test -t 0 && echo is-a-tty; echo via-dev-tty > /dev/tty; exit 5",
+    ]);
+    c.stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap());
+    iso.confine(&mut c).unwrap();
+    // Added after confine: runs in the agent, which becomes the terminal's session leader.
+    // SAFETY: setsid and ioctl are async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().unwrap();
+    drop(slave);
+    drop(c);
+    let status = child.wait().unwrap();
+    let mut out = Vec::new();
+    let _ = std::fs::File::from(master).read_to_end(&mut out); // ends with EIO once drained
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(status.code(), Some(5));
+    assert!(
+        out.contains("is-a-tty") && out.contains("via-dev-tty"),
+        "{out}"
+    );
+}
+
+#[test]
+fn pty_from_outside_is_the_controlling_terminal() {
+    both("pty_from_outside_is_the_controlling_terminal", scenario_pty);
+}
+
+fn scenario_concurrent() {
+    let ws = tempfile::tempdir().unwrap();
+    let iso = Isolation::new(IsolationSpec::host(ws.path())).unwrap();
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let iso = &iso;
+            s.spawn(move || {
+                let out = run(iso, &format!("echo {i} > out-{i}; echo $$"));
+                assert!(out.status.success());
+                assert_eq!(stdout(&out), "2\n");
+            });
+        }
+    });
+    for i in 0..8 {
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join(format!("out-{i}"))).unwrap(),
+            format!("{i}\n")
+        );
+    }
+}
+
+#[test]
+fn concurrent_sandboxes_from_threads() {
+    both("concurrent_sandboxes_from_threads", scenario_concurrent);
+}
+
+/// A caller whose process ignores `SIGCHLD` (some servers do): the exit status still arrives.
+#[test]
+#[allow(unsafe_code)]
+fn exit_status_survives_an_ignored_sigchld() {
+    use std::os::unix::process::CommandExt;
+    both("exit_status_survives_an_ignored_sigchld", || {
+        let ws = tempfile::tempdir().unwrap();
+        let iso = Isolation::new(IsolationSpec::host(ws.path())).unwrap();
+        let mut c = Command::new("/bin/sh");
+        c.args(["-c", "sleep 0.1 & exit 9"]);
+        // Added before confine: runs in the outer process, as an inherited disposition would.
+        // SAFETY: signal() is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        iso.confine(&mut c).unwrap();
+        assert_eq!(c.status().unwrap().code(), Some(9));
+    });
 }

@@ -88,8 +88,15 @@ fn set_mask(mask: &libc::sigset_t) {
     }
 }
 
-/// Installs `forward` (or the default action) for every forwarded signal.
+/// Installs `forward` (or the default action) for every forwarded signal. `SIGCHLD` gets its
+/// default action: a caller that ignores it would otherwise have children reaped behind
+/// `waitpid`'s back.
 fn handlers(install: bool) {
+    #[allow(unsafe_code)]
+    // SAFETY: resets one disposition; no handler involved.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+    }
     for sig in 1..=libc::SIGRTMAX() {
         if !forwarded(sig) {
             continue;
@@ -138,10 +145,21 @@ fn close_all_but(keep: RawFd) {
     // SAFETY: close_range only closes descriptors; none of them is used afterwards except
     // `keep`.
     unsafe {
+        let mut ok = true;
         if keep > 0 {
-            libc::syscall(libc::SYS_close_range, 0u32, (keep - 1) as u32, 0u32);
+            ok &= libc::syscall(libc::SYS_close_range, 0u32, (keep - 1) as u32, 0u32) == 0;
         }
-        libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32);
+        ok &= libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32) == 0;
+        if !ok {
+            // Before Linux 5.9: one by one, up to the descriptor limit.
+            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .unwrap_or(65536)
+                .min(65536) as RawFd;
+            for fd in (0..limit).filter(|fd| *fd != keep) {
+                libc::close(fd);
+            }
+        }
     }
 }
 

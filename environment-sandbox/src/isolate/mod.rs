@@ -27,7 +27,36 @@
 //!
 //! `pre_exec` closures added to the command *after* [`Launcher::confine`] run in the agent
 //! process inside the sandbox (for example `setsid` and `TIOCSCTTY` for a PTY); those added
-//! before run in `outer`.
+//! before run in `outer`. A signal sent to the whole process group (`killpg`) reaches the agent
+//! directly and once more through the forwarding; send signals to the Child's pid instead.
+//!
+//! When the sandbox cannot be set up, `spawn` fails with the errno of the step that failed and
+//! a line naming the step is written to the command's stderr.
+//!
+//! `/dev` holds `null`, `zero`, `full`, `random`, `urandom` and `tty` (bound from the host), a
+//! private `devpts` instance (the agent can open PTYs; a PTY opened outside works as its stdio
+//! and controlling terminal, though `ttyname` cannot name it inside) and a `/dev/shm` tmpfs.
+//!
+//! ```
+//! use std::process::Command;
+//! use environment_sandbox::{Isolation, IsolationSpec, Launcher};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let work = tempfile::tempdir()?;
+//! if let Err(e) = Isolation::probe() {
+//!     eprintln!("{e}"); // this host refuses unprivileged user namespaces, and says why
+//!     return Ok(());
+//! }
+//! let sandbox = Isolation::new(IsolationSpec::host(work.path()))?;
+//! let mut cmd = Command::new("/bin/sh");
+//! cmd.args(["-c", "echo hi > note; echo $$; touch /usr/x"]);
+//! sandbox.confine(&mut cmd)?;
+//! let out = cmd.output()?;
+//! assert_eq!(out.stdout, b"2\n"); // pid 2, under the sandbox's init
+//! assert!(!out.status.success()); // the host is read-only...
+//! assert_eq!(std::fs::read_to_string(work.path().join("note"))?, "hi\n"); // the workspace not
+//! # Ok(()) }
+//! ```
 
 mod child;
 mod plan;
@@ -77,7 +106,9 @@ pub enum Workspace {
 pub struct Bind {
     /// The host path (a directory or a file, e.g. a control socket's directory).
     pub host: PathBuf,
-    /// Where it appears inside (absolute).
+    /// Where it appears inside (absolute). In host mode, a path that does not exist must lie
+    /// under a directory the sandbox mounts itself (`/tmp`, the workspace, a writable
+    /// directory): the read-only host cannot get a new mount point.
     pub inside: PathBuf,
     /// Writable inside, or read-only.
     pub writable: bool,
