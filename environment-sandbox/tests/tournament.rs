@@ -152,6 +152,51 @@ fn three_candidates_one_winner_as_an_unprivileged_user() {
     run_unprivileged("tournament_unprivileged_entry", scenario);
 }
 
+/// When main moved on while the candidates ran, the winner is merged into it, not restored
+/// over it: nothing main gained meanwhile is lost.
+#[test]
+fn a_winner_is_merged_into_a_main_that_moved() {
+    if let Err(e) = Isolation::probe() {
+        eprintln!("SKIPPED: {e}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    write(&work, "calc.sh", b"echo $((1 + 2))\n");
+    let env = LocalEnvironment::open(dir.path().join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let base = env.head("main").unwrap();
+    write(&work, "meanwhile.txt", b"a human edit\n");
+    tracker
+        .capture_now(
+            environment_core::Intent::new(environment_core::IntentKind::Edit, "meanwhile"),
+            OpFlags::empty(),
+        )
+        .unwrap()
+        .unwrap();
+    let forks = Forks::open(env.clone(), ForkConfig::default()).unwrap();
+    let t = Tournament::new(
+        ActorId::new("agent:tournament").unwrap(),
+        base,
+        vec![sh("right", "echo 'echo 2' > calc.sh")],
+        vec!["/bin/sh".into(), "-c".into(), "test \"$(sh calc.sh)\" = 2".into()],
+    );
+    let report = t.run(&forks, &launcher_for, Some(&tracker)).unwrap();
+    assert_eq!(report.winner, Some(0));
+    assert_eq!(std::fs::read_to_string(work.join("calc.sh")).unwrap(), "echo 2\n");
+    assert_eq!(
+        std::fs::read_to_string(work.join("meanwhile.txt")).unwrap(),
+        "a human edit\n"
+    );
+    let head = env.head("main").unwrap();
+    let in_main = env
+        .read_unchecked(&Key::fs("meanwhile.txt").unwrap(), &head)
+        .unwrap();
+    assert!(in_main.is_some());
+}
+
 #[test]
 fn bad_tournaments_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
