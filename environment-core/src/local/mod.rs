@@ -340,6 +340,13 @@ impl LocalEnvironment {
         self.inner.hub.subscribe(filter)
     }
 
+    /// Asks the environment's authorizer about an action the environment does not perform
+    /// itself (running a program, for a shell): anything but an allow is
+    /// [`EnvError::NotAllowed`] carrying the decision.
+    pub fn check_access(&self, request: &AccessRequest) -> Result<Decision> {
+        self.inner.check(request)
+    }
+
     /// Asks the authorizer; anything but an allow is an error carrying the decision.
     pub(crate) fn authorize(
         &self,
