@@ -6,6 +6,10 @@
 //! version can be restored in place, writing only what differs, through directory handles that
 //! never follow a symlink out of the tree; the processes working in it keep running.
 //!
+//! A [`Shell`] runs commands for agents through a [`Launcher`]: each recorded command is one
+//! operation holding the files it changed and its output; background processes and terminal
+//! sessions outlive the caller that started them.
+//!
 //! ```
 //! use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
 //! use environment_sandbox::{Tracker, TrackerConfig};

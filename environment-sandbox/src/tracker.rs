@@ -214,11 +214,27 @@ impl Tracker {
         drain(&self.shared);
         let mut capturer = lock(&self.shared.capturer);
         let (dirty, intent) = take_pending(&self.shared, &capturer, intent)?;
-        let captured = capturer.capture_with(dirty, Some(actor), intent, flags, extra)?;
-        if captured.observation.is_some() {
-            self.shared.captures.fetch_add(1, Ordering::Relaxed);
+        let kept = dirty.clone();
+        match capturer.capture_with(dirty, Some(actor), intent, flags, extra) {
+            Ok(captured) => {
+                if captured.observation.is_some() {
+                    self.shared.captures.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(captured)
+            }
+            Err(e) => {
+                // Not recorded (e.g. the actor may not write a key the command changed): the
+                // changes stay pending for the next capture, which is not attributed to it.
+                let mut p = lock(&self.shared.pending);
+                if !kept.is_empty() {
+                    let now = Instant::now();
+                    p.first_change.get_or_insert(now);
+                    p.last_change = Some(now);
+                }
+                p.dirty.extend(kept);
+                Err(e)
+            }
         }
-        Ok(captured)
     }
 
     /// The tracked root (canonical).

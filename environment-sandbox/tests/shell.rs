@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use environment_core::{
-    AccessRequest, Action, ActorId, Authorizer, BackgroundProcesses, Decision, EnvError,
-    ExecRequest, Exit, HistoryOptions, IntentKind, Key, LocalEnvironment, Namespace, OpFlags,
-    Options, PtyRequest, PtySessions, SecretProvider, SecretRef, SecretValue, ShellExec, Signal,
-    SpawnRequest, Verdict,
+    AccessRequest, Action, ActorId, Authorizer, BackgroundProcesses, Capability, Decision,
+    EnvError, ExecRequest, Exit, HistoryOptions, IntentKind, Key, LocalEnvironment, Namespace,
+    OpFlags, Options, PtyRequest, PtySessions, SecretProvider, SecretRef, SecretValue, ShellExec,
+    Signal, SpawnRequest, Verdict,
 };
 use environment_sandbox::{Shell, Tracker, TrackerConfig, Unconfined};
 
@@ -111,6 +111,14 @@ fn fs_keys_changed(env: &LocalEnvironment, op: &environment_core::OpId) -> BTree
 
 async fn exec_attribution(dir: &Path) {
     let f = fixture(dir, "attribution", Options::default());
+    let offered = f.shell.capabilities();
+    for c in [
+        Capability::ShellExec,
+        Capability::BackgroundProcesses,
+        Capability::Pty,
+    ] {
+        offered.require(c).unwrap();
+    }
     let shell: Arc<dyn ShellExec> = Arc::new(f.shell.clone());
     // The first change comes long before the command ends: an automatic capture would take it
     // were the command not holding them off.

@@ -17,6 +17,12 @@ use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
 use super::redact::Redactor;
 use super::{Inner, Prepared, exec_error, lock, now_ms, to_env};
 
+/// The objects every recorded command writes (see the module documentation).
+pub(crate) const OUTPUT_KEYS: [&str; 3] = ["exec/stdout", "exec/stderr", "exec/status"];
+
+/// The longest intent recorded for a command; a longer one (a long command line) is cut.
+const MAX_INTENT: usize = 4096;
+
 /// How many bytes of an output the outcome previews.
 const PREVIEW: usize = 512;
 
@@ -251,6 +257,19 @@ fn store(env: &LocalEnvironment, c: &Collector) -> Result<(Value, StoredOutput),
     ))
 }
 
+/// `text` cut to at most `max` bytes on a character boundary, marked when cut.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max.saturating_sub('…'.len_utf8());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 fn obj(path: &str) -> Result<Key, EnvError> {
     Ok(Key::obj(path)?)
 }
@@ -285,15 +304,15 @@ pub(crate) fn run_recorded(
     let status_value = Value::with_kind(EntryKind::TestResult, status.to_string().into_bytes())
         .attr("content-type", "application/json");
     let extra = vec![
-        Change::Put(obj("exec/stdout")?, out_value),
-        Change::Put(obj("exec/stderr")?, err_value),
-        Change::Put(obj("exec/status")?, status_value),
+        Change::Put(obj(OUTPUT_KEYS[0])?, out_value),
+        Change::Put(obj(OUTPUT_KEYS[1])?, err_value),
+        Change::Put(obj(OUTPUT_KEYS[2])?, status_value),
     ];
     let mut flags = OpFlags::COMMAND;
     if !ran.exit.success() {
         flags |= OpFlags::FAILED;
     }
-    let intent = Intent::new(IntentKind::Command, p.spec.intent_text());
+    let intent = Intent::new(IntentKind::Command, cut(p.spec.intent_text(), MAX_INTENT));
     let captured = inner
         .tracker
         .capture_command(&p.spec.actor, intent, flags, extra)

@@ -19,8 +19,21 @@
 //! keys are the same for every command: read them at the command's version to get its output;
 //! the status changes with every run, so every command records an operation, even `true`.
 //!
+//! **Concurrency.** While a recorded command runs, automatic captures are held off
+//! ([`Tracker::hold`]); changes made before it started are captured first, so they are not
+//! attributed to it. Everything changed in the workspace while it runs is attributed to it —
+//! including changes by others at the same time; of two commands running at once, the first
+//! to end takes what both changed so far.
+//!
+//! **Background processes and terminal sessions** are not recorded operations: they run for
+//! as long as they like, and the files they change are captured by the tracker's automatic
+//! captures. Their output is kept outside the workspace (the shell's run directory under the
+//! environment's home), never captured and never rolled back.
+//!
 //! **Secrets** are resolved when the command starts, passed only in its environment, and
-//! replaced by `[redacted:NAME]` in everything stored (outputs, logs, terminal buffers).
+//! replaced by `[redacted:NAME]` in everything stored (outputs, logs, terminal buffers). A secret
+//! the command writes into a workspace file is not redacted there: files are captured as they
+//! are.
 
 mod background;
 mod exec;
@@ -35,8 +48,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use environment_core::{
-    AccessRequest, Action, ActorId, AttrValue, CommandSpec, Context, EnvError, LocalEnvironment,
-    ProcessId, Resource, SecretProvider, SecretValue, SessionId,
+    AccessRequest, Action, ActorId, AttrValue, Capabilities, Capability, CommandSpec, Context,
+    EnvError, Key, LocalEnvironment, ProcessId, Resource, SecretProvider, SecretValue, SessionId,
 };
 
 use crate::error::{Result, SandboxError};
@@ -48,6 +61,32 @@ pub use redact::Redactor;
 /// Runs commands for agents in the sandbox. Cheap to clone: clones share the processes and
 /// sessions, which belong to the shell — not to whoever started them — and end when the last
 /// clone is dropped.
+///
+/// ```
+/// use std::sync::Arc;
+/// use environment_core::{ActorId, ExecRequest, LocalEnvironment, OpFlags, Options, ShellExec};
+/// use environment_sandbox::{Shell, Tracker, TrackerConfig, Unconfined};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let work = tempfile::tempdir()?;
+/// let home = tempfile::tempdir()?;
+/// let env = LocalEnvironment::open(home.path(), Options::default())?;
+/// let config = TrackerConfig::new(work.path(), ActorId::new("service:watcher")?);
+/// let tracker = Arc::new(Tracker::open(env.clone(), config)?);
+/// let shell = Shell::new(Arc::new(Unconfined::new(work.path())), tracker, None)?;
+///
+/// let agent = ActorId::new("agent:coder")?;
+/// let request = ExecRequest::new(agent, ["sh", "-c", "echo hi > a.txt; echo hi > b.txt"])
+///     .intent("write the greetings");
+/// let outcome = tokio::runtime::Runtime::new()?.block_on(shell.exec(request))?;
+/// assert!(outcome.exit.success());
+/// assert_eq!(outcome.files_changed, 2);
+/// let op = env.op(&outcome.op)?;
+/// assert_eq!(op.intent.text, "write the greetings");
+/// assert!(op.flags.contains(OpFlags::COMMAND));
+/// assert_eq!(env.blobs().get(&outcome.stdout.blob)?, b"");
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Shell {
     inner: Arc<Inner>,
@@ -152,6 +191,17 @@ impl Shell {
         })
     }
 
+    /// What the shell offers: recorded exec, background processes and terminal sessions.
+    pub fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            offered: vec![
+                Capability::ShellExec,
+                Capability::BackgroundProcesses,
+                Capability::Pty,
+            ],
+        }
+    }
+
     /// The environment commands are recorded in.
     pub fn environment(&self) -> &LocalEnvironment {
         &self.inner.env
@@ -194,6 +244,18 @@ impl Inner {
             },
             context: context.clone(),
         })?;
+        if operation == "exec" {
+            // The command's record is written as this actor: refused now rather than after the
+            // command ran.
+            for key in exec::OUTPUT_KEYS {
+                self.env.check_access(&AccessRequest {
+                    actor: spec.actor.clone(),
+                    action: Action::Write,
+                    resource: Resource::Key(Key::obj(key)?),
+                    context: context.clone(),
+                })?;
+            }
+        }
         for secret in spec.secrets.values() {
             self.env.check_access(&AccessRequest {
                 actor: spec.actor.clone(),

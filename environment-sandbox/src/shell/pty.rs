@@ -48,6 +48,16 @@ impl State {
         self.start + self.buf.len() as u64
     }
 
+    /// Appends output, dropping the oldest beyond the buffer's capacity.
+    fn append(&mut self, bytes: &[u8], capacity: usize) {
+        self.buf.extend(bytes);
+        let over = self.buf.len().saturating_sub(capacity);
+        if over > 0 {
+            self.buf.drain(..over);
+            self.start += over as u64;
+        }
+    }
+
     fn take_since_cursor(&mut self) -> PtyOutput {
         let from = self.cursor.max(self.start);
         let missed = from - self.cursor;
@@ -162,15 +172,7 @@ fn winsize(rows: u16, cols: u16) -> Winsize {
 /// Appends terminal output to the session's buffer until the terminal closes.
 fn pump(session: Arc<Session>, mut master: File, mut redactor: Redactor) {
     let mut buf = vec![0u8; 16 << 10];
-    let append = |bytes: &[u8]| {
-        let mut s = lock(&session.state);
-        s.buf.extend(bytes);
-        let over = s.buf.len().saturating_sub(BUFFER);
-        if over > 0 {
-            s.buf.drain(..over);
-            s.start += over as u64;
-        }
-    };
+    let append = |bytes: &[u8]| lock(&session.state).append(bytes, BUFFER);
     loop {
         match master.read(&mut buf) {
             Ok(0) => break,
@@ -381,5 +383,43 @@ impl PtySessions for Shell {
             .values()
             .map(|s| s.info())
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        State {
+            buf: VecDeque::new(),
+            start: 0,
+            cursor: 0,
+            attached: true,
+            size: (24, 80),
+            exit: None,
+            last_activity: Instant::now(),
+            closed: false,
+        }
+    }
+
+    #[test]
+    fn a_reader_gets_what_is_new_and_learns_what_the_buffer_dropped() {
+        let mut s = state();
+        s.append(b"hello ", 8);
+        let first = s.take_since_cursor();
+        assert_eq!(
+            (first.bytes.as_slice(), first.offset, first.missed),
+            (&b"hello "[..], 0, 0)
+        );
+        // Away while 12 bytes arrive into an 8-byte buffer: the 4 oldest are gone.
+        s.append(b"world, again", 8);
+        let back = s.take_since_cursor();
+        assert_eq!(back.bytes, b"d, again");
+        assert_eq!(back.offset, 10);
+        assert_eq!(back.missed, 4);
+        let empty = s.take_since_cursor();
+        assert!(empty.bytes.is_empty());
+        assert_eq!((empty.offset, empty.missed), (18, 0));
     }
 }
