@@ -547,6 +547,41 @@ async fn secret_redaction(dir: &Path) {
     assert!(!f.work.join("x.txt").exists());
 }
 
+async fn shell_end(dir: &Path) {
+    let f = fixture(dir, "end", Options::default());
+    let id = BackgroundProcesses::spawn(&f.shell, SpawnRequest::new(agent(), ["sleep", "30"]))
+        .await
+        .unwrap();
+    let session = PtySessions::open(&f.shell, PtyRequest::new(agent(), ["sh"]))
+        .await
+        .unwrap();
+    // A shell ignoring hang-ups still ends.
+    PtySessions::write(&f.shell, session, b"trap '' HUP; echo $$ > pty.pid\n")
+        .await
+        .unwrap();
+    let pid_file = f.work.join("pty.pid");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&pid_file).map_or(true, |s| !s.ends_with('\n')) {
+        assert!(Instant::now() < deadline, "the terminal's shell never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pty_pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let bg_pid = BackgroundProcesses::list(&f.shell)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|p| p.id == id)
+        .unwrap()
+        .pid;
+    drop(f.shell);
+    assert!(gone(bg_pid), "a background process outlived its shell");
+    assert!(gone(pty_pid), "a terminal's program outlived its shell");
+}
+
 fn all_scenarios(dir: &Path) {
     let rt = runtime();
     rt.block_on(exec_attribution(dir));
@@ -554,6 +589,7 @@ fn all_scenarios(dir: &Path) {
     rt.block_on(background(dir));
     rt.block_on(pty_sessions(dir));
     rt.block_on(secret_redaction(dir));
+    rt.block_on(shell_end(dir));
 }
 
 #[test]
@@ -584,6 +620,12 @@ fn a_terminal_session_keeps_what_was_printed_while_detached() {
 fn secrets_never_reach_the_store() {
     let dir = tempfile::tempdir().unwrap();
     runtime().block_on(secret_redaction(dir.path()));
+}
+
+#[test]
+fn processes_and_sessions_end_with_their_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(shell_end(dir.path()));
 }
 
 #[test]

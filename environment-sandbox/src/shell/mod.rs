@@ -351,7 +351,7 @@ impl Drop for Inner {
             p.kill();
         }
         for s in lock(&self.sessions).values() {
-            s.hang_up();
+            s.kill();
         }
     }
 }

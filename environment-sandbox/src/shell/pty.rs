@@ -88,12 +88,21 @@ pub(crate) struct Session {
 
 impl Session {
     /// Hangs up: SIGHUP to the session's process group, SIGKILL if it lingers. Does not wait.
-    pub(crate) fn hang_up(&self) {
+    fn hang_up(&self) {
         let mut state = lock(&self.state);
         state.closed = true;
         if state.exit.is_none() {
             let _ = rustix::process::kill_process_group(self.pid, Signal::HUP);
             let _ = rustix::process::kill_process_group(self.pid, Signal::CONT);
+        }
+    }
+
+    /// Ends the program and its process group at once (the shell is going away).
+    pub(crate) fn kill(&self) {
+        self.hang_up();
+        let state = lock(&self.state);
+        if state.exit.is_none() {
+            let _ = rustix::process::kill_process_group(self.pid, Signal::KILL);
         }
     }
 
