@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, OpId, Options};
-use environment_sandbox::{Tracker, TrackerConfig};
+use environment_sandbox::{ForkConfig, Forks, Tracker, TrackerConfig};
 
 fn bench_mode() -> bool {
     std::env::args().any(|a| a == "--bench")
@@ -292,9 +292,49 @@ fn bench_exec(c: &mut Criterion) {
     g.finish();
 }
 
+/// Forking the tree into 4 working trees (4 branches over one shared materialized base), beside
+/// what forking replaces: one full copy with `cp -a`. The base is materialized once per version
+/// before the measurement; its one-off cost is printed.
+fn bench_fork(c: &mut Criterion) {
+    let f = fixture();
+    let base = f.env.head("main").unwrap();
+    let forks = Forks::open(f.env.clone(), ForkConfig::default()).unwrap();
+    let started = std::time::Instant::now();
+    forks.materialize(&base).unwrap();
+    eprintln!(
+        "materialization of the base ({} files), once per version: {:?}",
+        f.files.len(),
+        started.elapsed()
+    );
+    let agent = ActorId::new("agent:bench").unwrap();
+    let mut g = c.benchmark_group("fork");
+    let mut n = 0u64;
+    g.bench_function("fork tree into 4 working trees", |b| {
+        b.iter(|| {
+            n += 1;
+            forks
+                .fork(&agent, &base, 4, &format!("bench/f{n}"))
+                .unwrap()
+        })
+    });
+    if bench_mode() {
+        g.sample_size(10);
+    }
+    g.bench_function("peer: cp -a tree (one copy)", |b| {
+        b.iter_batched(
+            || {
+                let _ = std::fs::remove_dir_all(f.scratch.join("copy"));
+            },
+            |()| sh(&f.scratch, &format!("cp -a {} copy", f.tree.display())),
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = bench_exec, bench_capture, bench_restore, bench_first_capture
+    targets = bench_exec, bench_capture, bench_restore, bench_first_capture, bench_fork
 }
 criterion_main!(benches);

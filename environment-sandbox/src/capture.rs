@@ -270,6 +270,28 @@ pub struct Captured {
     pub files: u64,
 }
 
+/// Reads `paths` (relative to `root`) as values, in parallel when there are many: `None` for a
+/// path that is gone, nothing for an ignored one. For captures of trees that are not watched
+/// (a fork's overlay upper layer).
+pub(crate) fn read_values(
+    root: &Root,
+    noise: &Noise,
+    blobs: &environment_core::BlobStore,
+    paths: Vec<Vec<u8>>,
+) -> Result<Vec<(Vec<u8>, Option<Value>)>> {
+    let bulk = paths.len() > BULK;
+    let reader = Reader { root, noise, blobs };
+    Ok(reader
+        .look_all(paths, bulk)?
+        .into_iter()
+        .filter_map(|(rel, seen)| match seen {
+            Seen::Present(v, _, _) => Some((rel, Some(v))),
+            Seen::Gone => Some((rel, None)),
+            Seen::Skipped => None,
+        })
+        .collect())
+}
+
 /// Reads changed paths and commits them.
 pub struct Capturer {
     pub(crate) env: LocalEnvironment,

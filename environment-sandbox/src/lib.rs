@@ -38,6 +38,7 @@
 
 pub mod capture;
 pub mod error;
+pub mod fork;
 pub mod fsops;
 pub mod launch;
 pub mod noise;
@@ -49,6 +50,7 @@ pub mod tracker;
 pub mod watch;
 
 pub use error::{Result, SandboxError};
+pub use fork::{Candidate, ForkConfig, Forks, Pick, Tournament, TournamentReport, WorkingTree};
 pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
