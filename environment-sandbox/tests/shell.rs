@@ -48,6 +48,27 @@ impl Authorizer for NoExec {
     }
 }
 
+/// Allows running programs but not writing a command's record (`obj:` keys).
+struct NoRecord;
+
+impl Authorizer for NoRecord {
+    fn authorize(&self, r: &AccessRequest) -> Decision {
+        match &r.resource {
+            environment_core::Resource::Key(k)
+                if k.namespace() == Namespace::Obj && r.action == Action::Write =>
+            {
+                Decision {
+                    verdict: Verdict::Deny,
+                    rules: vec!["test:no-record".into()],
+                    policy_version: 1,
+                    explanation: "objects are read-only here".into(),
+                }
+            }
+            _ => Decision::allow_unconditionally(),
+        }
+    }
+}
+
 /// Holds one secret.
 struct OneSecret;
 
@@ -291,6 +312,23 @@ async fn denied_exec(dir: &Path) {
     let head_now = f.env.head("main").unwrap();
     assert_eq!(head_now, head, "a refused command recorded something");
     assert_eq!(f.env.op(&head_now).unwrap().seq, ops_before);
+
+    // An actor that may run programs but not write the command's record is refused before the
+    // command runs, not after.
+    let options = Options {
+        authorizer: Arc::new(NoRecord),
+        ..Options::default()
+    };
+    let f = fixture(dir, "unrecordable", options);
+    let head = f.env.head("main").unwrap();
+    let err = f
+        .shell
+        .exec(ExecRequest::new(agent(), ["touch", "ran.txt"]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EnvError::NotAllowed(_)), "{err}");
+    assert!(!f.work.join("ran.txt").exists());
+    assert_eq!(f.env.head("main").unwrap(), head);
 }
 
 async fn background(dir: &Path) {
