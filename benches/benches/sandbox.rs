@@ -2,6 +2,9 @@
 //! capture after 1 and 1,000 changed files vs `git add -A && git commit`; restore of 1 and 1,000
 //! files vs `rsync -a --delete` (a full scan); the first capture of the whole tree vs `cp -a`.
 //!
+//! A recorded `exec` of `true` (authorize, run, store its output, capture, commit one operation)
+//! vs spawning and waiting for `true` alone.
+//!
 //! `cargo bench -p environment-benches --bench sandbox` uses the reference shape `repo-100k-small`
 //! from `shared/workloads/gen_tree.py`; run once as a test it uses a small tree.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -251,6 +254,44 @@ fn bench_first_capture(c: &mut Criterion) {
     drop(f.tracker);
 }
 
+fn bench_exec(c: &mut Criterion) {
+    use environment_core::{ExecRequest, ShellExec};
+    use environment_sandbox::{Shell, Unconfined};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    for i in 0..100 {
+        let d = work.join(format!("d{}", i % 10));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let env = LocalEnvironment::open(dir.path().join("home"), Options::default()).unwrap();
+    // As a supervisor runs it: automatic captures on, held off while the command runs.
+    let cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    let tracker = Arc::new(Tracker::open(env, cfg).unwrap());
+    let shell = Shell::new(Arc::new(Unconfined::new(&work)), tracker, None).unwrap();
+    let agent = ActorId::new("agent:bench").unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("exec");
+    g.bench_function("recorded exec of true, capture included", |b| {
+        b.iter(|| {
+            let out = rt
+                .block_on(shell.exec(ExecRequest::new(agent.clone(), ["true"])))
+                .unwrap();
+            assert!(out.exit.success());
+        })
+    });
+    g.bench_function("spawn and wait for true alone", |b| {
+        b.iter(|| assert!(Command::new("true").status().unwrap().success()))
+    });
+    g.finish();
+}
+
 /// Forking the tree into 4 working trees (4 branches over one shared materialized base), beside
 /// what forking replaces: one full copy with `cp -a`. The base is materialized once per version
 /// before the measurement; its one-off cost is printed.
@@ -338,6 +379,6 @@ fn bench_sandbox_start(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = bench_capture, bench_restore, bench_first_capture, bench_fork, bench_sandbox_start
+    targets = bench_exec, bench_sandbox_start, bench_capture, bench_restore, bench_first_capture, bench_fork
 }
 criterion_main!(benches);

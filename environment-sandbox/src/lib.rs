@@ -9,6 +9,9 @@
 //! An [`Isolation`] runs the agent's programs in unprivileged namespaces, with the host read-only
 //! around a writable workspace or in a managed rootfs that a tracker captures like any tree (see
 //! [`isolate`]).
+//! A [`Shell`] runs commands for agents through a [`Launcher`]: each recorded command is one
+//! operation holding the files it changed and its output; background processes and terminal
+//! sessions outlive the caller that started them.
 //!
 //! ```
 //! use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
@@ -45,6 +48,7 @@ pub mod launch;
 pub mod noise;
 pub mod restore;
 pub mod retention;
+pub mod shell;
 pub mod statcache;
 pub mod tracker;
 pub mod watch;
@@ -56,4 +60,5 @@ pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
 pub use retention::{RetentionPolicy, ThinReport};
-pub use tracker::{Tracker, TrackerConfig};
+pub use shell::Shell;
+pub use tracker::{CaptureHold, Tracker, TrackerConfig};

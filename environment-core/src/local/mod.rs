@@ -356,6 +356,13 @@ impl LocalEnvironment {
         self.inner.hub.subscribe(filter)
     }
 
+    /// Asks the environment's authorizer about an action the environment does not perform
+    /// itself (running a program, for a shell): anything but an allow is
+    /// [`EnvError::NotAllowed`] carrying the decision.
+    pub fn check_access(&self, request: &AccessRequest) -> Result<Decision> {
+        self.inner.check(request)
+    }
+
     /// Asks the authorizer; anything but an allow is an error carrying the decision.
     /// A handle on the same environment that presents `credentials` with every request it
     /// makes: a capability token limits what the actor may do through it, a granted approval
