@@ -9,9 +9,14 @@
 //! An [`Isolation`] runs the agent's programs in unprivileged namespaces, with the host read-only
 //! around a writable workspace or in a managed rootfs that a tracker captures like any tree (see
 //! [`isolate`]).
+//!
 //! A [`Shell`] runs commands for agents through a [`Launcher`]: each recorded command is one
 //! operation holding the files it changed and its output; background processes and terminal
 //! sessions outlive the caller that started them.
+//!
+//! [`Forks`] make n branches of a version with n working trees that share one materialized base
+//! (overlays in the sandbox: never n copies); a [`Tournament`] runs candidate commands on them
+//! concurrently, tests each, adopts the winner and keeps the others in history.
 //!
 //! ```
 //! use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
