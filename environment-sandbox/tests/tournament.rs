@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::{disk, no_skip, run_unprivileged, unprivileged_entry, view, write};
-use environment_core::{ActorId, Key, LocalEnvironment, OpFlags, Options};
+use environment_core::{ActorId, Exit, Key, LocalEnvironment, OpFlags, Options};
 use environment_sandbox::{
     Candidate, ForkConfig, Forks, Isolation, IsolationSpec, Launcher, Pick, Tournament, Tracker,
     TrackerConfig, WorkingTree, Workspace,
@@ -78,17 +78,12 @@ fn scenario(dir: &Path) {
     );
     assert_eq!(report.winner, Some(1));
     let winner = &report.contestants[1];
-    assert!(winner.test_output_tail.contains("PASS"));
+    assert!(winner.test_output.preview.contains("PASS"));
 
     // The winner is main's head and the live tree.
     let head = env.head("main").unwrap();
     assert_eq!(report.adopted, Some(head));
-    let fs_only = |v: std::collections::BTreeMap<String, common::Entry>| {
-        v.into_iter()
-            .filter(|(k, _)| !k.starts_with("runs/"))
-            .collect::<std::collections::BTreeMap<_, _>>()
-    };
-    assert_eq!(disk(&work, &no_skip), fs_only(view(&env, &winner.head)));
+    assert_eq!(disk(&work, &no_skip), view(&env, &winner.head));
     assert_eq!(
         std::fs::read_to_string(work.join("calc.sh")).unwrap(),
         "echo $((1 + 1))\n"
@@ -96,22 +91,19 @@ fn scenario(dir: &Path) {
     assert!(work.join("NOTES").exists());
 
     // The losers stay in history as branches, with their test output recorded.
+    let stdout = Key::obj("exec/stdout").unwrap();
     for loser in [&report.contestants[0], &report.contestants[2]] {
         assert_eq!(env.head(&loser.branch).unwrap(), loser.head);
+        assert_eq!(loser.test, Exit::Code(1));
         let out = env
-            .read_unchecked(
-                &Key::obj(format!("runs/{}/test/stdout", loser.branch)).unwrap(),
-                &loser.head,
-            )
+            .read_unchecked(&stdout, &loser.head)
             .unwrap()
             .expect("the test's output is recorded");
-        assert_eq!(
-            out.meta.attributes.get("exit").map(String::as_str),
-            Some("1")
-        );
+        assert_eq!(out.blob(), Some(loser.test_output.blob));
         let op = env.op(&loser.head).unwrap();
         assert!(op.flags.contains(OpFlags::FAILED), "{:?}", op.flags);
         assert_eq!(op.actor, runner);
+        assert!(op.intent.text.starts_with("test: "), "{}", op.intent.text);
     }
     let vandal = &report.contestants[2];
     let gone = env
@@ -121,18 +113,10 @@ fn scenario(dir: &Path) {
         gone.is_none(),
         "the vandal's deletion was captured from its overlay"
     );
-    // The candidate's own output is recorded with its command.
-    let said = env
-        .read_unchecked(
-            &Key::obj(format!(
-                "runs/{}/candidate/stdout",
-                report.contestants[0].branch
-            ))
-            .unwrap(),
-            &report.contestants[0].head,
-        )
-        .unwrap()
-        .unwrap();
+    // The candidate's own run is the operation before the test, with its output.
+    let wrong = &report.contestants[0];
+    let candidate_op = env.op(&wrong.head).unwrap().parents[0];
+    let said = env.read_unchecked(&stdout, &candidate_op).unwrap().unwrap();
     assert_eq!(env.content(&said).unwrap(), b"tried three\n");
     env.verify_deep().unwrap();
 }
@@ -181,11 +165,18 @@ fn a_winner_is_merged_into_a_main_that_moved() {
         ActorId::new("agent:tournament").unwrap(),
         base,
         vec![sh("right", "echo 'echo 2' > calc.sh")],
-        vec!["/bin/sh".into(), "-c".into(), "test \"$(sh calc.sh)\" = 2".into()],
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "test \"$(sh calc.sh)\" = 2".into(),
+        ],
     );
     let report = t.run(&forks, &launcher_for, Some(&tracker)).unwrap();
     assert_eq!(report.winner, Some(0));
-    assert_eq!(std::fs::read_to_string(work.join("calc.sh")).unwrap(), "echo 2\n");
+    assert_eq!(
+        std::fs::read_to_string(work.join("calc.sh")).unwrap(),
+        "echo 2\n"
+    );
     assert_eq!(
         std::fs::read_to_string(work.join("meanwhile.txt")).unwrap(),
         "a human edit\n"
