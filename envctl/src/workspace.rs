@@ -119,9 +119,14 @@ struct Gate {
 
 impl Authorizer for Gate {
     fn authorize(&self, request: &AccessRequest) -> Decision {
+        // The witness reads the views it compares the tree with, and writes the keys it found
+        // changed; nothing else.
         let recording = request.actor == witness()
-            && matches!(request.action, Action::Write | Action::Delete)
-            && matches!(request.resource, Resource::Key(_));
+            && match request.action {
+                Action::Read => true,
+                Action::Write | Action::Delete => matches!(request.resource, Resource::Key(_)),
+                _ => false,
+            };
         match &self.policy {
             Some(p) if !recording => p.authorize(request),
             _ => Decision::allow_unconditionally(),

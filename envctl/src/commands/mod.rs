@@ -56,8 +56,15 @@ pub fn resolve(s: &Session, spec: &str) -> Outcome<OpId> {
 }
 
 /// Runs a command; returns the exit status.
-pub fn dispatch(cli: Cli) -> Outcome<i32> {
+pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     let json = cli.json;
+    // Like `git -C`: the command runs as if started in DIR, so relative paths given to it
+    // (rule files, payload files) are read from there.
+    if let Some(d) = &cli.dir {
+        let abs = d.canonicalize().map_err(|e| Failure::io("enter", d, e))?;
+        std::env::set_current_dir(&abs).map_err(|e| Failure::io("enter", &abs, e))?;
+        cli.dir = Some(abs);
+    }
     match &cli.command {
         Command::Init { dir, rootfs, home } => {
             let actor = actor_of(&cli, &default_human())?;
