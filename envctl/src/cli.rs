@@ -26,12 +26,18 @@ the last capture, so nothing done out of band is lost or overwritten.";
 /// envctl: put any agent into an environment — automatic capture, rollback, history, marks,
 /// branches, the queue and the policy.
 #[derive(Parser, Debug)]
-#[command(name = "envctl", version, about, after_long_help = EXIT_CODES)]
+#[command(name = "envctl", version, after_long_help = EXIT_CODES)]
 pub struct Cli {
     /// The workspace directory (default: the nearest one with a .environment at or above the
     /// current directory).
-    #[arg(short = 'C', long = "dir", global = true, env = "ENVIRONMENT_DIR")]
-    pub dir: Option<PathBuf>,
+    #[arg(
+        short = 'C',
+        long = "dir",
+        value_name = "DIR",
+        global = true,
+        env = "ENVIRONMENT_DIR"
+    )]
+    pub chdir: Option<PathBuf>,
     /// Who acts (`kind:name`, e.g. human:alice, agent:coder-1).
     #[arg(long, global = true, env = "ENVIRONMENT_ACTOR")]
     pub actor: Option<String>,

@@ -37,8 +37,41 @@ mod workspace;
 
 use clap::Parser;
 
+/// Clap's usage errors in the shape of every other error: one sentence and a hint.
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+        || matches!(
+            e.kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        )
+    {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let mut sentence = Vec::new();
+    let mut usage = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(u) = line.strip_prefix("Usage: ") {
+            usage = Some(u.to_owned());
+        } else if usage.is_none()
+            && !line.is_empty()
+            && !line.starts_with("tip:")
+            && !line.starts_with("For more information")
+        {
+            sentence.push(line.trim_start_matches("error: ").to_owned());
+        }
+    }
+    let sentence = sentence.join(" ");
+    let sentence = sentence.trim_end_matches(['.', ':']);
+    let usage = usage.map(|u| format!("usage: {u}; ")).unwrap_or_default();
+    eprintln!("envctl: {sentence}.\nhint: {usage}`envctl --help` lists the commands and options");
+    std::process::exit(failure::ExitCode::Usage.status());
+}
+
 fn main() {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::try_parse().unwrap_or_else(|e| usage_error(e));
     let status = match commands::dispatch(cli) {
         Ok(status) => status,
         Err(f) => {

@@ -185,6 +185,14 @@ impl Session {
     pub fn start_tracker(&self, actor: ActorId, auto: bool, what: &str) -> Outcome<Tracker> {
         let mut config = TrackerConfig::new(&self.ws.dir, actor);
         config.auto = auto;
+        // The environment's own files are never content: the marker (a file when the home is
+        // elsewhere) and a home kept inside the workspace.
+        config.noise.ignored.push(format!("/{MARKER}"));
+        if let Ok(rel) = self.ws.home.strip_prefix(&self.ws.dir)
+            && !rel.as_os_str().is_empty()
+        {
+            config.noise.ignored.push(format!("/{}/", rel.display()));
+        }
         let progress = Progress::spinner(what);
         let t = Tracker::open(self.env.clone(), config);
         progress.finish();

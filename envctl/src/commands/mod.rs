@@ -60,15 +60,15 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     let json = cli.json;
     // Like `git -C`: the command runs as if started in DIR, so relative paths given to it
     // (rule files, payload files) are read from there.
-    if let Some(d) = &cli.dir {
+    if let Some(d) = &cli.chdir {
         let abs = d.canonicalize().map_err(|e| Failure::io("enter", d, e))?;
         std::env::set_current_dir(&abs).map_err(|e| Failure::io("enter", &abs, e))?;
-        cli.dir = Some(abs);
+        cli.chdir = Some(abs);
     }
     match &cli.command {
         Command::Init { dir, rootfs, home } => {
             let actor = actor_of(&cli, &default_human())?;
-            let dir = dir.clone().or(cli.dir.clone());
+            let dir = dir.clone().or(cli.chdir.clone());
             init::run(dir, rootfs.as_deref(), home.as_deref(), actor, json)?;
             return Ok(0);
         }
@@ -78,7 +78,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
                 let addr = crate::target::probe(sock)?;
                 return Err(crate::target::supervisor_unavailable(&addr));
             }
-            let ws = Workspace::find(cli.dir.as_deref())?;
+            let ws = Workspace::find(cli.chdir.as_deref())?;
             crate::mcp::serve(ws, actor)?;
             return Ok(0);
         }
@@ -86,7 +86,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         _ => {}
     }
     let actor = actor_of(&cli, &default_human())?;
-    let ws = Workspace::find(cli.dir.as_deref())?;
+    let ws = Workspace::find(cli.chdir.as_deref())?;
     // The policy and the queue need no capture of the tree, and the policy is how a denied
     // actor gets unstuck, so they open only their own stores.
     match &cli.command {
