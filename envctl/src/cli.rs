@@ -148,6 +148,12 @@ pub enum Command {
     Status,
     /// Serve the environment over MCP on stdin/stdout.
     Mcp,
+    /// A two-minute tour in a throwaway workspace: an agent works, breaks things, is rolled back.
+    Demo {
+        /// Keep the workspace in a new directory under this one.
+        #[arg(long)]
+        keep: Option<PathBuf>,
+    },
 }
 
 /// Where `run` puts the agent.

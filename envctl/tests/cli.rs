@@ -139,6 +139,30 @@ fn help_documents_the_exit_codes() {
 }
 
 #[test]
+fn the_demo_runs_on_a_fresh_machine() {
+    let keep = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["demo", "--keep"])
+        .arg(keep.path())
+        .env_remove("ENVIRONMENT_DIR")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("$ envctl restore good") && text.contains("intact"),
+        "{text}"
+    );
+    let dir = std::fs::read_dir(keep.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(dir.join("src/lib.rs").is_file(), "the demo ends restored");
+}
+
+#[test]
 fn an_agent_works_and_is_rolled_back() {
     let ws = Ws::new();
     // A scripted agent under `envctl run`: changes captured while it runs and at its end.

@@ -1,5 +1,6 @@
 //! One module per command group; [`dispatch`] routes a parsed command line to them.
 
+mod demo;
 mod history;
 mod init;
 mod maintain;
@@ -83,6 +84,10 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             return Ok(0);
         }
         Command::Tournament(_) => return Err(process::tournament_unavailable()),
+        Command::Demo { keep } => {
+            demo::run(keep.as_deref())?;
+            return Ok(0);
+        }
         _ => {}
     }
     let actor = actor_of(&cli, &default_human())?;
@@ -124,6 +129,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         Command::Run(a) => return process::run(s, a, json),
         Command::Init { .. }
         | Command::Mcp
+        | Command::Demo { .. }
         | Command::Tournament(_)
         | Command::Policy(_)
         | Command::Queue(_) => {}
