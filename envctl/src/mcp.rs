@@ -303,7 +303,9 @@ fn restore_text(
     intent: Intent,
     dry_run: bool,
 ) -> Outcome<String> {
-    if !dry_run {
+    if dry_run {
+        s.precheck(Action::Read, Resource::Branch(MAIN.into()), "restore")?;
+    } else {
         s.precheck(Action::Write, Resource::Branch(MAIN.into()), "restore")?;
     }
     let t = s.tracker()?;

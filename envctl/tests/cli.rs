@@ -488,6 +488,32 @@ fn the_policy_denies_and_nothing_changes() {
     ws.fails(&["--actor", "agent:bob", "mark", "mine"], 4);
     ws.fails(&["--actor", "agent:bob", "queue", "publish", "t", "x"], 4);
     ws.fails(&["--actor", "agent:nobody", "log"], 4);
+    ws.fails(
+        &["--actor", "agent:nobody", "restore", "HEAD~1", "--dry-run"],
+        4,
+    );
+    // Nor may bob change the policy that binds him.
+    ws.fails(
+        &["--actor", "agent:bob", "policy", "load", "../bad.toml"],
+        2,
+    );
+    std::fs::write(ws.path("../mine.toml"), "[[rule]]\nid = \"all\"\neffect = \"permit\"\nprincipal = \"agent:bob\"\nactions = [\"write\"]\nresource = \"*\"\n").unwrap();
+    ws.fails(
+        &["--actor", "agent:bob", "policy", "load", "../mine.toml"],
+        4,
+    );
+    ws.fails(
+        &[
+            "--actor",
+            "agent:bob",
+            "policy",
+            "member",
+            "agent:bob",
+            "group:admins",
+        ],
+        4,
+    );
+    ws.fails(&["policy", "check", "agent:bob", "write", "README.md"], 4);
     assert!(!ws.path("x").exists());
     assert_eq!(ws.read("README.md"), readme);
     assert!(ws.path("src/main.rs").exists());

@@ -127,6 +127,17 @@ fn approval_json(a: &Approval) -> serde_json::Value {
     })
 }
 
+/// Once a policy is loaded, changing it (rules, memberships) is writing the environment as a
+/// whole: only an actor the policy lets do that may.
+fn may_administer(policy: &Policy, actor: &ActorId) -> Outcome<()> {
+    let req = request(actor.clone(), Action::Write, Resource::Environment);
+    let d = policy.evaluate(&req);
+    if d.is_allowed() {
+        return Ok(());
+    }
+    Err(environment_core::EnvError::NotAllowed(Box::new(d.to_core(&req))).into())
+}
+
 fn require_policy(ws: &Workspace) -> Outcome<Policy> {
     if !ws.has_policy() {
         return Err(
@@ -146,7 +157,11 @@ pub fn run(ws: &Workspace, actor: &ActorId, cmd: &PolicyCommand, json: bool) -> 
             if let Err(issues) = environment_policy::RuleFile::parse(&text) {
                 return Err(environment_policy::PolicyError::Invalid(issues).into());
             }
+            let existed = ws.has_policy();
             let policy = ws.open_policy()?;
+            if existed {
+                may_administer(&policy, actor)?;
+            }
             let version = policy.load_rules(&text)?;
             let rules = policy.rules().rules.len();
             if json {
@@ -239,6 +254,7 @@ pub fn run(ws: &Workspace, actor: &ActorId, cmd: &PolicyCommand, json: bool) -> 
         }
         PolicyCommand::Member { member, group } => {
             let policy = require_policy(ws)?;
+            may_administer(&policy, actor)?;
             let version = policy.add_member(member, group)?;
             if json {
                 print_json(&json!({"member": member, "group": group, "version": version}));

@@ -45,9 +45,11 @@ pub fn restore_to(
     dry_run: bool,
     json: bool,
 ) -> Outcome<()> {
-    if !dry_run {
-        // The tree is written before core records the rollback: ask first, so that a denied
-        // restore changes nothing.
+    // The tree is written before core records the rollback, and the preview is computed by
+    // the capture service: ask first, so that a denied restore changes and shows nothing.
+    if dry_run {
+        s.precheck(Action::Read, Resource::Branch(MAIN.into()), "restore")?;
+    } else {
         s.precheck(Action::Write, Resource::Branch(MAIN.into()), "restore")?;
     }
     let tracker = s.tracker()?;
