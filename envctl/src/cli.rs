@@ -126,7 +126,7 @@ pub enum Command {
         /// The branch.
         branch: String,
     },
-    /// Fork candidates, test each, adopt the winner.
+    /// Fork candidates, test each, adopt the winner (not in this build yet: exits 7).
     Tournament(TournamentArgs),
     /// External side effects (--unfinished: in flight or of unknown outcome).
     Effects {
@@ -147,8 +147,12 @@ pub enum Command {
     /// Where the environment is, its head, branches, marks, policy and queue.
     Status,
     /// Serve the environment over MCP on stdin/stdout.
+    ///
+    /// Every tool call is an action of --actor (default agent:mcp) and passes the policy when
+    /// one is loaded. Configure it in an MCP client as the command `envctl -C DIR mcp`, e.g.
+    /// `claude mcp add environment -- envctl -C /path/to/project mcp`.
     Mcp,
-    /// A two-minute tour in a throwaway workspace: an agent works, breaks things, is rolled back.
+    /// A short tour in a throwaway workspace: an agent works, breaks things, is rolled back.
     Demo {
         /// Keep the workspace in a new directory under this one.
         #[arg(long)]

@@ -427,6 +427,11 @@ fn queue_round_trip() {
         0
     );
     assert_eq!(ws.json(&["queue", "redrive", "coders"])["redriven"], 0);
+    // Like every command, a queue command first captures what changed out of band.
+    std::fs::write(ws.path("oob.txt"), "x").unwrap();
+    ws.ok(&["queue", "stats"]);
+    let log = ws.full_log("human:test");
+    assert_eq!(entries(&log)[0]["keys"][0], "oob.txt", "{log}");
 }
 
 const RULES: &str = r#"

@@ -92,17 +92,18 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     }
     let actor = actor_of(&cli, &default_human())?;
     let ws = Workspace::find(cli.chdir.as_deref())?;
-    // The policy and the queue need no capture of the tree, and the policy is how a denied
-    // actor gets unstuck, so they open only their own stores.
     match &cli.command {
-        Command::Policy(p) => return policy::run(&ws, &actor, p, json).map(|()| 0),
+        Command::Policy(p) => {
+            // The capture first, like every command; the policy is then read and changed
+            // through its own store.
+            let mut captured = Target::open(ws.clone(), actor.clone(), cli.socket.as_deref())?;
+            captured.direct()?;
+            drop(captured);
+            return policy::run(&ws, &actor, p, json).map(|()| 0);
+        }
         Command::Queue(q) => {
-            if let Some(sock) = &cli.socket {
-                let addr = crate::target::probe(sock)?;
-                return Err(crate::target::supervisor_unavailable(&addr));
-            }
-            let s = Session::open_stores(ws, actor)?;
-            return queue::run(&s, q, json).map(|()| 0);
+            let mut target = Target::open(ws, actor, cli.socket.as_deref())?;
+            return queue::run(target.direct()?, q, json).map(|()| 0);
         }
         _ => {}
     }
