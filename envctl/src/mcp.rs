@@ -534,6 +534,13 @@ impl EnvServer {
     ) -> Result<CallToolResult, ErrorData> {
         self.call("write_file", move |s| {
             let key = fs_key(&p.path)?;
+            if s.is_ignored(std::path::Path::new(&key.display_path()))? {
+                return Err(Failure::usage(format!(
+                    "{} is a path the workspace ignores (caches, editor files, the environment's own)",
+                    p.path
+                ))
+                .hint("write the file somewhere that is tracked"));
+            }
             let before = s.head()?;
             let mode = match s.env.read(&s.actor, &key, &before)? {
                 Some(v) if v.meta.kind == EntryKind::File => v.meta.mode,

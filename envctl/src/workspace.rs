@@ -15,7 +15,7 @@ use environment_core::{
     Resource, SystemClock,
 };
 use environment_policy::Policy;
-use environment_sandbox::{Tracker, TrackerConfig};
+use environment_sandbox::{Noise, NoiseRules, Tracker, TrackerConfig};
 
 use crate::failure::{Failure, Outcome};
 use crate::progress::Progress;
@@ -185,18 +185,30 @@ impl Session {
     pub fn start_tracker(&self, actor: ActorId, auto: bool, what: &str) -> Outcome<Tracker> {
         let mut config = TrackerConfig::new(&self.ws.dir, actor);
         config.auto = auto;
-        // The environment's own files are never content: the marker (a file when the home is
-        // elsewhere) and a home kept inside the workspace.
-        config.noise.ignored.push(format!("/{MARKER}"));
-        if let Ok(rel) = self.ws.home.strip_prefix(&self.ws.dir)
-            && !rel.as_os_str().is_empty()
-        {
-            config.noise.ignored.push(format!("/{}/", rel.display()));
-        }
+        config.noise = self.noise_rules();
         let progress = Progress::spinner(what);
         let t = Tracker::open(self.env.clone(), config);
         progress.finish();
         Ok(t?)
+    }
+
+    /// What is never captured: the defaults, plus the environment's own files — the marker (a
+    /// file when the home is elsewhere) and a home kept inside the workspace.
+    pub fn noise_rules(&self) -> NoiseRules {
+        let mut rules = NoiseRules::default();
+        rules.ignored.push(format!("/{MARKER}"));
+        if let Ok(rel) = self.ws.home.strip_prefix(&self.ws.dir)
+            && !rel.as_os_str().is_empty()
+        {
+            rules.ignored.push(format!("/{}/", rel.display()));
+        }
+        rules
+    }
+
+    /// Whether `rel` is a path the tracker ignores (never captured, written or removed).
+    pub fn is_ignored(&self, rel: &Path) -> Outcome<bool> {
+        let noise = Noise::new(&self.ws.dir, &self.noise_rules())?;
+        Ok(noise.is_ignored(rel, false))
     }
 
     /// The tracker of the workspace tree.

@@ -260,6 +260,13 @@ async fn every_tool_over_stdio() {
         json!({"path": "/abs.txt", "content": "x"}),
     )
     .await;
+    let ignored = refused(
+        &client,
+        "write_file",
+        json!({"path": ".environment/env.db", "content": "x"}),
+    )
+    .await;
+    assert!(ignored.contains("ignores"), "{ignored}");
     let unknown = refused(&client, "restore", json!({"version": "no-such-version"})).await;
     assert!(unknown.contains("history"), "{unknown}");
     refused(&client, "read_file", json!({"path": "missing.txt"})).await;
