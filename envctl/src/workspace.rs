@@ -86,6 +86,22 @@ impl Workspace {
                 std::fs::read_to_string(&marker).map_err(|e| Failure::io("read", &marker, e))?;
             PathBuf::from(text.trim())
         };
+        if !home.is_dir() {
+            let f = if home.exists() {
+                Failure::other(format!(
+                    "the environment's home {} (named by {}) is not a directory",
+                    home.display(),
+                    dir.join(MARKER).display()
+                ))
+            } else {
+                Failure::not_found(format!(
+                    "the environment's home {} (named by {}) does not exist",
+                    home.display(),
+                    dir.join(MARKER).display()
+                ))
+            };
+            return Err(f.hint("point the marker file at the home, or move the home back"));
+        }
         let dir = dir
             .canonicalize()
             .map_err(|e| Failure::io("resolve", dir, e))?;
