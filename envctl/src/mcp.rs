@@ -787,3 +787,48 @@ impl ServerHandler for EnvServer {
             )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use environment_core::EnvError;
+
+    #[test]
+    fn a_failure_says_first_that_nothing_happened() {
+        let f = Failure::from(EnvError::UnknownVersion("v9".into()));
+        let t = for_model("restore", &f);
+        assert!(t.starts_with(
+            "The tool `restore` did NOT execute: nothing changed, and its result must not be \
+             invented or reported as done. Reason: unknown version"
+        ));
+        assert!(t.contains("Next: List the history"), "{t}");
+        assert_eq!(
+            t.matches("NOT").count(),
+            1,
+            "core's own preamble is not repeated: {t}"
+        );
+
+        let plain = Failure::usage("the command is empty").hint("pass an argv list");
+        let t = for_model("exec", &plain);
+        assert!(
+            t.ends_with("Reason: the command is empty. Next: pass an argv list."),
+            "{t}"
+        );
+
+        let mut partial = Failure::other("the command ran, but its changes are not yours");
+        partial.partial = true;
+        let t = for_model("exec", &partial);
+        assert!(
+            t.starts_with("The tool `exec` did NOT complete as asked"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn long_output_is_cut_on_a_character_boundary() {
+        let long = "é".repeat(MAX_OUTPUT);
+        let t = truncated(long.as_bytes());
+        assert!(t.len() < long.len() && t.ends_with("more bytes]"));
+        assert_eq!(truncated(b"short"), "short");
+    }
+}

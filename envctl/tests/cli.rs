@@ -349,6 +349,17 @@ fn branches_marks_and_merges() {
     let out = ws.run(&["merge", "feature"]);
     assert_eq!(code(&out), 5, "{}", stderr(&out));
     assert!(stderr(&out).contains("conflict"), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("conflict CHANGELOG") && said.contains("agent:coder"),
+        "{said}"
+    );
+    // The workspace keeps main's side; editing the file resolves the conflict.
+    assert_eq!(ws.read("CHANGELOG").as_deref(), Some("v1 from main\n"));
+    std::fs::write(ws.path("CHANGELOG"), "v1 from both\n").unwrap();
+    let fixed = ws.json(&["show", "HEAD"]);
+    assert_eq!(fixed["changes"][0]["path"], "CHANGELOG", "{fixed}");
+    assert_eq!(fixed["changes"][0]["after"]["kind"], "file", "{fixed}");
 
     // Names that clash or do not parse.
     ws.fails(&["mark", "start"], 5);

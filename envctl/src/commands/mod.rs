@@ -137,3 +137,20 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     }
     Ok(ExitCode::Ok.status())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actors_are_kind_colon_name() {
+        assert_eq!(parse_actor("agent:a-1").unwrap().as_str(), "agent:a-1");
+        for bad in ["agent", ":x", "agent:", "", "a:\u{1}"] {
+            assert_eq!(
+                parse_actor(bad).unwrap_err().code,
+                crate::failure::ExitCode::Usage,
+                "{bad:?}"
+            );
+        }
+    }
+}

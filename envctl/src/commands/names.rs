@@ -1,6 +1,6 @@
 //! `envctl mark`, `branch`, `merge`: naming versions and joining lines of work.
 
-use environment_core::{Action, Intent, IntentKind, MAIN, Resource};
+use environment_core::{Action, Conflict, Intent, IntentKind, MAIN, Resource};
 use environment_sandbox::RestoreStep;
 use serde_json::json;
 
@@ -67,7 +67,28 @@ pub fn merge(s: &Session, branch: &str, json: bool) -> Outcome<i32> {
         Intent::new(IntentKind::Merge, format!("merge {branch} into {MAIN}")),
     )?;
     let plan = s.tracker()?.sync_from(&before)?;
-    let conflicts: Vec<String> = outcome.conflicts.iter().map(|k| k.display_path()).collect();
+    let mut conflicts = Vec::new();
+    for key in &outcome.conflicts {
+        let c = s
+            .env
+            .read_unchecked(key, &outcome.version)?
+            .and_then(|v| Conflict::from_value(&v));
+        let side = |side: Option<&environment_core::ConflictSide>| {
+            side.map(|x| {
+                json!({
+                    "actor": x.actor.as_ref().map(|a| a.as_str().to_owned()),
+                    "intent": x.intent.as_ref().map(|i| i.text.clone()),
+                    "op": x.op.map(|o| o.to_string()),
+                    "deleted": x.value.is_none(),
+                })
+            })
+        };
+        conflicts.push(json!({
+            "path": key.display_path(),
+            "ours": side(c.as_ref().map(|c| &c.ours)),
+            "theirs": side(c.as_ref().map(|c| &c.theirs)),
+        }));
+    }
     let written = plan
         .steps
         .iter()
@@ -91,15 +112,29 @@ pub fn merge(s: &Session, branch: &str, json: bool) -> Outcome<i32> {
             outcome.version.short()
         );
         for c in &conflicts {
-            println!("conflict {c}");
+            let who = |side: &serde_json::Value| {
+                format!(
+                    "{} ({})",
+                    side["actor"].as_str().unwrap_or("?"),
+                    side["intent"].as_str().unwrap_or("")
+                )
+            };
+            println!(
+                "conflict {}: main's change by {} against {branch}'s by {}; the workspace keeps \
+                 main's",
+                c["path"].as_str().unwrap_or_default(),
+                who(&c["ours"]),
+                who(&c["theirs"])
+            );
         }
     }
     if conflicts.is_empty() {
         Ok(0)
     } else {
         eprintln!(
-            "envctl: the merge is recorded with {} conflict object(s).\nhint: resolve each \
-             conflicting path and let the next command capture it",
+            "envctl: the merge is recorded with {} conflict object(s).\nhint: edit each \
+             conflicting path into its resolved form; the next command captures it, which \
+             resolves the conflict",
             conflicts.len()
         );
         Ok(ExitCode::Conflict.status())

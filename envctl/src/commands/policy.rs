@@ -47,6 +47,9 @@ pub fn parse_resource(s: &str) -> Outcome<Resource> {
         Failure::usage(format!("{s:?} is not a valid path: {e}"))
             .hint("use a relative path without `.`, `..` or empty segments")
     };
+    if s == "environment" {
+        return Ok(Resource::Environment);
+    }
     let (kind, rest) = s.split_once(':').unwrap_or(("path", s));
     Ok(match kind {
         "path" => Resource::Key(Key::fs(rest).map_err(bad_key)?),
@@ -67,8 +70,7 @@ pub fn parse_resource(s: &str) -> Outcome<Resource> {
                 args: words.collect(),
             }
         }
-        "environment" | "env" => Resource::Environment,
-        _ if !s.contains(':') => Resource::Key(Key::fs(s).map_err(bad_key)?),
+        "environment" => Resource::Environment,
         other => {
             return Err(
                 Failure::usage(format!("{other:?} is not a kind of resource")).hint(
@@ -310,5 +312,58 @@ pub fn run(ws: &Workspace, actor: &ActorId, cmd: &PolicyCommand, json: bool) -> 
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_parse_by_kind_and_bare_paths_are_paths() {
+        assert_eq!(
+            parse_resource("src/main.rs").unwrap(),
+            Resource::Key(Key::fs("src/main.rs").unwrap())
+        );
+        assert_eq!(
+            parse_resource("path:a/b").unwrap(),
+            Resource::Key(Key::fs("a/b").unwrap())
+        );
+        assert_eq!(
+            parse_resource("program:cargo test --all").unwrap(),
+            Resource::Program {
+                program: "cargo".into(),
+                args: vec!["test".into(), "--all".into()]
+            }
+        );
+        assert_eq!(
+            parse_resource("topic:task.created").unwrap(),
+            Resource::Topic("task.created".into())
+        );
+        assert_eq!(
+            parse_resource("environment").unwrap(),
+            Resource::Environment
+        );
+        for bad in [
+            "path:../x",
+            "path:/abs",
+            "program:",
+            "planet:mars",
+            "prefix:a//b",
+        ] {
+            let f = parse_resource(bad).unwrap_err();
+            assert_eq!(f.code, ExitCode::Usage, "{bad}");
+        }
+    }
+
+    #[test]
+    fn actions_are_builtin_or_declared_names() {
+        assert_eq!(parse_action("write").unwrap(), Action::Write);
+        assert_eq!(
+            parse_action("deploy").unwrap(),
+            Action::Custom("deploy".into())
+        );
+        assert_eq!(parse_action("fly!").unwrap_err().code, ExitCode::Usage);
+        assert_eq!(parse_action("").unwrap_err().code, ExitCode::Usage);
     }
 }
