@@ -370,6 +370,42 @@ fn branches_marks_and_merges() {
 }
 
 #[test]
+fn effects_in_flight_are_listed_until_settled() {
+    let ws = Ws::new();
+    assert_eq!(
+        ws.json(&["effects"])["effects"].as_array().unwrap().len(),
+        0
+    );
+    let id = {
+        let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+        let agent = ActorId::new("agent:deployer").unwrap();
+        match env
+            .effect_begin(&agent, "deploy-42", "https://deploy.example/api", b"{}")
+            .unwrap()
+        {
+            environment_core::BeginOutcome::New(rec) => rec.id,
+            other => panic!("{other:?}"),
+        }
+    };
+    let open = ws.json(&["effects", "--unfinished"]);
+    assert_eq!(open["effects"][0]["key"], "deploy-42", "{open}");
+    assert_eq!(open["effects"][0]["actor"], "agent:deployer");
+    {
+        let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+        env.effect_complete(id, b"ok").unwrap();
+    }
+    assert_eq!(
+        ws.json(&["effects", "--unfinished"])["effects"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    let all = ws.json(&["effects"]);
+    assert_eq!(all["effects"][0]["result"], "ok", "{all}");
+}
+
+#[test]
 fn queue_round_trip() {
     let ws = Ws::new();
     ws.ok(&["queue", "subscribe", "coders", "task.created"]);
@@ -473,6 +509,14 @@ effect = "permit"
 principal = "agent:bob"
 actions = ["write"]
 resource = { path = "src/**" }
+
+[[rule]]
+id = "bob-releases-with-approval"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { path = "release/**" }
+approval_from = ["human:alice"]
 "#;
 
 #[test]
@@ -491,7 +535,8 @@ fn the_policy_denies_and_nothing_changes() {
     );
 
     std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
-    assert_eq!(ws.json(&["policy", "load", "../rules.toml"])["rules"], 4);
+    std::fs::create_dir(ws.path("release")).unwrap();
+    assert_eq!(ws.json(&["policy", "load", "../rules.toml"])["rules"], 5);
     ws.ok(&["--actor", "agent:bob", "log"]);
     ws.ok(&["--actor", "agent:bob", "mark"]);
 
@@ -604,6 +649,48 @@ fn the_policy_denies_and_nothing_changes() {
         3,
     );
     ws.fails(&["policy", "approvals", "grant"], 2);
+    // A write that needs approval files a request a human decides.
+    ws.fails(
+        &[
+            "--actor",
+            "agent:bob",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "echo 1 > release/v1",
+        ],
+        4,
+    );
+    let pending = ws.json(&["policy", "approvals"]);
+    let request = &pending["approvals"][0];
+    assert_eq!(request["state"], "pending", "{pending}");
+    assert_eq!(request["actor"], "agent:bob");
+    let id = request["id"].as_str().unwrap().to_owned();
+    ws.fails(
+        &["--actor", "agent:bob", "policy", "approvals", "grant", &id],
+        4,
+    );
+    let granted = ws.json(&[
+        "--actor",
+        "human:alice",
+        "policy",
+        "approvals",
+        "grant",
+        &id,
+    ]);
+    assert_eq!(granted["state"], "granted");
+    ws.fails(
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "approvals",
+            "reject",
+            &id,
+        ],
+        5,
+    );
     ws.json(&["--actor", "human:alice", "verify"]);
 }
 
