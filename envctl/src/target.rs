@@ -3,6 +3,11 @@
 //! A supervisor (started by `envctl run`) owns the watcher and the stores while an agent runs;
 //! commands then go through its control socket so that its captures and theirs do not race.
 //! Without one, a command opens the stores itself and first captures what changed.
+//!
+//! This build has no client for the supervisor's control socket: a command that finds one
+//! listening (at `--socket`, or the workspace's `HOME/control.sock`) says so and does nothing
+//! (exit 7), and a `--socket` where nothing listens is exit 6. Going through the supervisor means
+//! answering [`Target::Supervisor`] in each command module with the control client's calls.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

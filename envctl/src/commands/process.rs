@@ -2,7 +2,10 @@
 //!
 //! Both spawn through the sandbox's [`Launcher`] port; this build uses [`Unconfined`] (the
 //! workspace on the host). The changes a command makes are captured at its end and attributed
-//! to its actor and intent.
+//! to its actor and intent; its output is passed through (CLI) or returned (MCP), not stored.
+//! `run` keeps its tracker in this process: a supervisor that owns the tracker and a control
+//! socket, a confining launcher (`--isolate rootfs`) and `--self-rollback` take its place once
+//! they are part of the build.
 
 use std::process::{Command, ExitStatus, Stdio};
 

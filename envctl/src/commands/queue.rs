@@ -107,7 +107,8 @@ pub fn claim(s: &Session, bus: &Bus, group: &str, lease: Duration, max: u32) -> 
     Ok(json!({"group": group, "leases": leases.iter().map(lease_json).collect::<Vec<_>>()}))
 }
 
-/// Acknowledges a receipt.
+/// Acknowledges a receipt. Settling needs no further decision: only a claim, which passed the
+/// policy, hands out a receipt.
 pub fn ack(bus: &Bus, receipt: &str) -> Outcome<Json> {
     let r = parse_receipt(receipt)?;
     bus.ack(&r).wait()?;
