@@ -241,6 +241,49 @@ fn an_agent_works_and_is_rolled_back() {
 }
 
 #[test]
+fn an_interrupt_during_run_still_ends_in_a_final_capture() {
+    let ws = Ws::new();
+    let child = Command::new(BIN)
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "touch ../started; sleep 1; echo late > late.txt",
+        ])
+        .current_dir(&ws.dir)
+        .env_remove("ENVIRONMENT_DIR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The agent runs (its marker is outside the workspace): envctl holds interrupts by now.
+    let started = ws.path("../started");
+    for _ in 0..200 {
+        if started.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(started.exists(), "the agent never started");
+    // Only envctl is interrupted here; the agent goes on.
+    let kill = Command::new("sh")
+        .args(["-c", &format!("kill -INT {}", child.id())])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("files changed: 1"),
+        "{}",
+        stderr(&out)
+    );
+    let op = ws.json(&["show", "HEAD"]);
+    assert_eq!(op["changes"][0]["path"], "late.txt", "{op}");
+}
+
+#[test]
 fn exec_records_one_operation_of_its_actor() {
     let ws = Ws::new();
     let out = ws.run(&[

@@ -191,6 +191,31 @@ pub fn exec(s: &mut Session, a: &ExecArgs, json: bool) -> Outcome<i32> {
     Ok(done.status)
 }
 
+/// While the agent runs, an interrupt from the terminal is the agent's to handle (it gets it
+/// too, being in the same process group): envctl keeps going, so that the final capture and
+/// the summary still happen. Holding a registered handler is what keeps the default action
+/// (exit) away; the agent's exec resets handlers, so it is not affected.
+struct InterruptsHeld {
+    _signal: tokio::signal::unix::Signal,
+    _runtime: tokio::runtime::Runtime,
+}
+
+fn hold_interrupts() -> Option<InterruptsHeld> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .ok()?;
+    let signal = runtime
+        .block_on(async {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        })
+        .ok()?;
+    Some(InterruptsHeld {
+        _signal: signal,
+        _runtime: runtime,
+    })
+}
+
 /// `envctl run -- AGENT...`: the agent runs with automatic capture; a final capture and a
 /// summary at its exit.
 pub fn run(s: &mut Session, a: &RunArgs, json: bool) -> Outcome<i32> {
@@ -215,6 +240,7 @@ pub fn run(s: &mut Session, a: &RunArgs, json: bool) -> Outcome<i32> {
     let launcher = Unconfined::new(&s.ws.dir);
     let mut cmd = command(s, &launcher, &a.command)?;
     let tracker = track_as_actor(s, true)?;
+    let held = hold_interrupts();
     let status = match cmd.status() {
         Ok(st) => status_code(st),
         Err(e) => {
@@ -223,6 +249,7 @@ pub fn run(s: &mut Session, a: &RunArgs, json: bool) -> Outcome<i32> {
             return Err(spawn_failure(&a.command[0], e));
         }
     };
+    drop(held);
     let background = tracker.captures();
     let last = tracker.close();
     back_to_witness(s)?;
