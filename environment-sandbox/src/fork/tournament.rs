@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use environment_core::shell::command_line;
-use environment_core::{ActorId, EnvError, Exit, Intent, IntentKind, OpId, StoredOutput};
+use environment_core::{ActorId, EnvError, Exit, Intent, IntentKind, OpFlags, OpId, StoredOutput};
 use serde::{Deserialize, Serialize};
 
 use super::{Forks, WorkingTree};
@@ -282,29 +282,38 @@ impl Tournament {
     }
 
     /// Makes the winner the target branch's head: a restore of the live tree (or of the branch)
-    /// to it when the target has not moved since the base, a merge otherwise.
+    /// to it when the target has not moved since the base, a merge otherwise (written into the
+    /// live tree). The live tree's tracker must track the target branch.
     fn adopt(&self, forks: &Forks, winner: &Contestant, live: Option<&Tracker>) -> Result<OpId> {
         let env = forks.env();
         let intent = Intent::new(
             IntentKind::Merge,
             format!("adopt tournament winner {}", winner.candidate.name),
         );
+        if let Some(tracker) = live {
+            // What the live tree gained meanwhile is in the target before it is compared.
+            tracker.capture_now(
+                Intent::new(
+                    IntentKind::Capture,
+                    "capture before adopting a tournament winner",
+                ),
+                OpFlags::AUTO_CAPTURE,
+            )?;
+        }
         let head = env.head(&self.target)?;
         let moved = env.diff(&self.actor, &self.base, &head, None)?;
-        if moved.is_empty() {
-            match live {
-                Some(tracker) => {
-                    tracker.restore(&self.actor, &winner.head, intent)?;
-                }
-                None => {
-                    env.restore(&self.actor, &self.target, &winner.head, intent)?;
-                }
+        match (moved.is_empty(), live) {
+            (true, Some(tracker)) => {
+                tracker.restore(&self.actor, &winner.head, intent)?;
             }
-        } else {
-            env.merge(&self.actor, &winner.branch, &self.target, intent.clone())?;
-            if let Some(tracker) = live {
-                let new_head = env.head(&self.target)?;
-                tracker.restore(&self.actor, &new_head, intent)?;
+            (true, None) => {
+                env.restore(&self.actor, &self.target, &winner.head, intent)?;
+            }
+            (false, live) => {
+                env.merge(&self.actor, &winner.branch, &self.target, intent)?;
+                if let Some(tracker) = live {
+                    tracker.sync_from(&head)?;
+                }
             }
         }
         Ok(env.head(&self.target)?)
