@@ -38,6 +38,9 @@ pub enum SandboxError {
     /// The inotify watch limit was reached; captures fall back to rescans.
     #[error("inotify: {0}")]
     Watch(String),
+    /// The supervisor cannot do what was asked (setup, agent lifecycle, shutting down).
+    #[error("supervisor: {0}")]
+    Supervisor(String),
     /// The stat cache failed.
     #[error("stat cache: {0}")]
     Cache(#[from] rusqlite::Error),

@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod capture;
+pub mod control;
 pub mod error;
 pub mod fsops;
 pub mod launch;
@@ -40,12 +41,15 @@ pub mod noise;
 pub mod restore;
 pub mod retention;
 pub mod statcache;
+pub mod supervisor;
 pub mod tracker;
 pub mod watch;
 
+pub use control::{ControlClient, ControlError};
 pub use error::{Result, SandboxError};
 pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
 pub use retention::{RetentionPolicy, ThinReport};
+pub use supervisor::{Supervisor, SupervisorConfig};
 pub use tracker::{Tracker, TrackerConfig};
