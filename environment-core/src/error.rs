@@ -149,6 +149,32 @@ pub enum EnvError {
     /// The implementation does not offer this capability.
     #[error("this environment does not support {0}")]
     Unsupported(&'static str),
+    /// No background process or terminal session with this number (it never existed, or it
+    /// was closed and forgotten).
+    #[error("no {what} {id}")]
+    NoSuchProcess {
+        /// `process` or `session`.
+        what: &'static str,
+        /// The number asked for.
+        id: u64,
+    },
+    /// A command could not be started (no such program, a working directory outside the
+    /// workspace, an empty command line…).
+    #[error("cannot run {program:?}: {detail}")]
+    Exec {
+        /// The program.
+        program: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A secret reference could not be resolved; the command was not started.
+    #[error("secret {name:?} is unavailable: {detail}")]
+    SecretUnavailable {
+        /// The secret's name.
+        name: String,
+        /// Why.
+        detail: String,
+    },
     /// `verify()` found damage.
     #[error("integrity check failed at {at}: {detail}")]
     Integrity {
@@ -255,6 +281,17 @@ impl ForAgent for EnvError {
             }
             EnvError::Unsupported(_) => {
                 "Use another capability; this one is not available here.".to_owned()
+            }
+            EnvError::NoSuchProcess { .. } => {
+                "List the processes or sessions to find a valid number.".to_owned()
+            }
+            EnvError::Exec { .. } => {
+                "Check the program name (is it installed?) and the working directory (relative to \
+                 the workspace, inside it), then retry."
+                    .to_owned()
+            }
+            EnvError::SecretUnavailable { .. } => {
+                "Ask a human to provide the secret; do not try to obtain it another way.".to_owned()
             }
             EnvError::Integrity { .. } | EnvError::Blob(BlobError::Corrupt { .. }) => {
                 "Stop and tell a human: the environment's storage is damaged.".to_owned()

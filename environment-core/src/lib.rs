@@ -41,6 +41,7 @@ pub mod key;
 pub mod local;
 pub mod merge;
 pub mod op;
+pub mod shell;
 mod tree;
 pub mod value;
 
@@ -62,5 +63,10 @@ pub use local::{
 };
 pub use merge::{Conflict, ConflictSide};
 pub use op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation, Version};
+pub use shell::{
+    BackgroundProcesses, CommandSpec, ExecOutcome, ExecRequest, Exit, OutputChunk,
+    ProcessEnvSecrets, ProcessId, ProcessInfo, PtyOutput, PtyRequest, PtySessions, SecretProvider,
+    SessionId, SessionInfo, ShellExec, Signal, SpawnRequest, StoredOutput,
+};
 pub use tree::KeyChange;
 pub use value::{Content, EntryKind, Meta, SecretRef, SecretValue, Value};
