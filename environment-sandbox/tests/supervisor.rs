@@ -18,11 +18,14 @@ use std::time::{Duration, Instant};
 
 use common::{disk, no_skip, view, write};
 use environment_bus::{Bus, BusConfig, GroupOptions};
-use environment_core::{ActorId, HistoryOptions, LocalEnvironment, OpFlags, Options, SystemClock};
+use environment_core::{
+    ActorId, ExecOutcome, ExecRequest, Exit, HistoryOptions, LocalEnvironment, OpFlags, Options,
+    ShellExec, StoredOutput, SystemClock,
+};
 use environment_policy::{Policy, TokenLimits};
 use environment_sandbox::supervisor::rpc;
 use environment_sandbox::supervisor::{
-    AgentSpec, Method, RollbackMode, SCHEMA, Supervisor, SupervisorConfig,
+    AgentSpec, Method, RollbackMode, SCHEMA, ShellHandles, Supervisor, SupervisorConfig,
 };
 use environment_sandbox::{ControlClient, Unconfined};
 use serde_json::{Value, json};
@@ -881,6 +884,120 @@ fn the_schema_and_the_dispatcher_list_the_same_methods() {
     }
     // A method the schema does not list is not dispatched.
     assert!(Method::from_name("rpc.discover").is_none());
+}
+
+// ---- shell methods ------------------------------------------------------------------------
+
+/// A stand-in for the sandbox's shell: records what it was asked and answers with output it
+/// stored. The supervisor's part — authorization, the actor, the wire format — is what is tested.
+struct StubShell {
+    env: LocalEnvironment,
+    asked: std::sync::Mutex<Vec<ExecRequest>>,
+}
+
+#[async_trait::async_trait]
+impl ShellExec for StubShell {
+    async fn exec(&self, request: ExecRequest) -> environment_core::Result<ExecOutcome> {
+        let out = self.env.blobs().put(b"hello\n").unwrap();
+        let stored = StoredOutput {
+            blob: out,
+            total: 6,
+            stored: 6,
+            truncated: false,
+            preview: "hello\n".into(),
+        };
+        self.asked.lock().unwrap().push(request);
+        Ok(ExecOutcome {
+            exit: Exit::Code(0),
+            stdout: stored.clone(),
+            stderr: StoredOutput {
+                total: 0,
+                stored: 0,
+                preview: String::new(),
+                blob: self.env.blobs().put(b"").unwrap(),
+                truncated: false,
+            },
+            op: self.env.head("main").unwrap(),
+            files_changed: 0,
+            duration_ms: 1,
+        })
+    }
+}
+
+#[test]
+fn exec_is_authorized_as_the_agent_before_the_shell_sees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
+    policy
+        .load_rules(&format!(
+            "{RULES}\n{}",
+            r#"
+[[rule]]
+id = "agent-echoes"
+effect = "permit"
+principal = "agent:coder"
+actions = ["execute"]
+resource = { program = "echo", args = ["..."] }
+"#
+        ))
+        .unwrap();
+    let mut cfg = config(&work, &home);
+    cfg.policy = Some(policy);
+    let sup = Supervisor::open(cfg).unwrap();
+    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
+    let err = c
+        .call("exec", json!({ "argv": ["echo", "hi"] }))
+        .unwrap_err();
+    assert_eq!(err.code(), Some(rpc::UNAVAILABLE), "{err:?}");
+
+    let stub = Arc::new(StubShell {
+        env: sup.env().clone(),
+        asked: Default::default(),
+    });
+    sup.attach_shell(ShellHandles {
+        exec: Some(stub.clone()),
+        ..ShellHandles::default()
+    });
+    let out = c
+        .call(
+            "exec",
+            json!({ "argv": ["echo", "hi"], "cwd": "src", "intent": "say hi", "timeout_ms": 5000 }),
+        )
+        .unwrap();
+    assert_eq!(out["success"], true);
+    assert_eq!(out["exit"], json!({ "code": 0 }));
+    assert_eq!(out["stdout"]["text"], "hello\n");
+    {
+        let asked = stub.asked.lock().unwrap();
+        assert_eq!(asked.len(), 1);
+        let r = &asked[0];
+        assert_eq!(r.command.actor, agent());
+        assert_eq!(r.command.argv, ["echo", "hi"]);
+        assert_eq!(r.command.cwd.as_deref(), Some("src"));
+        assert_eq!(r.command.intent, "say hi");
+        assert_eq!(r.timeout_ms, Some(5000));
+    }
+    // A program the policy does not allow never reaches the shell.
+    let data = denied(
+        c.call("exec", json!({ "argv": ["rm", "-rf", "src"] }))
+            .unwrap_err(),
+    );
+    assert!(data["for_agent"].as_str().unwrap().contains("rm"), "{data}");
+    // Nor does a request that tries to choose its actor, or has no program.
+    for bad in [
+        json!({ "argv": ["echo"], "actor": "human:operator" }),
+        json!({ "argv": [] }),
+        json!({ "argv": ["echo"], "stdin": 3 }),
+    ] {
+        let err = c.call("exec", bad).unwrap_err();
+        assert_eq!(err.code(), Some(rpc::INVALID_PARAMS), "{err:?}");
+    }
+    assert_eq!(stub.asked.lock().unwrap().len(), 1);
+    // Methods whose capability is not attached say so.
+    let err = c.call("process.list", Value::Null).unwrap_err();
+    assert_eq!(err.code(), Some(rpc::UNAVAILABLE));
+    sup.shutdown().unwrap();
 }
 
 // ---- as an unprivileged user ---------------------------------------------------------------

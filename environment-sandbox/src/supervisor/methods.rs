@@ -14,7 +14,9 @@
 //! | `mark` | write | environment | `mark` |
 //! | `restore`, `undo` | write | branch | `restore` |
 //! | `restore` with `dry_run` | read | branch | `restore` |
-//! | `exec` | execute | program + args | — |
+//! | `exec`, `process.spawn`, `pty.open` | execute | program + args | `exec`, `spawn`, `pty` |
+//! | `process.read`, `.wait`, `.list`; `pty.read`, `.attach`, `.list` | read | environment | method name |
+//! | `process.signal`; `pty.write`, `.resize`, `.detach`, `.close` | write | environment | method name |
 //! | `queue.publish` | publish | topic | — |
 //! | `queue.claim`, `queue.ack`, `queue.nack` | consume | topic named as the consumer group | — |
 //! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name |
@@ -34,6 +36,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
+use super::commands::{self, PtyOp};
 use super::rpc::{
     CONFLICT, DENIED, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RpcError, UNAVAILABLE,
     UNKNOWN_VERSION,
@@ -76,6 +79,34 @@ pub enum Method {
     ApprovalRequest,
     /// Deletes unreferenced blobs (normally refused to agents).
     Gc,
+    /// Runs a command to its end as a recorded operation.
+    Exec,
+    /// Starts a background process.
+    ProcessSpawn,
+    /// Reads a background process's output from an offset.
+    ProcessRead,
+    /// Waits (bounded) for a background process to end.
+    ProcessWait,
+    /// Signals a background process and everything it started.
+    ProcessSignal,
+    /// Lists the background processes.
+    ProcessList,
+    /// Opens a terminal session.
+    PtyOpen,
+    /// Types into a terminal session.
+    PtyWrite,
+    /// Reads a terminal session's output since the last read.
+    PtyRead,
+    /// Resizes a terminal session.
+    PtyResize,
+    /// Detaches from a terminal session (it keeps running).
+    PtyDetach,
+    /// Re-attaches to a terminal session, with the output since the last read.
+    PtyAttach,
+    /// Closes a terminal session.
+    PtyClose,
+    /// Lists the terminal sessions.
+    PtyList,
 }
 
 impl Method {
@@ -96,6 +127,20 @@ impl Method {
         Method::PolicyWhatMayIDo,
         Method::ApprovalRequest,
         Method::Gc,
+        Method::Exec,
+        Method::ProcessSpawn,
+        Method::ProcessRead,
+        Method::ProcessWait,
+        Method::ProcessSignal,
+        Method::ProcessList,
+        Method::PtyOpen,
+        Method::PtyWrite,
+        Method::PtyRead,
+        Method::PtyResize,
+        Method::PtyDetach,
+        Method::PtyAttach,
+        Method::PtyClose,
+        Method::PtyList,
     ];
 
     /// The method's name on the wire.
@@ -116,6 +161,20 @@ impl Method {
             Method::PolicyWhatMayIDo => "policy.what_may_i_do",
             Method::ApprovalRequest => "approval.request",
             Method::Gc => "gc",
+            Method::Exec => "exec",
+            Method::ProcessSpawn => "process.spawn",
+            Method::ProcessRead => "process.read",
+            Method::ProcessWait => "process.wait",
+            Method::ProcessSignal => "process.signal",
+            Method::ProcessList => "process.list",
+            Method::PtyOpen => "pty.open",
+            Method::PtyWrite => "pty.write",
+            Method::PtyRead => "pty.read",
+            Method::PtyResize => "pty.resize",
+            Method::PtyDetach => "pty.detach",
+            Method::PtyAttach => "pty.attach",
+            Method::PtyClose => "pty.close",
+            Method::PtyList => "pty.list",
         }
     }
 
@@ -149,7 +208,25 @@ pub(crate) fn call(
         Some(_) => return Err(RpcError::invalid_params("`token` must be a string")),
     };
     let gate = Gate { shared, token };
+    match m {
+        Method::Exec => {
+            let (c, own) = commands::split(params, commands::EXEC_FIELDS)?;
+            return commands::exec(&gate, c, own);
+        }
+        Method::ProcessSpawn => {
+            let (c, Empty {}) = commands::split(params, &[])?;
+            return commands::spawn(&gate, c);
+        }
+        Method::PtyOpen => {
+            let (c, own) = commands::split(params, commands::PTY_OPEN_FIELDS)?;
+            return commands::pty_open(&gate, c, own);
+        }
+        _ => {}
+    }
     let p = Value::Object(params);
+    let pty = |op| -> Result<Value, RpcError> {
+        commands::pty_call(&gate, op, m.name(), parse(p.clone())?)
+    };
     match m {
         Method::History => history(&gate, parse(p)?),
         Method::Show => show(&gate, parse(p)?),
@@ -175,6 +252,29 @@ pub(crate) fn call(
             let _: Empty = parse(p)?;
             gc(&gate)
         }
+        Method::ProcessRead => commands::process_read(&gate, parse(p)?),
+        Method::ProcessWait => commands::process_wait(&gate, parse(p)?),
+        Method::ProcessSignal => commands::process_signal(&gate, parse(p)?),
+        Method::ProcessList => {
+            let _: Empty = parse(p)?;
+            commands::process_list(&gate)
+        }
+        Method::PtyWrite => pty(PtyOp::Write),
+        Method::PtyRead => pty(PtyOp::Read),
+        Method::PtyResize => pty(PtyOp::Resize),
+        Method::PtyDetach => pty(PtyOp::Detach),
+        Method::PtyAttach => pty(PtyOp::Attach),
+        Method::PtyClose => pty(PtyOp::Close),
+        Method::PtyList => {
+            let _: Empty = parse(p)?;
+            commands::pty_list(&gate)
+        }
+        // Dispatched above, with their command parameters taken apart.
+        Method::Exec | Method::ProcessSpawn | Method::PtyOpen => Err(RpcError::new(
+            INTERNAL_ERROR,
+            "dispatch error",
+            "report the error to a human.",
+        )),
     }
 }
 
@@ -183,12 +283,20 @@ fn parse<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
 }
 
 /// Authorizes requests as the connection's actor.
-struct Gate<'a> {
+pub(super) struct Gate<'a> {
     shared: &'a Shared,
     token: Option<String>,
 }
 
-impl Gate<'_> {
+impl<'a> Gate<'a> {
+    pub(super) fn shared(&self) -> &'a Shared {
+        self.shared
+    }
+
+    pub(super) fn actor(&self) -> &'a environment_core::ActorId {
+        &self.shared.actor
+    }
+
     fn request(
         &self,
         action: Action,
@@ -217,7 +325,7 @@ impl Gate<'_> {
 
     /// Asks the policy port; anything but an allow is a `DENIED` error carrying the agent-facing
     /// text, and nothing happens.
-    fn allow(
+    pub(super) fn allow(
         &self,
         action: Action,
         resource: Resource,
@@ -238,7 +346,7 @@ impl Gate<'_> {
 }
 
 /// Renders core's errors with their documented codes.
-fn env_error(e: EnvError) -> RpcError {
+pub(super) fn env_error(e: EnvError) -> RpcError {
     let code = match &e {
         EnvError::NotAllowed(_) => DENIED,
         EnvError::UnknownVersion(_)
@@ -254,7 +362,10 @@ fn env_error(e: EnvError) -> RpcError {
         | EnvError::InvalidName { .. }
         | EnvError::ValueTooLarge { .. }
         | EnvError::RequestTooLarge(_)
-        | EnvError::DuplicateKey(_) => INVALID_PARAMS,
+        | EnvError::DuplicateKey(_)
+        | EnvError::NoSuchProcess { .. }
+        | EnvError::Exec { .. } => INVALID_PARAMS,
+        EnvError::SecretUnavailable { .. } => UNAVAILABLE,
         EnvError::Unsupported(_) => UNAVAILABLE,
         _ => INTERNAL_ERROR,
     };

@@ -39,6 +39,7 @@
 //! ```
 
 mod agent;
+mod commands;
 pub mod methods;
 pub mod rpc;
 mod server;
@@ -68,6 +69,8 @@ use crate::tracker::{Tracker, TrackerConfig};
 use agent::{Agent, Launch};
 use server::Server;
 use state::{Counters, Shared, lock};
+
+pub use state::ShellHandles;
 
 /// How a supervisor is set up.
 #[derive(Clone)]
@@ -273,7 +276,8 @@ impl Supervisor {
         let first = env.head(&config.branch)?;
         let shared = Arc::new(Shared {
             env,
-            tracker: RwLock::new(Some(tracker)),
+            tracker: RwLock::new(Some(Arc::new(tracker))),
+            shell: RwLock::new(ShellHandles::default()),
             authorizer,
             policy: config.policy.clone(),
             bus: config.bus.clone(),
@@ -341,6 +345,22 @@ impl Supervisor {
             .ok_or_else(|| SandboxError::Supervisor("the agent did not start".into()))
     }
 
+    /// The tracker of the workspace, to build a shell on (its commands' captures must go
+    /// through the same tracker). `None` after shutdown.
+    pub fn tracker(&self) -> Option<Arc<Tracker>> {
+        self.shared
+            .tracker
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Exposes shell capabilities on the socket (`exec`, `process.*`, `pty.*`); a method whose
+    /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before.
+    pub fn attach_shell(&self, handles: ShellHandles) {
+        *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = handles;
+    }
+
     /// Stops the agent: SIGTERM, then SIGKILL after `grace`.
     pub fn stop_agent(&self, grace: Duration) {
         self.agent.stop(grace);
@@ -405,10 +425,15 @@ impl Supervisor {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        // Shell processes end with the shell, before the final capture takes what they left.
+        *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = ShellHandles::default();
         let captures = match tracker {
             Some(t) => {
                 let before = t.captures();
-                let fin = t.close()?;
+                let fin = t.capture_now(
+                    Intent::new(IntentKind::Capture, "final capture"),
+                    environment_core::OpFlags::AUTO_CAPTURE,
+                )?;
                 before + u64::from(fin.is_some())
             }
             None => 0,

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use environment_bus::Bus;
 use environment_core::{
-    ActorId, Authorizer, Intent, IntentKind, LocalEnvironment, Observation, OpFlags,
+    ActorId, Authorizer, BackgroundProcesses, Intent, IntentKind, LocalEnvironment, Observation,
+    OpFlags, PtySessions, ShellExec,
 };
 use environment_policy::Policy;
 
@@ -28,11 +29,34 @@ impl Counters {
     }
 }
 
+/// The shell capabilities the supervisor exposes on its socket; each is optional.
+#[derive(Clone, Default)]
+pub struct ShellHandles {
+    /// Recorded commands (`exec`).
+    pub exec: Option<Arc<dyn ShellExec>>,
+    /// Background processes (`process.*`).
+    pub processes: Option<Arc<dyn BackgroundProcesses>>,
+    /// Terminal sessions (`pty.*`).
+    pub pty: Option<Arc<dyn PtySessions>>,
+}
+
+impl std::fmt::Debug for ShellHandles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShellHandles")
+            .field("exec", &self.exec.is_some())
+            .field("processes", &self.processes.is_some())
+            .field("pty", &self.pty.is_some())
+            .finish()
+    }
+}
+
 /// The state behind the control socket.
 pub(crate) struct Shared {
     pub env: LocalEnvironment,
-    /// `None` once shut down.
-    pub tracker: RwLock<Option<Tracker>>,
+    /// `None` once shut down. Shared with the shell, whose commands take their own captures.
+    pub tracker: RwLock<Option<Arc<Tracker>>>,
+    /// The shell capabilities behind `exec`, `process.*` and `pty.*`, once attached.
+    pub shell: RwLock<ShellHandles>,
     pub authorizer: Arc<dyn Authorizer>,
     pub policy: Option<Arc<Policy>>,
     pub bus: Option<Bus>,
@@ -60,7 +84,7 @@ impl Shared {
     /// meanwhile, so shutdown waits for work in flight.
     pub fn with_tracker<R>(&self, f: impl FnOnce(&Tracker) -> Result<R>) -> Result<R> {
         let guard = self.tracker.read().unwrap_or_else(|p| p.into_inner());
-        match guard.as_ref() {
+        match guard.as_deref() {
             Some(t) => f(t),
             None => Err(SandboxError::Supervisor(
                 "the supervisor is shutting down".into(),
@@ -76,5 +100,12 @@ impl Shared {
                 OpFlags::AUTO_CAPTURE,
             )
         })
+    }
+}
+
+impl Shared {
+    /// The attached shell capabilities.
+    pub fn shell(&self) -> ShellHandles {
+        self.shell.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
