@@ -61,6 +61,9 @@ pub enum SandboxError {
         /// Why it is refused.
         reason: &'static str,
     },
+    /// The supervisor cannot do what was asked (setup, agent lifecycle, shutting down).
+    #[error("supervisor: {0}")]
+    Supervisor(String),
     /// The stat cache failed.
     #[error("stat cache: {0}")]
     Cache(#[from] rusqlite::Error),

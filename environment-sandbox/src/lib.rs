@@ -45,6 +45,7 @@
 #![warn(missing_docs)]
 
 pub mod capture;
+pub mod control;
 pub mod error;
 pub mod fork;
 pub mod fsops;
@@ -55,9 +56,11 @@ pub mod restore;
 pub mod retention;
 pub mod shell;
 pub mod statcache;
+pub mod supervisor;
 pub mod tracker;
 pub mod watch;
 
+pub use control::{ControlClient, ControlError};
 pub use error::{Result, SandboxError};
 pub use fork::{Candidate, ForkConfig, Forks, Pick, Tournament, TournamentReport, WorkingTree};
 pub use isolate::{Bind, Isolation, IsolationSpec, Limits, Root, Rootfs, Support, Workspace};
@@ -66,4 +69,5 @@ pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
 pub use retention::{RetentionPolicy, ThinReport};
 pub use shell::Shell;
+pub use supervisor::{Supervisor, SupervisorConfig};
 pub use tracker::{CaptureHold, Tracker, TrackerConfig};

@@ -1,0 +1,502 @@
+//! The supervisor: runs an agent, captures everything it changes, and answers it on a control
+//! socket.
+//!
+//! A [`Supervisor`] holds the environment, a [`Tracker`] with automatic capture over the
+//! workspace, and a Unix socket speaking JSON-RPC 2.0 (one message per line; the methods, their
+//! parameters, results and error codes are published in [`methods::SCHEMA`]). It runs outside
+//! the rollback scope: its database, blobs and socket live under the environment's home, which
+//! must not be inside the workspace.
+//!
+//! Every request on the socket is authorized through core's `Authorizer` port (the policy) as
+//! the agent's actor, with the request's capability token or the one the agent was given,
+//! before anything happens; a refusal is an error whose `data.for_agent` says first that the
+//! action did NOT happen.
+//!
+//! **Self-rollback**: the agent calls `restore` on the socket; the workspace is restored while
+//! the agent keeps running (same pid) and the answer carries the new version. **A rollback from
+//! outside** ([`Supervisor::rollback`], for a human or a CLI) chooses a [`RollbackMode`]: keep
+//! the agent running (it sees its files change under it, as with a self-rollback), or stop it,
+//! restore, and start it again with the same command — for agents that cache what they read.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use environment_core::ActorId;
+//! use environment_sandbox::supervisor::{AgentSpec, Supervisor, SupervisorConfig};
+//! use environment_sandbox::Unconfined;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = SupervisorConfig::new(
+//!     "/var/lib/env/home",
+//!     "/home/me/project",
+//!     Arc::new(Unconfined::new("/home/me/project")),
+//!     ActorId::new("agent:coder")?,
+//! );
+//! let supervisor = Supervisor::open(config)?;
+//! let exit = supervisor.run_agent(AgentSpec::new(["sh", "-c", "echo hi > hello.txt"]))?;
+//! let summary = supervisor.shutdown()?;
+//! println!("agent exit {:?}; {} file(s) changed", exit.code, summary.files_changed);
+//! # Ok(()) }
+//! ```
+
+mod agent;
+mod commands;
+pub mod methods;
+pub mod rpc;
+mod server;
+mod state;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use environment_bus::Bus;
+use environment_core::{
+    ActorId, AllowAll, Authorizer, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
+    Namespace, OpId, Options,
+};
+use environment_policy::Policy;
+use serde::Serialize;
+
+pub use agent::{AgentExit, AgentSpec, SOCKET_VAR, TOKEN_VAR};
+pub use methods::{Method, SCHEMA};
+
+use crate::error::{Result, SandboxError};
+use crate::launch::Launcher;
+use crate::noise::NoiseRules;
+use crate::tracker::{Tracker, TrackerConfig};
+use agent::{Agent, Launch};
+use server::Server;
+use state::{Counters, Shared, lock};
+
+pub use state::ShellHandles;
+
+/// How a supervisor is set up.
+#[derive(Clone)]
+pub struct SupervisorConfig {
+    /// The environment's home (database, blobs, the socket by default). Outside the workspace.
+    pub home: PathBuf,
+    /// The tracked workspace.
+    pub workspace: PathBuf,
+    /// How the agent (and anything it runs through the supervisor) is confined.
+    pub launcher: Arc<dyn Launcher>,
+    /// Whom the agent's requests act as.
+    pub actor: ActorId,
+    /// The agent's capability token: handed to it in `ENVIRONMENT_TOKEN` and applied to every
+    /// request that presents none.
+    pub token: Option<String>,
+    /// Decides every request (and every operation of the environment); without it, everything
+    /// is allowed.
+    pub policy: Option<Arc<Policy>>,
+    /// The queue behind the `queue.*` methods.
+    pub bus: Option<Bus>,
+    /// The socket's path; `<home>/run/control.sock` by default.
+    pub socket: Option<PathBuf>,
+    /// Where the agent sees the socket, when a launcher mounts its directory elsewhere; the host
+    /// path by default.
+    pub socket_inside: Option<PathBuf>,
+    /// Whom automatic captures are attributed to (the policy must let it write the workspace).
+    pub capture_actor: ActorId,
+    /// What is never captured, and what is quiet.
+    pub noise: NoiseRules,
+    /// Automatic capture waits for this much quiet…
+    pub quiet_period: Duration,
+    /// …but no longer than this after the first change.
+    pub max_wait: Duration,
+    /// The branch the workspace is captured to.
+    pub branch: String,
+}
+
+impl SupervisorConfig {
+    /// A configuration with defaults: no policy, no queue, the socket under the home.
+    pub fn new(
+        home: impl Into<PathBuf>,
+        workspace: impl Into<PathBuf>,
+        launcher: Arc<dyn Launcher>,
+        actor: ActorId,
+    ) -> SupervisorConfig {
+        SupervisorConfig {
+            home: home.into(),
+            workspace: workspace.into(),
+            launcher,
+            actor,
+            token: None,
+            policy: None,
+            bus: None,
+            socket: None,
+            socket_inside: None,
+            capture_actor: ActorId::new("service:supervisor").unwrap_or_else(|_| ActorId::system()),
+            noise: NoiseRules::default(),
+            quiet_period: Duration::from_millis(200),
+            max_wait: Duration::from_secs(2),
+            branch: MAIN.to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SupervisorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SupervisorConfig")
+            .field("home", &self.home)
+            .field("workspace", &self.workspace)
+            .field("launcher", &self.launcher.describe())
+            .field("actor", &self.actor)
+            .field("policy", &self.policy.is_some())
+            .field("bus", &self.bus.is_some())
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a rollback requested from outside does with the running agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RollbackMode {
+    /// Restore under the running agent, as a self-rollback does: same pid, and it must re-read
+    /// what it had read (a file it holds open keeps the old content).
+    KeepRunning,
+    /// Stop the agent (SIGTERM, SIGKILL after `grace`), restore, start it again with the same
+    /// command: for agents that keep state read from the files in memory.
+    RestartAgent {
+        /// How long the agent has to exit after SIGTERM.
+        grace: Duration,
+    },
+}
+
+/// What a rollback did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Rollback {
+    /// The new head: the rollback operation.
+    pub version: String,
+    /// The version whose content was brought back.
+    pub restored_to: String,
+    /// Paths written.
+    pub writes: usize,
+    /// Paths removed.
+    pub removals: usize,
+    /// The agent's pid after the rollback (a new one after a restart), if it runs.
+    pub agent_pid: Option<u32>,
+    /// Whether the agent was restarted.
+    pub restarted: bool,
+}
+
+/// What a supervised run amounted to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    /// Captures recorded (automatic and at barriers).
+    pub captures: u64,
+    /// Workspace paths that differ between the start and the end.
+    pub files_changed: u64,
+    /// Rollbacks done (asked by the agent or from outside).
+    pub rollbacks: u64,
+    /// Requests answered on the socket.
+    pub requests: u64,
+    /// Requests the policy refused.
+    pub denied: u64,
+    /// The version at the start.
+    pub first_version: String,
+    /// The version after the final capture.
+    pub final_version: String,
+    /// How the agent ended, if one ran.
+    pub agent: Option<AgentExit>,
+}
+
+/// Runs an agent with its changes captured, its requests answered and authorized.
+pub struct Supervisor {
+    shared: Arc<Shared>,
+    agent: Arc<Agent>,
+    server: Server,
+    launch: Launch,
+    socket: PathBuf,
+    first: OpId,
+    capture_actor: ActorId,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("socket", &self.socket)
+            .field("actor", &self.shared.actor)
+            .finish_non_exhaustive()
+    }
+}
+
+fn canonical(path: &Path, what: &'static str) -> Result<PathBuf> {
+    path.canonicalize().map_err(SandboxError::io(what, path))
+}
+
+impl Supervisor {
+    /// Opens the environment, starts tracking the workspace (an initial capture of whatever
+    /// changed since the last run) and starts the control socket.
+    pub fn open(config: SupervisorConfig) -> Result<Supervisor> {
+        std::fs::create_dir_all(&config.home)
+            .map_err(SandboxError::io("create home", &config.home))?;
+        let home = canonical(&config.home, "open home")?;
+        let workspace = canonical(&config.workspace, "open workspace")?;
+        let socket = config
+            .socket
+            .clone()
+            .unwrap_or_else(|| home.join("run").join("control.sock"));
+        let socket_dir = match socket.parent() {
+            Some(d) if !d.as_os_str().is_empty() => {
+                std::fs::create_dir_all(d)
+                    .map_err(SandboxError::io("create socket directory", d))?;
+                canonical(d, "open socket directory")?
+            }
+            _ => PathBuf::from("."),
+        };
+        // The supervisor's own files must survive a rollback of the workspace.
+        for (what, p) in [("home", &home), ("socket", &socket_dir)] {
+            if p.starts_with(&workspace) {
+                return Err(SandboxError::Supervisor(format!(
+                    "the {what} ({}) is inside the workspace ({}); a rollback would touch it",
+                    p.display(),
+                    workspace.display()
+                )));
+            }
+        }
+        let authorizer: Arc<dyn Authorizer> = match &config.policy {
+            Some(p) => p.clone(),
+            None => Arc::new(AllowAll),
+        };
+        let env = LocalEnvironment::open(
+            &home,
+            Options {
+                authorizer: authorizer.clone(),
+                ..Options::default()
+            },
+        )?;
+        let mut tc = TrackerConfig::new(&workspace, config.capture_actor.clone());
+        tc.branch = config.branch.clone();
+        tc.noise = config.noise.clone();
+        tc.quiet_period = config.quiet_period;
+        tc.max_wait = config.max_wait;
+        let tracker = Tracker::open(env.clone(), tc)?;
+        let first = env.head(&config.branch)?;
+        let shared = Arc::new(Shared {
+            env,
+            tracker: RwLock::new(Some(Arc::new(tracker))),
+            shell: RwLock::new(ShellHandles::default()),
+            authorizer,
+            policy: config.policy.clone(),
+            bus: config.bus.clone(),
+            launcher: config.launcher.clone(),
+            actor: config.actor.clone(),
+            default_token: config.token.clone(),
+            branch: config.branch.clone(),
+            receipts: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+            agent_pid: Mutex::new(None),
+        });
+        let server = Server::start(&socket, shared.clone())?;
+        let socket_inside = config
+            .socket_inside
+            .clone()
+            .unwrap_or_else(|| socket.clone());
+        Ok(Supervisor {
+            shared,
+            agent: Arc::new(Agent::default()),
+            server,
+            launch: Launch {
+                socket_inside,
+                token: config.token,
+                workspace,
+            },
+            socket,
+            first,
+            capture_actor: config.capture_actor,
+        })
+    }
+
+    /// The environment.
+    pub fn env(&self) -> &LocalEnvironment {
+        &self.shared.env
+    }
+
+    /// The control socket's path on the host.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Starts the agent through the launcher, with `ENVIRONMENT_SOCKET` (and `ENVIRONMENT_TOKEN`)
+    /// set; returns its pid.
+    pub fn spawn_agent(&self, spec: AgentSpec) -> Result<u32> {
+        self.agent.spawn(&self.shared, &self.launch, spec)
+    }
+
+    /// The running agent's pid.
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.pid()
+    }
+
+    /// Waits for the agent to end for good (a restart by a rollback is not an end). `None` if
+    /// no agent was started.
+    pub fn wait_agent(&self) -> Option<AgentExit> {
+        self.agent.wait()
+    }
+
+    /// Starts the agent and waits for it to end. Whatever it changed is captured when it ends,
+    /// however it ends (exit, crash, kill).
+    pub fn run_agent(&self, spec: AgentSpec) -> Result<AgentExit> {
+        self.spawn_agent(spec)?;
+        self.agent
+            .wait()
+            .ok_or_else(|| SandboxError::Supervisor("the agent did not start".into()))
+    }
+
+    /// The tracker of the workspace, to build a shell on (its commands' captures must go
+    /// through the same tracker). `None` after shutdown.
+    pub fn tracker(&self) -> Option<Arc<Tracker>> {
+        self.shared
+            .tracker
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Exposes shell capabilities on the socket (`exec`, `process.*`, `pty.*`); a method whose
+    /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before.
+    pub fn attach_shell(&self, handles: ShellHandles) {
+        *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = handles;
+    }
+
+    /// Stops the agent: SIGTERM, then SIGKILL after `grace`.
+    pub fn stop_agent(&self, grace: Duration) {
+        self.agent.stop(grace);
+    }
+
+    /// A capture barrier: everything changed up to now, attributed to `text`. `None` when
+    /// nothing changed.
+    pub fn capture(&self, text: &str) -> Result<Option<OpId>> {
+        Ok(self.shared.capture(text)?.map(|o| o.version))
+    }
+
+    /// Restores the workspace to `version` (an id, a prefix, a mark, `main~2`…), as `actor`
+    /// (a human or a tool outside the sandbox; the environment's policy decides), with the agent
+    /// kept running or restarted around it.
+    pub fn rollback(&self, actor: &ActorId, version: &str, mode: RollbackMode) -> Result<Rollback> {
+        let target = self.shared.env.resolve(version)?;
+        let intent = Intent::new(
+            IntentKind::Restore,
+            format!("restore to {version} (asked by {actor})"),
+        );
+        let restore = || {
+            self.shared
+                .with_tracker(|t| t.restore(actor, &target, intent.clone()))
+        };
+        let (plan, agent_pid, restarted) = match mode {
+            RollbackMode::KeepRunning => (restore()?, self.agent.pid(), false),
+            RollbackMode::RestartAgent { grace } => {
+                let (plan, pid) = self
+                    .agent
+                    .restart(&self.shared, &self.launch, grace, restore)?;
+                (plan, pid, pid.is_some())
+            }
+        };
+        Counters::bump(&self.shared.counters.rollbacks);
+        let (writes, removals) = plan.steps.iter().fold((0, 0), |(w, r), s| match s {
+            crate::restore::RestoreStep::Write(_) => (w + 1, r),
+            crate::restore::RestoreStep::Remove(_) => (w, r + 1),
+        });
+        Ok(Rollback {
+            version: self.shared.env.head(&self.shared.branch)?.to_string(),
+            restored_to: plan.to.to_string(),
+            writes,
+            removals,
+            agent_pid,
+            restarted,
+        })
+    }
+
+    /// Stops the agent if it still runs (SIGTERM, SIGKILL after 5 s), closes the socket, takes
+    /// a final capture and stops tracking.
+    pub fn shutdown(self) -> Result<Summary> {
+        self.shutdown_with_grace(Duration::from_secs(5))
+    }
+
+    /// [`Supervisor::shutdown`] with the agent given `grace` to exit after SIGTERM.
+    pub fn shutdown_with_grace(mut self, grace: Duration) -> Result<Summary> {
+        self.agent.stop(grace);
+        self.server.stop();
+        let tracker = self
+            .shared
+            .tracker
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        // Shell processes end with the shell, before the final capture takes what they left.
+        *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = ShellHandles::default();
+        let captures = match tracker {
+            Some(t) => {
+                let before = t.captures();
+                let fin = t.capture_now(
+                    Intent::new(IntentKind::Capture, "final capture"),
+                    environment_core::OpFlags::AUTO_CAPTURE,
+                )?;
+                before + u64::from(fin.is_some())
+            }
+            None => 0,
+        };
+        let shared = &self.shared;
+        let last = shared.env.head(&shared.branch)?;
+        let files_changed = shared
+            .env
+            .diff(
+                &self.capture_actor,
+                &self.first,
+                &last,
+                Some(&KeyPrefix::all(Namespace::Fs)),
+            )
+            .map(|d| d.len() as u64)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot count the changed files");
+                0
+            });
+        let c = &shared.counters;
+        Ok(Summary {
+            captures,
+            files_changed,
+            rollbacks: c.rollbacks.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            denied: c.denied.load(Ordering::Relaxed),
+            first_version: self.first.to_string(),
+            final_version: last.to_string(),
+            agent: self.agent.last_exit(),
+        })
+    }
+
+    /// For a supervisor binary: waits for SIGTERM or SIGINT, or for the agent (if one was
+    /// started) to end, then shuts down with `grace` for the agent. The signals are handled
+    /// from the call on, so the process is not killed by them.
+    pub fn run_until_signal(self, grace: Duration) -> Result<Summary> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(SandboxError::io("start signal runtime", &self.socket))?;
+        let agent = self.agent.clone();
+        let started = lock(&self.shared.agent_pid).is_some() || agent.last_exit().is_some();
+        let waited: std::io::Result<()> = rt.block_on(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = signal(SignalKind::terminate())?;
+            let mut int = signal(SignalKind::interrupt())?;
+            let ended = async {
+                if started {
+                    let _ = tokio::task::spawn_blocking(move || agent.wait()).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = ended => {}
+            }
+            Ok(())
+        });
+        // The blocking wait may still be parked on the agent: do not wait for it.
+        rt.shutdown_background();
+        waited.map_err(SandboxError::io("install signal handlers", &self.socket))?;
+        self.shutdown_with_grace(grace)
+    }
+}

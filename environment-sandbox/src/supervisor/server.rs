@@ -1,0 +1,255 @@
+//! The control socket's server: a tokio runtime on its own thread accepts connections and reads
+//! one message per line; each message is handled on the blocking pool (the handlers use SQLite
+//! and the filesystem) and answered in order on its connection.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+
+use super::methods;
+use super::rpc::{self, INVALID_REQUEST, MAX_MESSAGE_BYTES, PARSE_ERROR, RpcError};
+use super::state::Shared;
+use crate::error::{Result, SandboxError};
+
+/// The running server: its thread and the switch that stops it.
+pub(crate) struct Server {
+    stop: watch::Sender<bool>,
+    thread: Option<thread::JoinHandle<()>>,
+    path: PathBuf,
+}
+
+/// Binds the socket: its directory private to the user, a stale socket file from a dead
+/// supervisor replaced, a live one refused.
+fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener> {
+    let io = |op| SandboxError::io(op, path);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(SandboxError::io("create socket directory", dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(SandboxError::io("restrict socket directory", dir))?;
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(SandboxError::Supervisor(format!(
+                "{} is in use by another supervisor",
+                path.display()
+            )));
+        }
+        std::fs::remove_file(path).map_err(io("remove stale socket"))?;
+    }
+    let listener =
+        std::os::unix::net::UnixListener::bind(path).map_err(io("bind control socket"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("restrict control socket"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(io("configure control socket"))?;
+    Ok(listener)
+}
+
+impl Server {
+    pub fn start(path: &Path, shared: Arc<Shared>) -> Result<Server> {
+        let listener = bind(path)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .thread_name("environment-control")
+            .build()
+            .map_err(SandboxError::io("start control runtime", path))?;
+        let (stop, stopped) = watch::channel(false);
+        let thread = thread::Builder::new()
+            .name("environment-control".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match UnixListener::from_std(listener) {
+                        Ok(l) => accept_loop(l, shared, stopped).await,
+                        Err(e) => tracing::error!(error = %e, "control socket unusable"),
+                    }
+                });
+                // Dropping the runtime cancels the connections and waits for the handlers
+                // already running on the blocking pool: none is cut off half-way.
+                drop(runtime);
+            })
+            .map_err(SandboxError::io("start control thread", path))?;
+        Ok(Server {
+            stop,
+            thread: Some(thread),
+            path: path.to_owned(),
+        })
+    }
+
+    /// Stops accepting, ends the connections, waits for handlers in flight, removes the socket.
+    pub fn stop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn accept_loop(
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let (shared, stopped) = (shared.clone(), stopped.clone());
+                    tokio::spawn(connection(stream, shared, stopped));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept on the control socket failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+/// One line read from a connection.
+enum Line {
+    Message(Vec<u8>),
+    /// Longer than the limit; the rest of it was skipped.
+    TooLong,
+}
+
+/// Reads one line of at most [`MAX_MESSAGE_BYTES`]; `None` at the end of the stream.
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<Option<Line>> {
+    let mut buf = Vec::new();
+    let n = (&mut *r)
+        .take(MAX_MESSAGE_BYTES as u64 + 1)
+        .read_until(b'\n', &mut buf)
+        .await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        return Ok(Some(Line::Message(buf)));
+    }
+    if buf.len() <= MAX_MESSAGE_BYTES {
+        // The peer closed mid-line: what came is the last message.
+        return Ok(Some(Line::Message(buf)));
+    }
+    // Skip the rest of the oversized line, in bounded steps.
+    loop {
+        let mut skip = Vec::new();
+        let n = (&mut *r)
+            .take(64 << 10)
+            .read_until(b'\n', &mut skip)
+            .await?;
+        if n == 0 || skip.last() == Some(&b'\n') {
+            return Ok(Some(Line::TooLong));
+        }
+    }
+}
+
+async fn connection(stream: UnixStream, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::new(r);
+    loop {
+        let line = tokio::select! {
+            _ = stopped.changed() => return,
+            line = read_line(&mut r) => line,
+        };
+        let reply = match line {
+            Ok(None) | Err(_) => return,
+            Ok(Some(Line::TooLong)) => Some(rpc::failure(
+                Value::Null,
+                &RpcError::new(
+                    INVALID_REQUEST,
+                    format!("message longer than {MAX_MESSAGE_BYTES} bytes"),
+                    "send smaller requests, one JSON message per line.",
+                ),
+            )),
+            Ok(Some(Line::Message(bytes))) => {
+                let shared = shared.clone();
+                match tokio::task::spawn_blocking(move || handle_message(&shared, &bytes)).await {
+                    Ok(reply) => reply,
+                    Err(e) => Some(rpc::failure(
+                        Value::Null,
+                        &RpcError::new(
+                            rpc::INTERNAL_ERROR,
+                            format!("the handler failed: {e}"),
+                            "report the error to a human if it persists.",
+                        ),
+                    )),
+                }
+            }
+        };
+        if let Some(reply) = reply {
+            let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+            out.push(b'\n');
+            if w.write_all(&out).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Handles one line: a request, a notification or a batch. `None` when nothing is to be sent
+/// back (notifications only, or a blank line).
+pub(crate) fn handle_message(shared: &Shared, bytes: &[u8]) -> Option<Value> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    let parsed: Value = match serde_json::from_slice(bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            return Some(rpc::failure(
+                Value::Null,
+                &RpcError::new(
+                    PARSE_ERROR,
+                    format!("parse error: {e}"),
+                    "send one JSON object per line.",
+                ),
+            ));
+        }
+    };
+    match parsed {
+        Value::Array(items) if items.is_empty() => Some(rpc::failure(
+            Value::Null,
+            &RpcError::new(
+                INVALID_REQUEST,
+                "invalid request: empty batch",
+                "send at least one request.",
+            ),
+        )),
+        Value::Array(items) => {
+            let replies: Vec<Value> = items
+                .into_iter()
+                .filter_map(|item| handle_one(shared, item))
+                .collect();
+            (!replies.is_empty()).then_some(Value::Array(replies))
+        }
+        single => handle_one(shared, single),
+    }
+}
+
+fn handle_one(shared: &Shared, v: Value) -> Option<Value> {
+    let call = match rpc::parse_call(v) {
+        Ok(c) => c,
+        Err((id, e)) => return Some(rpc::failure(id, &e)),
+    };
+    let outcome = methods::call(shared, &call.method, call.params);
+    let id = call.id?;
+    Some(match outcome {
+        Ok(result) => rpc::success(id, result),
+        Err(e) => rpc::failure(id, &e),
+    })
+}

@@ -1,0 +1,111 @@
+//! What the supervisor's request handlers, its agent waiter and its owner share.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use environment_bus::Bus;
+use environment_core::{
+    ActorId, Authorizer, BackgroundProcesses, Intent, IntentKind, LocalEnvironment, Observation,
+    OpFlags, PtySessions, ShellExec,
+};
+use environment_policy::Policy;
+
+use crate::error::{Result, SandboxError};
+use crate::launch::Launcher;
+use crate::tracker::Tracker;
+
+/// Counters for the closing summary.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub rollbacks: AtomicU64,
+    pub requests: AtomicU64,
+    pub denied: AtomicU64,
+}
+
+impl Counters {
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The shell capabilities the supervisor exposes on its socket; each is optional.
+#[derive(Clone, Default)]
+pub struct ShellHandles {
+    /// Recorded commands (`exec`).
+    pub exec: Option<Arc<dyn ShellExec>>,
+    /// Background processes (`process.*`).
+    pub processes: Option<Arc<dyn BackgroundProcesses>>,
+    /// Terminal sessions (`pty.*`).
+    pub pty: Option<Arc<dyn PtySessions>>,
+}
+
+impl std::fmt::Debug for ShellHandles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShellHandles")
+            .field("exec", &self.exec.is_some())
+            .field("processes", &self.processes.is_some())
+            .field("pty", &self.pty.is_some())
+            .finish()
+    }
+}
+
+/// The state behind the control socket.
+pub(crate) struct Shared {
+    pub env: LocalEnvironment,
+    /// `None` once shut down. Shared with the shell, whose commands take their own captures.
+    pub tracker: RwLock<Option<Arc<Tracker>>>,
+    /// The shell capabilities behind `exec`, `process.*` and `pty.*`, once attached.
+    pub shell: RwLock<ShellHandles>,
+    pub authorizer: Arc<dyn Authorizer>,
+    pub policy: Option<Arc<Policy>>,
+    pub bus: Option<Bus>,
+    pub launcher: Arc<dyn Launcher>,
+    /// Whom requests on the socket act as.
+    pub actor: ActorId,
+    /// Applied to every request that presents none, so the agent cannot shed its limits by
+    /// omitting the token it was given.
+    pub default_token: Option<String>,
+    pub branch: String,
+    /// Receipts handed out through the socket, with their consumer group: settling is
+    /// authorized on the group the receipt was claimed from, not on what the caller says.
+    pub receipts: Mutex<HashMap<String, String>>,
+    pub counters: Counters,
+    /// The running agent's pid, for `status`.
+    pub agent_pid: Mutex<Option<u32>>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Runs `f` on the tracker, unless the supervisor has shut down. A read lock is held
+    /// meanwhile, so shutdown waits for work in flight.
+    pub fn with_tracker<R>(&self, f: impl FnOnce(&Tracker) -> Result<R>) -> Result<R> {
+        let guard = self.tracker.read().unwrap_or_else(|p| p.into_inner());
+        match guard.as_deref() {
+            Some(t) => f(t),
+            None => Err(SandboxError::Supervisor(
+                "the supervisor is shutting down".into(),
+            )),
+        }
+    }
+
+    /// A capture barrier: everything changed up to now, attributed to `text`.
+    pub fn capture(&self, text: &str) -> Result<Option<Observation>> {
+        self.with_tracker(|t| {
+            t.capture_now(
+                Intent::new(IntentKind::Capture, text),
+                OpFlags::AUTO_CAPTURE,
+            )
+        })
+    }
+}
+
+impl Shared {
+    /// The attached shell capabilities.
+    pub fn shell(&self) -> ShellHandles {
+        self.shell.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}

@@ -1,0 +1,1069 @@
+//! The supervisor and its control socket: self-rollback by a running agent, authorization of
+//! every request, malformed input, agent crashes, rollbacks from outside in both modes, the
+//! published schema, and the final capture on shutdown and SIGTERM. The agents are this test
+//! binary re-executed with a marker variable (or `sh`). The main scenarios also run as an
+//! unprivileged uid.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{disk, no_skip, view, write};
+use environment_bus::{Bus, BusConfig, GroupOptions};
+use environment_core::{
+    ActorId, ExecOutcome, ExecRequest, Exit, HistoryOptions, LocalEnvironment, OpFlags, Options,
+    ShellExec, StoredOutput, SystemClock,
+};
+use environment_policy::{Policy, TokenLimits};
+use environment_sandbox::supervisor::rpc;
+use environment_sandbox::supervisor::{
+    AgentSpec, Method, RollbackMode, SCHEMA, ShellHandles, Supervisor, SupervisorConfig,
+};
+use environment_sandbox::{ControlClient, Unconfined};
+use serde_json::{Value, json};
+
+/// Set in a re-executed copy of this binary: which agent to be.
+const ROLE: &str = "ENVIRONMENT_TEST_AGENT_ROLE";
+/// Where the agent writes its report (outside the workspace).
+const REPORT: &str = "ENVIRONMENT_TEST_AGENT_REPORT";
+/// Set in the copy that runs the scenarios as an unprivileged uid.
+const UNPRIVILEGED: &str = "ENVIRONMENT_SUPERVISOR_UNPRIVILEGED_DIR";
+const NOBODY: u32 = 65534;
+
+fn agent() -> ActorId {
+    ActorId::new("agent:coder").unwrap()
+}
+
+fn human() -> ActorId {
+    ActorId::new("human:operator").unwrap()
+}
+
+/// A workspace with a few files, and a home beside it (never inside it).
+fn layout(dir: &Path) -> (PathBuf, PathBuf) {
+    let work = dir.join("work");
+    let home = dir.join("home");
+    std::fs::create_dir_all(&work).unwrap();
+    write(&work, "src/main.rs", b"fn main() {}\n");
+    write(&work, "src/lib.rs", b"pub fn answer() -> u32 { 42 }\n");
+    write(&work, "config.toml", b"debug = false\n");
+    (work, home)
+}
+
+fn config(work: &Path, home: &Path) -> SupervisorConfig {
+    let mut c = SupervisorConfig::new(home, work, Arc::new(Unconfined::new(work)), agent());
+    c.quiet_period = Duration::from_millis(50);
+    c.max_wait = Duration::from_millis(500);
+    c
+}
+
+/// This binary, re-executed as the agent `role`.
+fn agent_spec(role: &str, report: &Path) -> AgentSpec {
+    AgentSpec::new([
+        std::env::current_exe().unwrap().into_os_string(),
+        "--exact".into(),
+        "agent_entry".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ])
+    .env(ROLE, role)
+    .env(REPORT, report)
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn reopen_and_verify(home: &Path, work: &Path) {
+    let env = LocalEnvironment::open(home, Options::default()).unwrap();
+    env.verify_deep().unwrap();
+    assert_eq!(
+        view(&env, &env.head("main").unwrap()),
+        disk(work, &no_skip),
+        "the head holds exactly what is on disk"
+    );
+}
+
+// ---- the agents ----------------------------------------------------------------------------
+
+#[test]
+fn agent_entry() {
+    // Only as a re-executed agent; a no-op in a normal test run.
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let report = PathBuf::from(std::env::var(REPORT).unwrap());
+    match role.as_str() {
+        "self-rollback" => self_rollback_agent(&report),
+        "die-mid-request" => {
+            // Sends a restore and dies before the answer: the supervisor must not care.
+            let mut s = UnixStream::connect(std::env::var("ENVIRONMENT_SOCKET").unwrap()).unwrap();
+            s.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"restore\",\"params\":{\"version\":\"main~1\"}}\n")
+                .unwrap();
+            std::process::abort();
+        }
+        other => panic!("unknown agent role {other}"),
+    }
+}
+
+/// Breaks the workspace, asks for a rollback over the socket, checks the files in the same
+/// process, and reports its pid before and after.
+fn self_rollback_agent(report: &Path) {
+    let pid_before = std::process::id();
+    let ws = std::env::current_dir().unwrap();
+    let mut control = ControlClient::from_env().unwrap();
+    let marked = control.mark("before").unwrap();
+    assert_eq!(marked["name"], "before");
+
+    std::fs::remove_dir_all(ws.join("src")).unwrap();
+    std::fs::write(ws.join("config.toml"), "debug = true # broken\n").unwrap();
+    std::fs::write(ws.join("junk.txt"), "scratch").unwrap();
+
+    let preview = control.restore("before", true).unwrap();
+    assert_eq!(preview["dry_run"], true);
+    assert!(
+        preview["steps"]["writes"].as_u64().unwrap() >= 3,
+        "{preview}"
+    );
+    assert_eq!(preview["steps"]["remove"], json!(["junk.txt"]), "{preview}");
+    // A preview changes nothing on disk.
+    assert!(ws.join("junk.txt").exists());
+
+    let restored = control.restore("before", false).unwrap();
+    let version = restored["version"].as_str().unwrap().to_owned();
+    assert_eq!(restored["restored_to"], marked["version"]);
+
+    // Same process, files back.
+    assert_eq!(
+        std::fs::read_to_string(ws.join("src/main.rs")).unwrap(),
+        "fn main() {}\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("config.toml")).unwrap(),
+        "debug = false\n"
+    );
+    assert!(!ws.join("junk.txt").exists());
+    let status = control.status().unwrap();
+    assert_eq!(status["head"], version.as_str());
+    std::fs::write(
+        report,
+        json!({
+            "pid_before": pid_before,
+            "pid_after": std::process::id(),
+            "pid_seen_by_supervisor": status["agent_pid"],
+            "version": version,
+        })
+        .to_string(),
+    )
+    .unwrap();
+}
+
+// ---- self-rollback -------------------------------------------------------------------------
+
+fn self_rollback_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let expected = disk(&work, &no_skip);
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    let report = dir.join("report.json");
+    let exit = sup.run_agent(agent_spec("self-rollback", &report)).unwrap();
+    assert!(exit.success(), "the agent failed: {exit:?}");
+    assert_eq!(exit.restarts, 0);
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["pid_before"], r["pid_after"]);
+    assert_eq!(r["pid_before"], exit.pid);
+    assert_eq!(r["pid_seen_by_supervisor"], exit.pid);
+    assert_eq!(disk(&work, &no_skip), expected);
+    let rollback = sup
+        .env()
+        .op(&sup.env().resolve(r["version"].as_str().unwrap()).unwrap())
+        .unwrap();
+    assert!(rollback.flags.contains(OpFlags::ROLLBACK));
+    assert_eq!(rollback.actor, agent());
+    let summary = sup.shutdown().unwrap();
+    assert_eq!(summary.rollbacks, 1);
+    assert_eq!(summary.denied, 0);
+    assert!(summary.requests >= 4);
+    assert_eq!(summary.agent.unwrap().pid, exit.pid);
+    reopen_and_verify(&home, &work);
+}
+
+#[test]
+fn an_agent_rolls_itself_back_and_keeps_running() {
+    let dir = tempfile::tempdir().unwrap();
+    self_rollback_scenario(dir.path());
+}
+
+// ---- authorization -------------------------------------------------------------------------
+
+const RULES: &str = r#"
+[[rule]]
+id = "supervisor-captures"
+effect = "permit"
+principal = "service:supervisor"
+actions = ["read", "write", "delete"]
+resource = "*"
+
+[[rule]]
+id = "agent-reads"
+effect = "permit"
+principal = "agent:coder"
+actions = ["read"]
+resource = "*"
+
+[[rule]]
+id = "agent-rolls-back"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write"]
+resource = { branch = "main" }
+when = { operation = "restore" }
+
+[[rule]]
+id = "agent-marks"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write"]
+resource = { environment = true }
+when = { operation = "mark" }
+
+[[rule]]
+id = "agent-tasks"
+effect = "permit"
+principal = "agent:coder"
+actions = ["publish", "consume"]
+resource = { topic = "tasks" }
+
+[[rule]]
+id = "deploys-need-approval"
+effect = "permit"
+principal = "agent:coder"
+actions = ["publish"]
+resource = { topic = "deploy" }
+approval_from = ["human:operator"]
+"#;
+
+fn blob_count(env: &LocalEnvironment) -> usize {
+    env.blobs().list().unwrap().len()
+}
+
+fn full_history(env: &LocalEnvironment) -> Vec<String> {
+    env.history(
+        &ActorId::new("service:supervisor").unwrap(),
+        "main",
+        &HistoryOptions {
+            all: true,
+            limit: 10_000,
+        },
+    )
+    .unwrap()
+    .iter()
+    .map(ToString::to_string)
+    .collect()
+}
+
+fn denied(e: environment_sandbox::ControlError) -> Value {
+    assert_eq!(e.code(), Some(rpc::DENIED), "{e:?}");
+    let text = e.for_agent();
+    assert!(
+        text.starts_with("The action was NOT performed"),
+        "the agent-facing text says first that nothing happened: {text}"
+    );
+    match e {
+        environment_sandbox::ControlError::Rpc { data, .. } => data,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn authorization_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let policy = Arc::new(Policy::open(&dir.join("policy.db"), Arc::new(SystemClock)).unwrap());
+    policy.load_rules(RULES).unwrap();
+    let bus = Bus::open(dir.join("bus.db"), BusConfig::default()).unwrap();
+    for t in ["tasks", "deploy"] {
+        bus.create_topic(t).wait().unwrap();
+    }
+    bus.create_group("tasks", &["tasks"], GroupOptions::default())
+        .wait()
+        .unwrap();
+    let mut cfg = config(&work, &home);
+    cfg.policy = Some(policy.clone());
+    cfg.bus = Some(bus.clone());
+    let sup = Supervisor::open(cfg).unwrap();
+    let env = sup.env().clone();
+    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
+
+    // gc is not the agent's to call: refused with the agent-facing text, and nothing changes —
+    // not even an orphan blob that a gc would have swept.
+    let orphan = env.blobs().put(b"referenced by nothing").unwrap();
+    let (history, blobs) = (full_history(&env), blob_count(&env));
+    let data = denied(c.call("gc", Value::Null).unwrap_err());
+    assert_eq!(data["verdict"], "deny");
+    assert!(
+        data["for_agent"]
+            .as_str()
+            .unwrap()
+            .contains("no rule permits")
+    );
+    assert_eq!(full_history(&env), history);
+    assert_eq!(blob_count(&env), blobs);
+    assert!(env.blobs().contains(&orphan));
+
+    // What the rules allow works: history, mark, a restore.
+    let good = c.mark("good").unwrap()["version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        !c.history(10).unwrap()["entries"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    std::fs::write(work.join("config.toml"), "broken").unwrap();
+    let restored = c.restore("good", false).unwrap();
+    assert_eq!(restored["restored_to"], good.as_str());
+    assert_eq!(
+        std::fs::read_to_string(work.join("config.toml")).unwrap(),
+        "debug = false\n"
+    );
+
+    // A read-only token: reads pass, the restore its holder could do without it does not.
+    let token = policy
+        .issue_token(
+            "agent:coder",
+            TokenLimits {
+                actions: Some(vec!["read".into()]),
+                ..TokenLimits::default()
+            },
+        )
+        .unwrap()
+        .encode();
+    let mut scoped = ControlClient::connect(sup.socket_path())
+        .unwrap()
+        .with_token(Some(token));
+    assert!(scoped.status().is_ok());
+    assert!(scoped.restore("good", true).is_ok(), "a preview is a read");
+    std::fs::write(work.join("config.toml"), "broken again").unwrap();
+    sup.capture("break it").unwrap().unwrap();
+    let (history, blobs) = (full_history(&env), blob_count(&env));
+    let data = denied(scoped.restore("good", false).unwrap_err());
+    assert!(
+        data["for_agent"].as_str().unwrap().contains("token"),
+        "{data}"
+    );
+    assert_eq!(full_history(&env), history);
+    assert_eq!(blob_count(&env), blobs);
+    assert_eq!(
+        std::fs::read_to_string(work.join("config.toml")).unwrap(),
+        "broken again"
+    );
+    // A token made for someone else is no good either.
+    let foreign = policy
+        .issue_token("agent:other", TokenLimits::default())
+        .unwrap()
+        .encode();
+    denied(c.call("status", json!({ "token": foreign })).unwrap_err());
+
+    // The queue, through the same gate.
+    let published = c
+        .call(
+            "queue.publish",
+            json!({ "topic": "tasks", "payload": "fix the build" }),
+        )
+        .unwrap();
+    assert_eq!(published["duplicate"], false);
+    let leases = c.call("queue.claim", json!({ "group": "tasks" })).unwrap();
+    let lease = &leases["leases"][0];
+    assert_eq!(lease["payload"], "fix the build");
+    assert_eq!(lease["publisher"], "agent:coder");
+    c.call("queue.ack", json!({ "receipt": lease["receipt"] }))
+        .unwrap();
+    let again = c
+        .call("queue.ack", json!({ "receipt": lease["receipt"] }))
+        .unwrap_err();
+    assert_eq!(again.code(), Some(rpc::INVALID_PARAMS), "{again:?}");
+    // A deploy needs a human's approval: refused with the approval filed.
+    let data = denied(
+        c.call(
+            "queue.publish",
+            json!({ "topic": "deploy", "payload": "v2" }),
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(data["verdict"], "needs_approval");
+    let approval = data["approval"].as_str().unwrap().to_owned();
+    assert_eq!(policy.approval(&approval).unwrap().actor, "agent:coder");
+    // approval.request is gated like everything else: no rule lets the agent file one.
+    denied(
+        c.call(
+            "approval.request",
+            json!({ "action": "publish", "resource": { "topic": "deploy" } }),
+        )
+        .unwrap_err(),
+    );
+
+    // The agent may ask what it may do (a read of the environment).
+    let why = c
+        .call(
+            "policy.explain",
+            json!({ "action": "delete", "resource": { "environment": true }, "operation": "gc" }),
+        )
+        .unwrap();
+    assert_eq!(why["allowed"], false);
+    assert!(
+        why["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("did NOT happen")
+    );
+    let may = c
+        .call(
+            "policy.what_may_i_do",
+            json!({ "resource": { "topic": "tasks" } }),
+        )
+        .unwrap();
+    let actions: BTreeSet<&str> = may["permissions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["action"].as_str().unwrap())
+        .collect();
+    assert!(
+        actions.contains("publish") && actions.contains("consume"),
+        "{may}"
+    );
+
+    let summary = sup.shutdown().unwrap();
+    assert!(summary.denied >= 5, "{summary:?}");
+    reopen_and_verify(&home, &work);
+}
+
+#[test]
+fn the_socket_refuses_what_the_policy_does_not_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    authorization_scenario(dir.path());
+}
+
+// ---- malformed requests --------------------------------------------------------------------
+
+struct Raw {
+    w: UnixStream,
+    r: BufReader<UnixStream>,
+}
+
+impl Raw {
+    fn connect(path: &Path) -> Raw {
+        let w = UnixStream::connect(path).unwrap();
+        w.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let r = BufReader::new(w.try_clone().unwrap());
+        Raw { w, r }
+    }
+    fn send(&mut self, line: &[u8]) {
+        self.w.write_all(line).unwrap();
+        self.w.write_all(b"\n").unwrap();
+    }
+    fn recv(&mut self) -> Value {
+        let mut s = String::new();
+        assert!(self.r.read_line(&mut s).unwrap() > 0, "connection closed");
+        serde_json::from_str(&s).unwrap()
+    }
+    fn ask(&mut self, line: &str) -> Value {
+        self.send(line.as_bytes());
+        self.recv()
+    }
+}
+
+fn code(v: &Value) -> i64 {
+    v["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no error: {v}"))
+}
+
+#[test]
+fn malformed_requests_get_errors_and_the_connection_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    let mut c = Raw::connect(sup.socket_path());
+    let head = sup.env().head("main").unwrap();
+
+    let v = c.ask("this is not json");
+    assert_eq!(code(&v), rpc::PARSE_ERROR);
+    assert_eq!(v["id"], Value::Null);
+    assert!(
+        v["error"]["data"]["for_agent"]
+            .as_str()
+            .unwrap()
+            .starts_with("The action was NOT performed")
+    );
+    assert_eq!(
+        code(&c.ask(r#"{"jsonrpc":"2.0","id":1}"#)),
+        rpc::INVALID_REQUEST
+    );
+    let v = c.ask(r#"{"jsonrpc":"1.0","id":2,"method":"status"}"#);
+    assert_eq!(
+        (code(&v), v["id"].clone()),
+        (rpc::INVALID_REQUEST, json!(2))
+    );
+    assert_eq!(code(&c.ask(r#"[]"#)), rpc::INVALID_REQUEST);
+    assert_eq!(
+        code(&c.ask(r#"{"jsonrpc":"2.0","id":3,"method":"rm -rf"}"#)),
+        rpc::METHOD_NOT_FOUND
+    );
+    assert_eq!(
+        code(&c.ask(r#"{"jsonrpc":"2.0","id":4,"method":"mark","params":["x"]}"#)),
+        rpc::INVALID_PARAMS
+    );
+    assert_eq!(
+        code(&c.ask(
+            r#"{"jsonrpc":"2.0","id":5,"method":"mark","params":{"name":"x","colour":"red"}}"#
+        )),
+        rpc::INVALID_PARAMS
+    );
+    assert_eq!(
+        code(&c.ask(r#"{"jsonrpc":"2.0","id":6,"method":"restore","params":{"version":42}}"#)),
+        rpc::INVALID_PARAMS
+    );
+    assert_eq!(
+        code(&c.ask(
+            r#"{"jsonrpc":"2.0","id":7,"method":"restore","params":{"version":"deadbeef00"}}"#
+        )),
+        rpc::UNKNOWN_VERSION
+    );
+    assert_eq!(
+        code(&c.ask(
+            r#"{"jsonrpc":"2.0","id":8,"method":"diff","params":{"from":"main","prefix":"../etc"}}"#
+        )),
+        rpc::INVALID_PARAMS
+    );
+    assert_eq!(
+        code(&c.ask(r#"{"jsonrpc":"2.0","id":9,"method":"queue.publish","params":{"topic":"t","payload":"p"}}"#)),
+        rpc::UNAVAILABLE
+    );
+    // Nothing of that changed anything.
+    assert_eq!(sup.env().head("main").unwrap(), head);
+    assert!(sup.env().marks().unwrap().is_empty());
+
+    // An oversized line is refused and skipped.
+    let mut huge = br#"{"jsonrpc":"2.0","id":10,"method":"status","params":{"pad":""#.to_vec();
+    huge.extend(std::iter::repeat_n(b'x', rpc::MAX_MESSAGE_BYTES + 10));
+    huge.extend(br#""}}"#);
+    c.send(&huge);
+    assert_eq!(code(&c.recv()), rpc::INVALID_REQUEST);
+
+    // A notification is carried out and not answered; a name taken is a conflict.
+    c.send(br#"{"jsonrpc":"2.0","method":"mark","params":{"name":"quiet"}}"#);
+    let v = c.ask(r#"{"jsonrpc":"2.0","id":11,"method":"mark","params":{"name":"quiet"}}"#);
+    assert_eq!((code(&v), v["id"].clone()), (rpc::CONFLICT, json!(11)));
+    assert_eq!(sup.env().marks().unwrap().len(), 1);
+
+    // A batch: answers in order, none for its notification.
+    let v = c.ask(
+        r#"[{"jsonrpc":"2.0","id":"a","method":"status"},{"jsonrpc":"2.0","method":"status"},{"jsonrpc":"2.0","id":"b","method":"nope"}]"#,
+    );
+    let answers = v.as_array().unwrap();
+    assert_eq!(answers.len(), 2);
+    assert_eq!(answers[0]["id"], "a");
+    assert!(answers[0]["result"]["head"].is_string());
+    assert_eq!(
+        (code(&answers[1]), answers[1]["id"].clone()),
+        (rpc::METHOD_NOT_FOUND, json!("b"))
+    );
+
+    // Still the same connection, still answering.
+    let v = c.ask(r#"{"jsonrpc":"2.0","id":12,"method":"status"}"#);
+    assert_eq!(v["result"]["actor"], "agent:coder");
+    sup.shutdown().unwrap();
+}
+
+// ---- crashes -------------------------------------------------------------------------------
+
+#[test]
+fn an_agent_killed_mid_work_or_mid_request_corrupts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    // A busy writer, killed with SIGKILL.
+    let pid = sup
+        .spawn_agent(AgentSpec::new([
+            "sh",
+            "-c",
+            "i=0; while :; do i=$((i+1)); mkdir -p d$((i%7)); echo $i > d$((i%7))/f$((i%13)); rm -f d$((i%5))/f$((i%11)); done",
+        ]))
+        .unwrap();
+    wait_for("the agent's first files", || work.join("d1").exists());
+    std::thread::sleep(Duration::from_millis(300));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let exit = sup.wait_agent().unwrap();
+    assert_eq!(exit.signal, Some(9));
+    // An agent that dies right after sending a request.
+    sup.capture("before the second agent").unwrap();
+    let exit = sup
+        .run_agent(agent_spec("die-mid-request", &dir.path().join("unused")))
+        .unwrap();
+    assert_eq!(exit.signal, Some(6), "{exit:?}");
+    let summary = sup.shutdown().unwrap();
+    assert!(summary.captures >= 1);
+    // The request was read whole before its sender died, so it was carried out.
+    assert_eq!(summary.rollbacks, 1, "{summary:?}");
+    reopen_and_verify(&home, &work);
+}
+
+// ---- rollbacks from outside ----------------------------------------------------------------
+
+fn pids(file: &Path) -> Vec<u32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    rustix::process::test_kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap()).is_ok()
+}
+
+fn outside_rollback_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    let good = sup.env().head("main").unwrap();
+    let expected = disk(&work, &no_skip);
+    let pid_file = dir.join("pids");
+    let script = format!("echo $$ >> '{}'; exec sleep 1000", pid_file.display());
+    let first = sup
+        .spawn_agent(AgentSpec::new(["sh", "-c", &script]))
+        .unwrap();
+    wait_for("the agent's pid", || pids(&pid_file).len() == 1);
+    assert_eq!(pids(&pid_file), [first]);
+
+    // Keep running: the files come back under the same process.
+    std::fs::remove_file(work.join("src/lib.rs")).unwrap();
+    std::fs::write(work.join("new.txt"), "new").unwrap();
+    let r = sup
+        .rollback(&human(), &good.to_string(), RollbackMode::KeepRunning)
+        .unwrap();
+    assert_eq!(r.agent_pid, Some(first));
+    assert!(!r.restarted);
+    assert_eq!((r.writes, r.removals), (1, 1));
+    assert_eq!(disk(&work, &no_skip), expected);
+    assert!(alive(first));
+    assert_eq!(sup.agent_pid(), Some(first));
+
+    // Restart: stopped, restored, started again with the same command.
+    std::fs::write(work.join("config.toml"), "debug = true\n").unwrap();
+    let r = sup
+        .rollback(
+            &human(),
+            &good.to_string(),
+            RollbackMode::RestartAgent {
+                grace: Duration::from_secs(5),
+            },
+        )
+        .unwrap();
+    assert!(r.restarted);
+    let second = r.agent_pid.unwrap();
+    assert_ne!(second, first);
+    assert_eq!(disk(&work, &no_skip), expected);
+    wait_for("the restarted agent's pid", || pids(&pid_file).len() == 2);
+    assert_eq!(pids(&pid_file), [first, second]);
+    assert_eq!(sup.agent_pid(), Some(second));
+    let op = sup
+        .env()
+        .op(&sup.env().resolve(&r.version).unwrap())
+        .unwrap();
+    assert!(op.flags.contains(OpFlags::ROLLBACK));
+    assert_eq!(op.actor, human());
+
+    let summary = sup.shutdown_with_grace(Duration::from_secs(5)).unwrap();
+    let exit = summary.agent.unwrap();
+    assert_eq!(
+        (exit.pid, exit.restarts, exit.signal),
+        (second, 1, Some(15))
+    );
+    assert_eq!(summary.rollbacks, 2);
+    assert!(!alive(first) && !alive(second));
+    reopen_and_verify(&home, &work);
+}
+
+#[test]
+fn a_rollback_from_outside_keeps_or_restarts_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    outside_rollback_scenario(dir.path());
+}
+
+// ---- shutdown ------------------------------------------------------------------------------
+
+#[test]
+fn shutdown_takes_a_final_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let mut cfg = config(&work, &home);
+    // No automatic capture will come before the end.
+    cfg.quiet_period = Duration::from_secs(600);
+    cfg.max_wait = Duration::from_secs(600);
+    let sup = Supervisor::open(cfg).unwrap();
+    let before = sup.env().head("main").unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "echo late > late.txt; touch '{}'; exec sleep 1000",
+        ready.display()
+    );
+    sup.spawn_agent(AgentSpec::new(["sh", "-c", &script]))
+        .unwrap();
+    wait_for("the agent", || ready.exists());
+    assert_eq!(sup.env().head("main").unwrap(), before);
+    let summary = sup.shutdown_with_grace(Duration::from_secs(5)).unwrap();
+    assert_eq!(summary.files_changed, 1);
+    assert_eq!(summary.agent.unwrap().signal, Some(15));
+    assert_ne!(summary.final_version, before.to_string());
+    reopen_and_verify(&home, &work);
+}
+
+const SUPERVISOR_DIR: &str = "ENVIRONMENT_TEST_SUPERVISOR_DIR";
+
+#[test]
+fn supervisor_process_entry() {
+    // Only when re-executed by `sigterm_stops_the_supervisor_with_a_final_capture`.
+    let Ok(dir) = std::env::var(SUPERVISOR_DIR) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let (work, home) = (dir.join("work"), dir.join("home"));
+    let mut cfg = config(&work, &home);
+    cfg.quiet_period = Duration::from_secs(600);
+    cfg.max_wait = Duration::from_secs(600);
+    let sup = Supervisor::open(cfg).unwrap();
+    let script = format!(
+        "echo late > late.txt; touch '{}'; exec sleep 1000",
+        dir.join("agent-ready").display()
+    );
+    sup.spawn_agent(AgentSpec::new(["sh", "-c", &script]))
+        .unwrap();
+    let summary = sup.run_until_signal(Duration::from_secs(5)).unwrap();
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_vec(&summary).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn sigterm_stops_the_supervisor_with_a_final_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "supervisor_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(SUPERVISOR_DIR, dir.path())
+        .spawn()
+        .unwrap();
+    wait_for("the supervised agent", || {
+        dir.path().join("agent-ready").exists()
+    });
+    // The handlers are installed right after the agent starts; give them a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "the supervisor process failed: {status:?}"
+    );
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["files_changed"], 1, "{summary}");
+    assert_eq!(summary["agent"]["signal"], 15);
+    reopen_and_verify(&home, &work);
+    assert!(work.join("late.txt").exists());
+    assert!(
+        !home.join("run/control.sock").exists(),
+        "the socket is removed"
+    );
+}
+
+// ---- setup errors --------------------------------------------------------------------------
+
+#[test]
+fn the_home_may_not_live_inside_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, _) = layout(dir.path());
+    let err = Supervisor::open(config(&work, &work.join(".env"))).unwrap_err();
+    assert!(err.to_string().contains("inside the workspace"), "{err}");
+    let mut cfg = config(&work, &dir.path().join("home"));
+    cfg.socket = Some(work.join("control.sock"));
+    assert!(Supervisor::open(cfg).is_err());
+    assert!(!work.join("control.sock").exists());
+}
+
+#[test]
+fn a_second_supervisor_on_the_same_socket_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    let mut cfg = config(&work, &dir.path().join("home2"));
+    cfg.socket = Some(sup.socket_path().to_owned());
+    let err = Supervisor::open(cfg).unwrap_err();
+    assert!(err.to_string().contains("in use"), "{err}");
+    // The first one still answers.
+    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
+    assert!(c.status().is_ok());
+    sup.shutdown().unwrap();
+}
+
+// ---- schema --------------------------------------------------------------------------------
+
+#[test]
+fn the_schema_and_the_dispatcher_list_the_same_methods() {
+    let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+    let in_schema: BTreeSet<String> = schema["methods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_owned())
+        .collect();
+    let dispatched: BTreeSet<String> = Method::ALL.iter().map(|m| m.name().to_owned()).collect();
+    assert_eq!(in_schema, dispatched);
+    for name in &in_schema {
+        assert_eq!(
+            Method::from_name(name).map(|m| m.name()),
+            Some(name.as_str())
+        );
+    }
+    // Every error code the dispatcher can answer with is documented.
+    let codes: BTreeSet<i64> = schema["components"]["errors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|e| e["code"].as_i64().unwrap())
+        .collect();
+    let ours = [
+        rpc::PARSE_ERROR,
+        rpc::INVALID_REQUEST,
+        rpc::METHOD_NOT_FOUND,
+        rpc::INVALID_PARAMS,
+        rpc::INTERNAL_ERROR,
+        rpc::DENIED,
+        rpc::UNKNOWN_VERSION,
+        rpc::CONFLICT,
+        rpc::UNAVAILABLE,
+    ];
+    assert_eq!(codes, ours.into_iter().collect());
+    // And each method's documented errors resolve to one of them.
+    for m in schema["methods"].as_array().unwrap() {
+        for e in m["errors"].as_array().unwrap() {
+            let r = e["$ref"].as_str().unwrap();
+            let name = r.rsplit('/').next().unwrap();
+            assert!(schema["components"]["errors"][name].is_object(), "{r}");
+        }
+        assert!(m["x-authorization"]["action"].is_string(), "{}", m["name"]);
+    }
+    // A method the schema does not list is not dispatched.
+    assert!(Method::from_name("rpc.discover").is_none());
+}
+
+// ---- shell methods ------------------------------------------------------------------------
+
+/// A stand-in for the sandbox's shell: records what it was asked and answers with output it
+/// stored. The supervisor's part — authorization, the actor, the wire format — is what is tested.
+struct StubShell {
+    env: LocalEnvironment,
+    asked: std::sync::Mutex<Vec<ExecRequest>>,
+}
+
+#[async_trait::async_trait]
+impl ShellExec for StubShell {
+    async fn exec(&self, request: ExecRequest) -> environment_core::Result<ExecOutcome> {
+        let out = self.env.blobs().put(b"hello\n").unwrap();
+        let stored = StoredOutput {
+            blob: out,
+            total: 6,
+            stored: 6,
+            truncated: false,
+            preview: "hello\n".into(),
+        };
+        self.asked.lock().unwrap().push(request);
+        Ok(ExecOutcome {
+            exit: Exit::Code(0),
+            stdout: stored.clone(),
+            stderr: StoredOutput {
+                total: 0,
+                stored: 0,
+                preview: String::new(),
+                blob: self.env.blobs().put(b"").unwrap(),
+                truncated: false,
+            },
+            op: self.env.head("main").unwrap(),
+            files_changed: 0,
+            duration_ms: 1,
+        })
+    }
+}
+
+#[test]
+fn exec_is_authorized_as_the_agent_before_the_shell_sees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
+    policy
+        .load_rules(&format!(
+            "{RULES}\n{}",
+            r#"
+[[rule]]
+id = "agent-echoes"
+effect = "permit"
+principal = "agent:coder"
+actions = ["execute"]
+resource = { program = "echo", args = ["..."] }
+"#
+        ))
+        .unwrap();
+    let mut cfg = config(&work, &home);
+    cfg.policy = Some(policy);
+    let sup = Supervisor::open(cfg).unwrap();
+    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
+    let err = c
+        .call("exec", json!({ "argv": ["echo", "hi"] }))
+        .unwrap_err();
+    assert_eq!(err.code(), Some(rpc::UNAVAILABLE), "{err:?}");
+
+    let stub = Arc::new(StubShell {
+        env: sup.env().clone(),
+        asked: Default::default(),
+    });
+    sup.attach_shell(ShellHandles {
+        exec: Some(stub.clone()),
+        ..ShellHandles::default()
+    });
+    let out = c
+        .call(
+            "exec",
+            json!({ "argv": ["echo", "hi"], "cwd": "src", "intent": "say hi", "timeout_ms": 5000 }),
+        )
+        .unwrap();
+    assert_eq!(out["success"], true);
+    assert_eq!(out["exit"], json!({ "code": 0 }));
+    assert_eq!(out["stdout"]["text"], "hello\n");
+    {
+        let asked = stub.asked.lock().unwrap();
+        assert_eq!(asked.len(), 1);
+        let r = &asked[0];
+        assert_eq!(r.command.actor, agent());
+        assert_eq!(r.command.argv, ["echo", "hi"]);
+        assert_eq!(r.command.cwd.as_deref(), Some("src"));
+        assert_eq!(r.command.intent, "say hi");
+        assert_eq!(r.timeout_ms, Some(5000));
+    }
+    // A program the policy does not allow never reaches the shell.
+    let data = denied(
+        c.call("exec", json!({ "argv": ["rm", "-rf", "src"] }))
+            .unwrap_err(),
+    );
+    assert!(data["for_agent"].as_str().unwrap().contains("rm"), "{data}");
+    // Nor does a request that tries to choose its actor, or has no program.
+    for bad in [
+        json!({ "argv": ["echo"], "actor": "human:operator" }),
+        json!({ "argv": [] }),
+        json!({ "argv": ["echo"], "stdin": 3 }),
+    ] {
+        let err = c.call("exec", bad).unwrap_err();
+        assert_eq!(err.code(), Some(rpc::INVALID_PARAMS), "{err:?}");
+    }
+    assert_eq!(stub.asked.lock().unwrap().len(), 1);
+    // Methods whose capability is not attached say so.
+    let err = c.call("process.list", Value::Null).unwrap_err();
+    assert_eq!(err.code(), Some(rpc::UNAVAILABLE));
+    sup.shutdown().unwrap();
+}
+
+// ---- as an unprivileged user ---------------------------------------------------------------
+
+#[test]
+fn unprivileged_entry() {
+    // The scenarios, when re-executed by `the_supervisor_works_as_an_unprivileged_user`.
+    let Ok(dir) = std::env::var(UNPRIVILEGED) else {
+        return;
+    };
+    assert_ne!(
+        rustix::process::geteuid().as_raw(),
+        0,
+        "the child must not be root"
+    );
+    let dir = PathBuf::from(dir);
+    for (name, scenario) in [
+        ("self-rollback", self_rollback_scenario as fn(&Path)),
+        ("authorization", authorization_scenario),
+        ("outside-rollback", outside_rollback_scenario),
+    ] {
+        let sub = dir.join(name);
+        std::fs::create_dir(&sub).unwrap();
+        scenario(&sub);
+    }
+    std::fs::write(
+        dir.join("scenario-done"),
+        rustix::process::geteuid().as_raw().to_string(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_supervisor_works_as_an_unprivileged_user() {
+    if !rustix::process::geteuid().is_root() {
+        // Already unprivileged: the scenarios above ran as this user.
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    rustix::fs::chown(
+        dir.path(),
+        Some(rustix::fs::Uid::from_raw(NOBODY)),
+        Some(rustix::fs::Gid::from_raw(NOBODY)),
+    )
+    .unwrap();
+    let status = Command::new("setpriv")
+        .args([
+            format!("--reuid={NOBODY}"),
+            format!("--regid={NOBODY}"),
+            "--clear-groups".into(),
+            "--".into(),
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "unprivileged_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(UNPRIVILEGED, dir.path())
+        .env("HOME", dir.path())
+        .status()
+        .expect("setpriv (util-linux) is needed to drop privileges");
+    assert!(status.success(), "the unprivileged scenarios failed");
+    let uid = std::fs::read_to_string(dir.path().join("scenario-done"))
+        .expect("the scenarios ran to their end");
+    assert_eq!(uid, NOBODY.to_string());
+}
