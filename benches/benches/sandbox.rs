@@ -2,6 +2,9 @@
 //! capture after 1 and 1,000 changed files vs `git add -A && git commit`; restore of 1 and 1,000
 //! files vs `rsync -a --delete` (a full scan); the first capture of the whole tree vs `cp -a`.
 //!
+//! A recorded `exec` of `true` (authorize, run, store its output, capture, commit one operation)
+//! vs spawning and waiting for `true` alone.
+//!
 //! `cargo bench -p environment-benches --bench sandbox` uses the reference shape `repo-100k-small`
 //! from `shared/workloads/gen_tree.py`; run once as a test it uses a small tree.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -12,7 +15,7 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, OpId, Options};
-use environment_sandbox::{Tracker, TrackerConfig};
+use environment_sandbox::{ForkConfig, Forks, Tracker, TrackerConfig};
 
 fn bench_mode() -> bool {
     std::env::args().any(|a| a == "--bench")
@@ -251,9 +254,87 @@ fn bench_first_capture(c: &mut Criterion) {
     drop(f.tracker);
 }
 
+fn bench_exec(c: &mut Criterion) {
+    use environment_core::{ExecRequest, ShellExec};
+    use environment_sandbox::{Shell, Unconfined};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    for i in 0..100 {
+        let d = work.join(format!("d{}", i % 10));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let env = LocalEnvironment::open(dir.path().join("home"), Options::default()).unwrap();
+    // As a supervisor runs it: automatic captures on, held off while the command runs.
+    let cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    let tracker = Arc::new(Tracker::open(env, cfg).unwrap());
+    let shell = Shell::new(Arc::new(Unconfined::new(&work)), tracker, None).unwrap();
+    let agent = ActorId::new("agent:bench").unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("exec");
+    g.bench_function("recorded exec of true, capture included", |b| {
+        b.iter(|| {
+            let out = rt
+                .block_on(shell.exec(ExecRequest::new(agent.clone(), ["true"])))
+                .unwrap();
+            assert!(out.exit.success());
+        })
+    });
+    g.bench_function("spawn and wait for true alone", |b| {
+        b.iter(|| assert!(Command::new("true").status().unwrap().success()))
+    });
+    g.finish();
+}
+
+/// Forking the tree into 4 working trees (4 branches over one shared materialized base), beside
+/// what forking replaces: one full copy with `cp -a`. The base is materialized once per version
+/// before the measurement; its one-off cost is printed.
+fn bench_fork(c: &mut Criterion) {
+    let f = fixture();
+    let base = f.env.head("main").unwrap();
+    let forks = Forks::open(f.env.clone(), ForkConfig::default()).unwrap();
+    let started = std::time::Instant::now();
+    forks.materialize(&base).unwrap();
+    eprintln!(
+        "materialization of the base ({} files), once per version: {:?}",
+        f.files.len(),
+        started.elapsed()
+    );
+    let agent = ActorId::new("agent:bench").unwrap();
+    let mut g = c.benchmark_group("fork");
+    let mut n = 0u64;
+    g.bench_function("fork tree into 4 working trees", |b| {
+        b.iter(|| {
+            n += 1;
+            forks
+                .fork(&agent, &base, 4, &format!("bench/f{n}"))
+                .unwrap()
+        })
+    });
+    if bench_mode() {
+        g.sample_size(10);
+    }
+    g.bench_function("peer: cp -a tree (one copy)", |b| {
+        b.iter_batched(
+            || {
+                let _ = std::fs::remove_dir_all(f.scratch.join("copy"));
+            },
+            |()| sh(&f.scratch, &format!("cp -a {} copy", f.tree.display())),
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = bench_capture, bench_restore, bench_first_capture
+    targets = bench_exec, bench_capture, bench_restore, bench_first_capture, bench_fork
 }
 criterion_main!(benches);

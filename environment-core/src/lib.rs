@@ -58,8 +58,9 @@ pub use hash::Hash;
 pub use key::{Key, KeyError, KeyPrefix, Namespace};
 pub use local::branch::MergeOutcome;
 pub use local::{
-    ActRequest, BeginOutcome, Change, EffectRecord, EffectState, GcReport, HistoryEntry,
-    HistoryOptions, LocalEnvironment, MAIN, Observation, Options, Subscription, VerifyReport,
+    ActRequest, BeginOutcome, Change, Credentials, EffectRecord, EffectState, GcReport,
+    HistoryEntry, HistoryOptions, LocalEnvironment, MAIN, Observation, Options, Subscription,
+    VerifyReport,
 };
 pub use merge::{Conflict, ConflictSide};
 pub use op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation, Version};

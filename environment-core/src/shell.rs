@@ -232,7 +232,7 @@ pub struct ExecOutcome {
     pub stderr: StoredOutput,
     /// The operation that records it, its output and the files it changed.
     pub op: OpId,
-    /// How many workspace files it created, changed or deleted.
+    /// How many workspace paths (files, directories, links) it created, changed or deleted.
     pub files_changed: u64,
     /// How long it ran, in milliseconds.
     pub duration_ms: u64,

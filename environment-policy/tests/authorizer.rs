@@ -264,3 +264,82 @@ fn concurrent_checks_and_changes() {
     });
     assert!(p.is_member("agent:n0", "group:coders"));
 }
+
+/// Through environment-core: a handle presenting a granted approval gets the one merge it was
+/// granted for; a handle presenting a token is held to the token's limits.
+#[test]
+fn core_handles_present_approvals_and_tokens() {
+    use environment_core::{
+        ActRequest, ActorId, Credentials, EnvError, Intent, LocalEnvironment, Options, Value,
+    };
+    use environment_policy::TokenLimits;
+    let p = setup();
+    let dir = tempfile::tempdir().unwrap();
+    // The branch is set up by an administrator's handle that the policy does not govern.
+    let admin = LocalEnvironment::open(dir.path(), Options::default()).unwrap();
+    let main = admin.head("main").unwrap();
+    admin
+        .create_branch(&ActorId::system(), "topic", &main)
+        .unwrap();
+    drop(admin);
+    let env = LocalEnvironment::open(
+        dir.path(),
+        Options {
+            authorizer: p.clone(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let coder = ActorId::new("agent:c").unwrap();
+    let edit = |env: &LocalEnvironment, path: &str| {
+        env.act_blocking(
+            ActRequest::new(coder.clone(), Intent::edit("edit"))
+                .on("topic")
+                .put(Key::fs(path).unwrap(), Value::file("x")),
+        )
+    };
+    edit(&env, "src/a.rs").unwrap();
+
+    // The merge needs an approval; without one it is held and nothing changes.
+    let merge = |env: &LocalEnvironment| env.merge(&coder, "topic", "main", Intent::edit("merge"));
+    let held = merge(&env).unwrap_err();
+    assert!(matches!(held, EnvError::NotAllowed { .. }), "{held}");
+    assert_eq!(env.head("main").unwrap(), main);
+    let id = p
+        .approvals()
+        .into_iter()
+        .find(|a| a.actor == "agent:c")
+        .expect("the held merge filed an approval request")
+        .id;
+    p.grant(&id, "human:m", GrantScope::once()).unwrap();
+    let approved = env.presenting(Credentials {
+        approval: Some(id),
+        ..Credentials::default()
+    });
+    merge(&approved).unwrap();
+    assert_ne!(env.head("main").unwrap(), main);
+    // Once only: the next merge is held again, even presenting the spent approval.
+    edit(&env, "src/b.rs").unwrap();
+    assert!(merge(&approved).is_err());
+    // Other handles never presented anything.
+    assert!(merge(&env).is_err());
+
+    // A token narrows the bearer to its limits.
+    let token = p
+        .issue_token(
+            "agent:c",
+            TokenLimits {
+                paths: Some(vec!["src/only/**".into()]),
+                ..TokenLimits::default()
+            },
+        )
+        .unwrap();
+    let narrowed = env.presenting(Credentials {
+        token: Some(token.encode()),
+        ..Credentials::default()
+    });
+    let refused = edit(&narrowed, "src/c.rs").unwrap_err();
+    assert!(matches!(refused, EnvError::NotAllowed { .. }), "{refused}");
+    edit(&narrowed, "src/only/d.rs").unwrap();
+    edit(&env, "src/c.rs").unwrap();
+}

@@ -261,6 +261,37 @@ impl Reader<'_> {
     }
 }
 
+/// What a capture committed.
+#[derive(Clone, Debug)]
+pub struct Captured {
+    /// The operation, unless nothing changed.
+    pub observation: Option<Observation>,
+    /// How many tracked paths (files, directories, links) it created, changed or removed.
+    pub files: u64,
+}
+
+/// Reads `paths` (relative to `root`) as values, in parallel when there are many: `None` for a
+/// path that is gone, nothing for an ignored one. For captures of trees that are not watched
+/// (a fork's overlay upper layer).
+pub(crate) fn read_values(
+    root: &Root,
+    noise: &Noise,
+    blobs: &environment_core::BlobStore,
+    paths: Vec<Vec<u8>>,
+) -> Result<Vec<(Vec<u8>, Option<Value>)>> {
+    let bulk = paths.len() > BULK;
+    let reader = Reader { root, noise, blobs };
+    Ok(reader
+        .look_all(paths, bulk)?
+        .into_iter()
+        .filter_map(|(rel, seen)| match seen {
+            Seen::Present(v, _, _) => Some((rel, Some(v))),
+            Seen::Gone => Some((rel, None)),
+            Seen::Skipped => None,
+        })
+        .collect())
+}
+
 /// Reads changed paths and commits them.
 pub struct Capturer {
     pub(crate) env: LocalEnvironment,
@@ -346,6 +377,22 @@ impl Capturer {
         intent: Intent,
         flags: OpFlags,
     ) -> Result<Option<Observation>> {
+        Ok(self
+            .capture_with(dirty, None, intent, flags, Vec::new())?
+            .observation)
+    }
+
+    /// Captures the given paths like [`Capturer::capture`], attributed to `actor` (default: the
+    /// tracker's), with `extra` changes (e.g. a command's output objects) in the same operation.
+    /// An operation carrying extra changes is never quiet.
+    pub fn capture_with(
+        &mut self,
+        dirty: BTreeSet<Vec<u8>>,
+        actor: Option<&ActorId>,
+        intent: Intent,
+        flags: OpFlags,
+        extra: Vec<Change>,
+    ) -> Result<Captured> {
         let head = self.head()?;
         let bulk = dirty.len() > BULK;
         let guard = self
@@ -393,13 +440,18 @@ impl Capturer {
             }
         }
         // A path found again after its parent was removed stays.
-        let changes: Vec<Change> = changes
+        let files = changes.len() as u64;
+        let mut changes: Vec<Change> = changes
             .into_iter()
             .map(|(k, v)| match v {
                 Some(v) => Change::Put(k, v),
                 None => Change::Delete(k),
             })
             .collect();
+        if !extra.is_empty() {
+            all_quiet = false;
+            changes.extend(extra);
+        }
         let observation = if changes.is_empty() {
             None
         } else {
@@ -413,7 +465,7 @@ impl Capturer {
             if all_quiet {
                 flags |= OpFlags::QUIET;
             }
-            let mut req = ActRequest::new(self.actor.clone(), intent)
+            let mut req = ActRequest::new(actor.unwrap_or(&self.actor).clone(), intent)
                 .on(self.branch.clone())
                 .flags(flags);
             req.changes = changes;
@@ -422,7 +474,10 @@ impl Capturer {
         };
         drop(guard);
         self.cache.update(cache)?;
-        Ok(observation.filter(|o| !o.noop))
+        Ok(Captured {
+            observation: observation.filter(|o| !o.noop),
+            files,
+        })
     }
 
     /// Walks the whole tree and returns the paths whose stat differs from the cache, plus those

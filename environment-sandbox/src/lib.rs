@@ -6,6 +6,10 @@
 //! version can be restored in place, writing only what differs, through directory handles that
 //! never follow a symlink out of the tree; the processes working in it keep running.
 //!
+//! A [`Shell`] runs commands for agents through a [`Launcher`]: each recorded command is one
+//! operation holding the files it changed and its output; background processes and terminal
+//! sessions outlive the caller that started them.
+//!
 //! ```
 //! use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
 //! use environment_sandbox::{Tracker, TrackerConfig};
@@ -35,11 +39,13 @@
 pub mod capture;
 pub mod control;
 pub mod error;
+pub mod fork;
 pub mod fsops;
 pub mod launch;
 pub mod noise;
 pub mod restore;
 pub mod retention;
+pub mod shell;
 pub mod statcache;
 pub mod supervisor;
 pub mod tracker;
@@ -47,9 +53,11 @@ pub mod watch;
 
 pub use control::{ControlClient, ControlError};
 pub use error::{Result, SandboxError};
+pub use fork::{Candidate, ForkConfig, Forks, Pick, Tournament, TournamentReport, WorkingTree};
 pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
 pub use retention::{RetentionPolicy, ThinReport};
+pub use shell::Shell;
 pub use supervisor::{Supervisor, SupervisorConfig};
-pub use tracker::{Tracker, TrackerConfig};
+pub use tracker::{CaptureHold, Tracker, TrackerConfig};

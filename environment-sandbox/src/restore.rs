@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use environment_core::{Content, EntryKind, KeyChange, OpId, Value};
+use environment_core::{Content, EntryKind, KeyChange, LocalEnvironment, OpId, Value};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use serde_like::PlanEntry;
 
@@ -271,7 +271,7 @@ impl Capturer {
                     Mode::from_raw_mode(0o600),
                 )
                 .map_err(|e| SandboxError::io("create", path)(errno(e)))?;
-                if let Err(e) = self.fill(fd, v, path) {
+                if let Err(e) = fill(&self.env, fd, v, path) {
                     let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
                     return Err(e);
                 }
@@ -288,46 +288,6 @@ impl Capturer {
         let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| SandboxError::io("lstat", path)(errno(e)))?;
         Ok(Some(StatEntry::of(&st)))
-    }
-
-    /// Writes a file's content (leaving holes where the content is zeros, so sparse files stay
-    /// sparse), then its mode (after the content: writing clears setuid) and mtime.
-    fn fill(&self, fd: OwnedFd, v: &Value, path: &Path) -> Result<()> {
-        let bytes = match &v.content {
-            Content::Inline(b) => b.clone(),
-            Content::Blob(_) => self.env.content(v)?,
-        };
-        let mut file = File::from(fd);
-        let io = SandboxError::io;
-        const CHUNK: usize = 64 << 10;
-        let mut pos = 0usize;
-        while pos < bytes.len() {
-            let end = (pos + CHUNK).min(bytes.len());
-            let chunk = &bytes[pos..end];
-            if chunk.iter().all(|b| *b == 0) {
-                file.seek(SeekFrom::Current(chunk.len() as i64))
-                    .map_err(io("seek", path))?;
-            } else {
-                file.write_all(chunk).map_err(io("write", path))?;
-            }
-            pos = end;
-        }
-        file.set_len(bytes.len() as u64)
-            .map_err(io("truncate", path))?;
-        rustix::fs::fchmod(file.as_fd(), Mode::from_raw_mode(v.meta.mode & 0o7777))
-            .map_err(|e| io("chmod", path)(errno(e)))?;
-        if let Some(ns) = v.meta.mtime_ns {
-            let t = ts(ns);
-            rustix::fs::futimens(
-                file.as_fd(),
-                &Timestamps {
-                    last_access: t,
-                    last_modification: t,
-                },
-            )
-            .map_err(|e| io("utimens", path)(errno(e)))?;
-        }
-        Ok(())
     }
 
     /// Removes the non-ignored content of a directory, deepest first.
@@ -353,6 +313,46 @@ impl Capturer {
         }
         self.remove(path)
     }
+}
+
+/// Writes a file's content (leaving holes where the content is zeros, so sparse files stay
+/// sparse), then its mode (after the content: writing clears setuid) and mtime.
+pub(crate) fn fill(env: &LocalEnvironment, fd: OwnedFd, v: &Value, path: &Path) -> Result<()> {
+    let bytes = match &v.content {
+        Content::Inline(b) => b.clone(),
+        Content::Blob(_) => env.content(v)?,
+    };
+    let mut file = File::from(fd);
+    let io = SandboxError::io;
+    const CHUNK: usize = 64 << 10;
+    let mut pos = 0usize;
+    while pos < bytes.len() {
+        let end = (pos + CHUNK).min(bytes.len());
+        let chunk = &bytes[pos..end];
+        if chunk.iter().all(|b| *b == 0) {
+            file.seek(SeekFrom::Current(chunk.len() as i64))
+                .map_err(io("seek", path))?;
+        } else {
+            file.write_all(chunk).map_err(io("write", path))?;
+        }
+        pos = end;
+    }
+    file.set_len(bytes.len() as u64)
+        .map_err(io("truncate", path))?;
+    rustix::fs::fchmod(file.as_fd(), Mode::from_raw_mode(v.meta.mode & 0o7777))
+        .map_err(|e| io("chmod", path)(errno(e)))?;
+    if let Some(ns) = v.meta.mtime_ns {
+        let t = ts(ns);
+        rustix::fs::futimens(
+            file.as_fd(),
+            &Timestamps {
+                last_access: t,
+                last_modification: t,
+            },
+        )
+        .map_err(|e| io("utimens", path)(errno(e)))?;
+    }
+    Ok(())
 }
 
 fn ts(ns: i64) -> Timespec {

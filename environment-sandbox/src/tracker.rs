@@ -14,10 +14,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use environment_core::{
-    ActorId, Intent, IntentKind, LocalEnvironment, MAIN, Observation, OpFlags, OpId,
+    ActorId, Change, Intent, IntentKind, LocalEnvironment, MAIN, Observation, OpFlags, OpId,
 };
 
-use crate::capture::{Capturer, KeyMap};
+use crate::capture::{Captured, Capturer, KeyMap};
 use crate::error::{Result, SandboxError};
 use crate::fsops::Root;
 use crate::noise::{Noise, NoiseRules};
@@ -78,6 +78,8 @@ struct Shared {
     capturer: Mutex<Capturer>,
     stop: AtomicBool,
     captures: AtomicU64,
+    /// Commands running whose changes their own end-capture takes: automatic captures wait.
+    holds: AtomicU64,
     config: TrackerConfig,
 }
 
@@ -109,7 +111,7 @@ fn intent(text: &str) -> Intent {
 impl Tracker {
     /// Starts tracking: watches every directory, then captures whatever changed since the last
     /// capture recorded in the stat cache (everything, the first time).
-    pub fn open(env: LocalEnvironment, config: TrackerConfig) -> Result<Tracker> {
+    pub fn open(env: LocalEnvironment, mut config: TrackerConfig) -> Result<Tracker> {
         let root_path = config
             .root
             .canonicalize()
@@ -135,12 +137,14 @@ impl Tracker {
         };
         let dirty = capturer.rescan_dirty()?;
         capturer.capture(dirty, intent("initial capture"), OpFlags::AUTO_CAPTURE)?;
+        config.root = root_path;
         let shared = Arc::new(Shared {
             watcher: Mutex::new(watcher),
             pending: Mutex::new(Pending::default()),
             capturer: Mutex::new(capturer),
             stop: AtomicBool::new(false),
             captures: AtomicU64::new(0),
+            holds: AtomicU64::new(0),
             config,
         });
         let mut threads = Vec::new();
@@ -172,6 +176,80 @@ impl Tracker {
         drain(&self.shared);
         let mut capturer = lock(&self.shared.capturer);
         capture_pending(&self.shared, &mut capturer, intent, flags)
+    }
+
+    /// Keeps automatic captures away while a recorded command runs, so that the changes it
+    /// makes are all taken by [`Tracker::capture_command`] at its end, not split off into
+    /// automatic captures. Changes made before are captured first (an automatic capture), so
+    /// they are not attributed to the command. Explicit barriers and restores still capture.
+    /// Held until dropped; holds may overlap (concurrent commands: the first to end takes
+    /// everything dirty by then).
+    pub fn hold(&self) -> Result<CaptureHold> {
+        let hold = CaptureHold {
+            shared: self.shared.clone(),
+        };
+        self.shared.holds.fetch_add(1, Ordering::SeqCst);
+        // Under the capturer's lock: an automatic capture already under way finishes first.
+        drain(&self.shared);
+        let mut capturer = lock(&self.shared.capturer);
+        capture_pending(
+            &self.shared,
+            &mut capturer,
+            intent("automatic capture"),
+            OpFlags::AUTO_CAPTURE,
+        )?;
+        Ok(hold)
+    }
+
+    /// The capture barrier at the end of a recorded command: everything changed up to now, plus
+    /// `extra` changes (the command's output objects), in one operation attributed to `actor`
+    /// with the command's intent. Always records an operation when `extra` changes anything.
+    pub fn capture_command(
+        &self,
+        actor: &ActorId,
+        intent: Intent,
+        flags: OpFlags,
+        extra: Vec<Change>,
+    ) -> Result<Captured> {
+        drain(&self.shared);
+        let mut capturer = lock(&self.shared.capturer);
+        let (dirty, intent) = take_pending(&self.shared, &capturer, intent)?;
+        let kept = dirty.clone();
+        match capturer.capture_with(dirty, Some(actor), intent, flags, extra) {
+            Ok(captured) => {
+                if captured.observation.is_some() {
+                    self.shared.captures.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(captured)
+            }
+            Err(e) => {
+                // Not recorded (e.g. the actor may not write a key the command changed): the
+                // changes stay pending for the next capture, which is not attributed to it.
+                let mut p = lock(&self.shared.pending);
+                if !kept.is_empty() {
+                    let now = Instant::now();
+                    p.first_change.get_or_insert(now);
+                    p.last_change = Some(now);
+                }
+                p.dirty.extend(kept);
+                Err(e)
+            }
+        }
+    }
+
+    /// The tracked root (canonical).
+    pub fn root(&self) -> &std::path::Path {
+        self.shared.config.root.as_path()
+    }
+
+    /// The environment captures are committed to.
+    pub fn environment(&self) -> LocalEnvironment {
+        lock(&self.shared.capturer).env.clone()
+    }
+
+    /// The branch captures are committed to.
+    pub fn branch(&self) -> &str {
+        &self.shared.config.branch
     }
 
     /// Forces a full rescan against the stat cache, as after a queue overflow.
@@ -275,13 +353,49 @@ fn drain(shared: &Shared) -> usize {
     n
 }
 
+/// Released when dropped: see [`Tracker::hold`].
+#[must_use = "the hold ends when this is dropped"]
+pub struct CaptureHold {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for CaptureHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureHold").finish_non_exhaustive()
+    }
+}
+
+impl Drop for CaptureHold {
+    fn drop(&mut self) {
+        self.shared.holds.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Captures what is pending (after a rescan, if the watcher lost events).
 fn capture_pending(
     shared: &Shared,
     capturer: &mut Capturer,
-    mut intent: Intent,
+    intent: Intent,
     flags: OpFlags,
 ) -> Result<Option<Observation>> {
+    let (pending, intent) = take_pending(shared, capturer, intent)?;
+    if pending.is_empty() {
+        return Ok(None);
+    }
+    let obs = capturer.capture(pending, intent, flags)?;
+    if obs.is_some() {
+        shared.captures.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(obs)
+}
+
+/// Takes the pending dirty set (extended by a rescan if the watcher lost events; the intent
+/// then says so).
+fn take_pending(
+    shared: &Shared,
+    capturer: &Capturer,
+    mut intent: Intent,
+) -> Result<(BTreeSet<Vec<u8>>, Intent)> {
     let rescan = std::mem::take(&mut lock(&shared.watcher).needs_rescan);
     let mut pending = std::mem::take(&mut lock(&shared.pending).dirty);
     if rescan {
@@ -303,14 +417,7 @@ fn capture_pending(
             p.first_change = None;
         }
     }
-    if pending.is_empty() {
-        return Ok(None);
-    }
-    let obs = capturer.capture(pending, intent, flags)?;
-    if obs.is_some() {
-        shared.captures.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(obs)
+    Ok((pending, intent))
 }
 
 /// The drain thread: waits for the inotify descriptor and empties the kernel queue, whatever
@@ -358,8 +465,13 @@ fn capture_loop(shared: &Shared) {
                     _ => false,
                 }
         };
-        if due {
+        if due && shared.holds.load(Ordering::SeqCst) == 0 {
             let mut capturer = lock(&shared.capturer);
+            // Checked again under the lock: a hold taken meanwhile waited for this lock, so its
+            // command has not started, or it is seen here.
+            if shared.holds.load(Ordering::SeqCst) > 0 {
+                continue;
+            }
             if let Err(e) = capture_pending(
                 shared,
                 &mut capturer,

@@ -6,14 +6,10 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
-use common::{disk, no_skip, view, write};
+use common::{disk, no_skip, run_unprivileged, unprivileged_entry, view, write};
 use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
 use environment_sandbox::{Tracker, TrackerConfig};
-
-const DIR: &str = "ENVIRONMENT_SANDBOX_UNPRIVILEGED_DIR";
-const NOBODY: u32 = 65534;
 
 /// Capture, break, restore, check — the whole cycle.
 fn scenario(dir: &Path) {
@@ -50,60 +46,15 @@ fn scenario(dir: &Path) {
     assert_eq!(disk(&work, &no_skip), expected);
     assert_eq!(view(&env, &env.head("main").unwrap()), expected);
     env.verify_deep().unwrap();
-    std::fs::write(
-        dir.join("scenario-done"),
-        rustix::process::geteuid().as_raw().to_string(),
-    )
-    .unwrap();
 }
 
 #[test]
 fn unprivileged_child_entry() {
     // The scenario, when re-executed by `capture_and_restore_as_an_unprivileged_user`.
-    if let Ok(dir) = std::env::var(DIR) {
-        assert_ne!(
-            rustix::process::geteuid().as_raw(),
-            0,
-            "the child must not be root"
-        );
-        scenario(Path::new(&dir));
-    }
+    unprivileged_entry(scenario);
 }
 
 #[test]
 fn capture_and_restore_as_an_unprivileged_user() {
-    let dir = tempfile::tempdir().unwrap();
-    if !rustix::process::geteuid().is_root() {
-        scenario(dir.path());
-        return;
-    }
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    rustix::fs::chown(
-        dir.path(),
-        Some(rustix::fs::Uid::from_raw(NOBODY)),
-        Some(rustix::fs::Gid::from_raw(NOBODY)),
-    )
-    .unwrap();
-    let status = Command::new("setpriv")
-        .args([
-            format!("--reuid={NOBODY}"),
-            format!("--regid={NOBODY}"),
-            "--clear-groups".into(),
-            "--".into(),
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "unprivileged_child_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR, dir.path())
-        .env("HOME", dir.path())
-        .status()
-        .expect("setpriv (util-linux) is needed to drop privileges");
-    assert!(status.success(), "the unprivileged scenario failed");
-    let uid = std::fs::read_to_string(dir.path().join("scenario-done"))
-        .expect("the scenario ran to its end");
-    assert_eq!(uid, NOBODY.to_string());
+    run_unprivileged("unprivileged_child_entry", scenario);
 }

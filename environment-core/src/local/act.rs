@@ -251,7 +251,12 @@ impl LocalEnvironment {
                         limit,
                     });
                 }
-                v.meta.size = size;
+                // A symlink's size is its target's length (as `lstat` says), so a value read
+                // back compares equal to the same link read from disk again.
+                v.meta.size = match (&v.meta.kind, &v.meta.symlink_target) {
+                    (crate::value::EntryKind::Symlink, Some(target)) => target.len() as u64,
+                    _ => size,
+                };
                 if bytes.len() > INLINE_MAX && may_store {
                     if guard.is_none() {
                         *guard = Some(blobs.write_guard()?);

@@ -99,6 +99,19 @@ pub(crate) struct Inner {
 #[derive(Clone)]
 pub struct LocalEnvironment {
     inner: Arc<Inner>,
+    /// What this handle presents with every request it authorizes (see
+    /// [`LocalEnvironment::presenting`]).
+    credentials: Option<Arc<Credentials>>,
+}
+
+/// Proof beyond an actor's own rights, presented with each request to the [`Authorizer`]: a
+/// capability token, or the id of a granted approval.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// A serialized capability token.
+    pub token: Option<String>,
+    /// The id of a granted approval.
+    pub approval: Option<String>,
 }
 
 impl std::fmt::Debug for LocalEnvironment {
@@ -152,7 +165,10 @@ impl LocalEnvironment {
             hub,
             dropped: std::sync::RwLock::new(Default::default()),
         });
-        let env = LocalEnvironment { inner };
+        let env = LocalEnvironment {
+            inner,
+            credentials: None,
+        };
         env.init()?;
         let dropped = env.inner.readers.with(retention::dropped_in)?;
         if let Ok(mut d) = env.inner.dropped.write() {
@@ -340,7 +356,24 @@ impl LocalEnvironment {
         self.inner.hub.subscribe(filter)
     }
 
+    /// Asks the environment's authorizer about an action the environment does not perform
+    /// itself (running a program, for a shell): anything but an allow is
+    /// [`EnvError::NotAllowed`] carrying the decision.
+    pub fn check_access(&self, request: &AccessRequest) -> Result<Decision> {
+        self.inner.check(request)
+    }
+
     /// Asks the authorizer; anything but an allow is an error carrying the decision.
+    /// A handle on the same environment that presents `credentials` with every request it
+    /// makes: a capability token limits what the actor may do through it, a granted approval
+    /// lets through the request it was granted for. Other handles are unaffected.
+    pub fn presenting(&self, credentials: Credentials) -> LocalEnvironment {
+        LocalEnvironment {
+            inner: self.inner.clone(),
+            credentials: Some(Arc::new(credentials)),
+        }
+    }
+
     pub(crate) fn authorize(
         &self,
         actor: &ActorId,
@@ -353,6 +386,10 @@ impl LocalEnvironment {
             branch: branch.map(str::to_owned),
             ..Context::default()
         };
+        if let Some(c) = &self.credentials {
+            context.token.clone_from(&c.token);
+            context.approval.clone_from(&c.approval);
+        }
         if let Some(op) = operation {
             context
                 .attrs

@@ -115,3 +115,62 @@ pub fn write(root: &Path, rel: &str, content: &[u8]) {
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     std::fs::write(p, content).unwrap();
 }
+
+/// Set in a re-executed test binary: the directory its unprivileged scenario runs in.
+const UNPRIVILEGED_DIR: &str = "ENVIRONMENT_SANDBOX_UNPRIVILEGED_DIR";
+pub const NOBODY: u32 = 65534;
+
+/// Runs `scenario` in a fresh directory as an unprivileged user: directly when this process is
+/// not root, otherwise by re-running this test binary's test `entry` (which calls
+/// [`unprivileged_entry`] with the same scenario) under `setpriv` as uid/gid 65534. Fails unless
+/// the scenario ran to its end as that user.
+pub fn run_unprivileged(entry: &str, scenario: fn(&Path)) {
+    let dir = tempfile::tempdir().unwrap();
+    if !rustix::process::geteuid().is_root() {
+        scenario(dir.path());
+        return;
+    }
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    rustix::fs::chown(
+        dir.path(),
+        Some(rustix::fs::Uid::from_raw(NOBODY)),
+        Some(rustix::fs::Gid::from_raw(NOBODY)),
+    )
+    .unwrap();
+    let status = std::process::Command::new("setpriv")
+        .args([
+            format!("--reuid={NOBODY}"),
+            format!("--regid={NOBODY}"),
+            "--clear-groups".into(),
+            "--".into(),
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", entry, "--nocapture", "--test-threads=1"])
+        .env(UNPRIVILEGED_DIR, dir.path())
+        .env("HOME", dir.path())
+        .status()
+        .expect("setpriv (util-linux) is needed to drop privileges");
+    assert!(status.success(), "the unprivileged scenario failed");
+    let uid = std::fs::read_to_string(dir.path().join("scenario-done"))
+        .expect("the scenario ran to its end");
+    assert_eq!(uid, NOBODY.to_string());
+}
+
+/// The body of the entry test named in [`run_unprivileged`]: runs `scenario` when this process
+/// is the re-executed unprivileged child, and does nothing otherwise.
+pub fn unprivileged_entry(scenario: fn(&Path)) {
+    if let Ok(dir) = std::env::var(UNPRIVILEGED_DIR) {
+        assert_ne!(
+            rustix::process::geteuid().as_raw(),
+            0,
+            "the child must not be root"
+        );
+        let dir = Path::new(&dir);
+        scenario(dir);
+        std::fs::write(
+            dir.join("scenario-done"),
+            rustix::process::geteuid().as_raw().to_string(),
+        )
+        .unwrap();
+    }
+}
