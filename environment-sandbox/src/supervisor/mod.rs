@@ -54,7 +54,7 @@ use std::time::Duration;
 use environment_bus::Bus;
 use environment_core::{
     ActorId, AllowAll, Authorizer, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
-    Namespace, OpId, Options,
+    Namespace, OpId, Options, SecretProvider,
 };
 use environment_policy::Policy;
 use serde::Serialize;
@@ -106,6 +106,12 @@ pub struct SupervisorConfig {
     pub max_wait: Duration,
     /// The branch the workspace is captured to.
     pub branch: String,
+    /// Offer the sandbox's [`Shell`](crate::Shell) on the socket (`exec`, `process.*`,
+    /// `pty.*`), running commands through the launcher as the agent. On by default;
+    /// [`Supervisor::attach_shell`] replaces it.
+    pub shell: bool,
+    /// Resolves the secret references commands ask for; without one, asking is an error.
+    pub secrets: Option<Arc<dyn SecretProvider>>,
 }
 
 impl SupervisorConfig {
@@ -131,6 +137,8 @@ impl SupervisorConfig {
             quiet_period: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
             branch: MAIN.to_owned(),
+            shell: true,
+            secrets: None,
         }
     }
 }
@@ -293,12 +301,26 @@ impl Supervisor {
         tc.noise = config.noise.clone();
         tc.quiet_period = config.quiet_period;
         tc.max_wait = config.max_wait;
-        let tracker = Tracker::open(env.clone(), tc)?;
+        let tracker = Arc::new(Tracker::open(env.clone(), tc)?);
         let first = env.head(&config.branch)?;
+        let shell = if config.shell {
+            let shell = Arc::new(crate::shell::Shell::new(
+                config.launcher.clone(),
+                tracker.clone(),
+                config.secrets.clone(),
+            )?);
+            ShellHandles {
+                exec: Some(shell.clone()),
+                processes: Some(shell.clone()),
+                pty: Some(shell),
+            }
+        } else {
+            ShellHandles::default()
+        };
         let shared = Arc::new(Shared {
             env,
-            tracker: RwLock::new(Some(Arc::new(tracker))),
-            shell: RwLock::new(ShellHandles::default()),
+            tracker: RwLock::new(Some(tracker)),
+            shell: RwLock::new(shell),
             authorizer,
             policy: config.policy.clone(),
             bus: config.bus.clone(),
