@@ -468,6 +468,39 @@ fn the_socket_refuses_what_the_policy_does_not_allow() {
     authorization_scenario(dir.path());
 }
 
+#[test]
+fn a_quota_is_spent_once_per_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
+    policy
+        .load_rules(&RULES.replace(
+            "when = { operation = \"restore\" }",
+            "when = { operation = \"restore\" }\nquota = { count = 2, window_secs = 3600 }",
+        ))
+        .unwrap();
+    let mut cfg = config(&work, &home);
+    cfg.policy = Some(policy);
+    let sup = Supervisor::open(cfg).unwrap();
+    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
+    c.mark("start").unwrap();
+    for _ in 0..2 {
+        std::fs::write(work.join("config.toml"), "broken").unwrap();
+        c.restore("start", false).unwrap();
+    }
+    std::fs::write(work.join("config.toml"), "broken").unwrap();
+    let data = denied(c.restore("start", false).unwrap_err());
+    assert!(
+        data["for_agent"].as_str().unwrap().contains("quota"),
+        "{data}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("config.toml")).unwrap(),
+        "broken"
+    );
+    sup.shutdown().unwrap();
+}
+
 // ---- malformed requests --------------------------------------------------------------------
 
 struct Raw {
@@ -633,7 +666,11 @@ fn an_agent_killed_mid_work_or_mid_request_corrupts_nothing() {
     // Its request was read whole before it died, so it is carried out all the same.
     wait_for("the dead agent's restore", || {
         let head = sup.env().head("main").unwrap();
-        sup.env().op(&head).unwrap().flags.contains(OpFlags::ROLLBACK)
+        sup.env()
+            .op(&head)
+            .unwrap()
+            .flags
+            .contains(OpFlags::ROLLBACK)
     });
     let summary = sup.shutdown().unwrap();
     assert!(summary.captures >= 1);
@@ -1189,6 +1226,7 @@ fn unprivileged_entry() {
     shutdown_takes_a_final_capture();
     sigterm_stops_the_supervisor_with_a_final_capture();
     exec_is_authorized_as_the_agent_before_the_shell_sees_it();
+    a_quota_is_spent_once_per_request();
     the_agent_runs_commands_through_the_sandbox_shell();
     std::fs::write(
         dir.join("scenario-done"),

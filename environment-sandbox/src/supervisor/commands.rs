@@ -52,7 +52,8 @@ impl CommandParams {
         let Some((program, args)) = self.argv.split_first() else {
             return Err(RpcError::invalid_params("`argv` is empty"));
         };
-        g.allow(
+        // The shell asks the same again when it starts the program.
+        g.allow_rechecked(
             Action::Execute,
             Resource::Program {
                 program: program.clone(),

@@ -324,8 +324,11 @@ impl<'a> Gate<'a> {
             approval: self.approval.clone(),
             ..Context::default()
         };
-        if let Resource::Branch(b) = &resource {
-            context.branch = Some(b.clone());
+        match &resource {
+            Resource::Branch(b) => context.branch = Some(b.clone()),
+            // As the shell asks when it runs the program.
+            Resource::Program { .. } => context.branch = Some(self.shared.branch.clone()),
+            _ => {}
         }
         if let Some(op) = operation {
             context
@@ -348,8 +351,35 @@ impl<'a> Gate<'a> {
         resource: Resource,
         operation: Option<&str>,
     ) -> Result<(), RpcError> {
+        self.decide(action, resource, operation, false)
+    }
+
+    /// [`Gate::allow`] for a request that core (or the shell) asks again, identically, when it
+    /// performs the operation: the gate then only evaluates, so a quota is spent once, by the
+    /// check that goes with the work. A token or an approval is spent here, since the second
+    /// check does not carry them.
+    pub(super) fn allow_rechecked(
+        &self,
+        action: Action,
+        resource: Resource,
+        operation: Option<&str>,
+    ) -> Result<(), RpcError> {
+        self.decide(action, resource, operation, true)
+    }
+
+    fn decide(
+        &self,
+        action: Action,
+        resource: Resource,
+        operation: Option<&str>,
+        rechecked: bool,
+    ) -> Result<(), RpcError> {
         let req = self.request(action, resource, operation);
-        let decision = self.shared.authorizer.authorize(&req);
+        let dry_run = rechecked && self.token.is_none() && self.approval.is_none();
+        let decision = match (&self.shared.policy, dry_run) {
+            (Some(policy), true) => policy.evaluate(&req).to_core(&req),
+            _ => self.shared.authorizer.authorize(&req),
+        };
         if decision.is_allowed() {
             return Ok(());
         }
@@ -481,7 +511,7 @@ fn history(g: &Gate<'_>, p: HistoryParams) -> Result<Value, RpcError> {
             "`limit` must be 1..={MAX_HISTORY}"
         )));
     }
-    g.allow(
+    g.allow_rechecked(
         Action::Read,
         Resource::Branch(branch.clone()),
         Some("history"),
@@ -611,7 +641,7 @@ fn diff(g: &Gate<'_>, p: DiffParams) -> Result<Value, RpcError> {
         Some(pre) => Resource::Prefix(pre.clone()),
         None => Resource::Environment,
     };
-    g.allow(Action::Read, resource, None)?;
+    g.allow_rechecked(Action::Read, resource, None)?;
     let changes = g
         .shared
         .env
@@ -659,7 +689,7 @@ struct MarkParams {
 }
 
 fn mark(g: &Gate<'_>, p: MarkParams) -> Result<Value, RpcError> {
-    g.allow(Action::Write, Resource::Environment, Some("mark"))?;
+    g.allow_rechecked(Action::Write, Resource::Environment, Some("mark"))?;
     let version = match &p.version {
         Some(v) => resolve(g.shared, v)?,
         None => {
@@ -709,11 +739,13 @@ fn restore(g: &Gate<'_>, p: RestoreParams) -> Result<Value, RpcError> {
     } else {
         Action::Write
     };
-    g.allow(
-        action,
-        Resource::Branch(g.branch().to_owned()),
-        Some("restore"),
-    )?;
+    // Core asks again for a restore, not for a preview (which reads as the capture actor).
+    let resource = Resource::Branch(g.branch().to_owned());
+    if p.dry_run {
+        g.allow(action, resource, Some("restore"))?;
+    } else {
+        g.allow_rechecked(action, resource, Some("restore"))?;
+    }
     let target = resolve(g.shared, &p.version)?;
     let text = p
         .intent
@@ -756,7 +788,7 @@ fn restore_to(g: &Gate<'_>, target: OpId, dry_run: bool, text: String) -> Result
 
 fn undo(g: &Gate<'_>) -> Result<Value, RpcError> {
     // Undo is a restore of the live tree, so it is authorized as one (core checks the same).
-    g.allow(
+    g.allow_rechecked(
         Action::Write,
         Resource::Branch(g.branch().to_owned()),
         Some("restore"),
@@ -1114,7 +1146,7 @@ fn approval_request(g: &Gate<'_>, p: ApprovalParams) -> Result<Value, RpcError> 
 // ---- upkeep --------------------------------------------------------------------------------
 
 fn gc(g: &Gate<'_>) -> Result<Value, RpcError> {
-    g.allow(Action::Delete, Resource::Environment, Some("gc"))?;
+    g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
     let r = g.shared.env.gc(&g.shared.actor).map_err(env_error)?;
     Ok(json!({
         "kept": r.kept,

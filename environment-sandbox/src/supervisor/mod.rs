@@ -399,7 +399,10 @@ impl Supervisor {
     }
 
     /// Exposes shell capabilities on the socket (`exec`, `process.*`, `pty.*`); a method whose
-    /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before.
+    /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before. The
+    /// socket's gate only evaluates the `execute` request (spending no quota): a shell must
+    /// authorize it itself when it starts the program, as the sandbox's [`Shell`](crate::Shell)
+    /// does.
     pub fn attach_shell(&self, handles: ShellHandles) {
         *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = handles;
     }
