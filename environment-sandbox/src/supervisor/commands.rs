@@ -15,7 +15,8 @@ use environment_core::{
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::methods::{Gate, env_error};
+use super::gate::Gate;
+use super::rpc::env_error;
 use super::rpc::{INTERNAL_ERROR, RpcError};
 
 /// Runs a shell future from a handler (which runs on the runtime's blocking pool).

@@ -40,10 +40,14 @@
 
 mod agent;
 mod commands;
+mod gate;
 pub mod methods;
+mod permissions;
+mod queue;
 pub mod rpc;
 mod server;
 mod state;
+mod versions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
