@@ -371,6 +371,16 @@ fn authorization_scenario(dir: &Path) {
         std::fs::read_to_string(work.join("config.toml")).unwrap(),
         "broken again"
     );
+    // Nor may a human whom no rule lets restore roll the workspace back from outside.
+    let err = sup
+        .rollback(&human(), "good", RollbackMode::KeepRunning)
+        .unwrap_err();
+    assert!(err.to_string().contains("not allowed"), "{err}");
+    assert_eq!(full_history(&env), history);
+    assert_eq!(
+        std::fs::read_to_string(work.join("config.toml")).unwrap(),
+        "broken again"
+    );
     // A token made for someone else is no good either.
     let foreign = policy
         .issue_token("agent:other", TokenLimits::default())

@@ -1,11 +1,14 @@
 //! The gate every request on the socket passes: the access request a method is checked as, put
 //! to the policy port as the connection's actor, with the request's token and approval.
 
-use environment_core::{AccessRequest, Action, AttrValue, Context, EnvError, OpId, Resource};
+use environment_core::{
+    AccessRequest, Action, AttrValue, Context, Decision, EnvError, OpId, Resource,
+};
 
 use super::rpc::{RpcError, env_error};
 use super::state::{Counters, Shared};
 
+/// Authorizes the requests of one call as the connection's actor.
 pub(super) struct Gate<'a> {
     shared: &'a Shared,
     token: Option<String>,
@@ -97,10 +100,7 @@ impl<'a> Gate<'a> {
     ) -> Result<(), RpcError> {
         let req = self.request(action, resource, operation);
         let dry_run = rechecked && self.token.is_none() && self.approval.is_none();
-        let decision = match (&self.shared.policy, dry_run) {
-            (Some(policy), true) => policy.evaluate(&req).to_core(&req),
-            _ => self.shared.authorizer.authorize(&req),
-        };
+        let decision = decide(self.shared, &req, dry_run);
         if decision.is_allowed() {
             return Ok(());
         }
@@ -110,6 +110,15 @@ impl<'a> Gate<'a> {
 
     pub(super) fn branch(&self) -> &str {
         &self.shared.branch
+    }
+}
+
+/// Decides `req` through the policy port, or — with `dry_run` and a policy — evaluates it
+/// without spending anything, for a request the operation itself will ask again.
+pub(super) fn decide(shared: &Shared, req: &AccessRequest, dry_run: bool) -> Decision {
+    match (&shared.policy, dry_run) {
+        (Some(policy), true) => policy.evaluate(req).to_core(req),
+        _ => shared.authorizer.authorize(req),
     }
 }
 

@@ -57,7 +57,7 @@ use std::time::Duration;
 
 use environment_bus::Bus;
 use environment_core::{
-    ActorId, AllowAll, Authorizer, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
+    ActorId, AllowAll, Authorizer, EnvError, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
     Namespace, OpId, Options, SecretProvider,
 };
 use environment_policy::Policy;
@@ -427,6 +427,26 @@ impl Supervisor {
     /// kept running or restarted around it.
     pub fn rollback(&self, actor: &ActorId, version: &str, mode: RollbackMode) -> Result<Rollback> {
         let target = self.shared.env.resolve(version)?;
+        // Asked before the tree is touched: core asks again only when it records the rollback,
+        // after the files were written.
+        let mut context = environment_core::Context {
+            branch: Some(self.shared.branch.clone()),
+            ..Default::default()
+        };
+        context.attrs.insert(
+            "operation".into(),
+            environment_core::AttrValue::Str("restore".into()),
+        );
+        let request = environment_core::AccessRequest {
+            actor: actor.clone(),
+            action: environment_core::Action::Write,
+            resource: environment_core::Resource::Branch(self.shared.branch.clone()),
+            context,
+        };
+        let decision = gate::decide(&self.shared, &request, true);
+        if !decision.is_allowed() {
+            return Err(EnvError::NotAllowed(Box::new(decision)).into());
+        }
         let intent = Intent::new(
             IntentKind::Restore,
             format!("restore to {version} (asked by {actor})"),
