@@ -1128,9 +1128,7 @@ fn the_agent_runs_commands_through_the_sandbox_shell() {
             .contains(&json!("made.txt")),
         "{op}"
     );
-    let failed = c
-        .call("exec", json!({ "argv": ["sh", "-c", "exit 3"] }))
-        .unwrap();
+    let failed = c.exec(&["sh", "-c", "exit 3"]).unwrap();
     assert_eq!(
         (failed["success"].clone(), failed["exit"].clone()),
         (json!(false), json!({ "code": 3 }))

@@ -12,6 +12,12 @@
 //! before anything happens; a refusal is an error whose `data.for_agent` says first that the
 //! action did NOT happen.
 //!
+//! Commands go through the socket too: `exec` runs one in the sandbox as a recorded operation
+//! (output stored, changed files captured and attributed to it), `process.*` keeps background
+//! processes, `pty.*` terminal sessions that survive a reconnect — the sandbox's
+//! [`Shell`](crate::Shell), run through the same launcher as the agent, unless
+//! [`SupervisorConfig::shell`] is off or [`Supervisor::attach_shell`] replaces it.
+//!
 //! **Self-rollback**: the agent calls `restore` on the socket; the workspace is restored while
 //! the agent keeps running (same pid) and the answer carries the new version. **A rollback from
 //! outside** ([`Supervisor::rollback`], for a human or a CLI) chooses a [`RollbackMode`]: keep
