@@ -256,7 +256,7 @@ fn bench_first_capture(c: &mut Criterion) {
 
 fn bench_exec(c: &mut Criterion) {
     use environment_core::{ExecRequest, ShellExec};
-    use environment_sandbox::{Shell, Unconfined};
+    use environment_sandbox::{Isolation, IsolationSpec, Shell, Unconfined};
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().unwrap();
@@ -270,7 +270,12 @@ fn bench_exec(c: &mut Criterion) {
     // As a supervisor runs it: automatic captures on, held off while the command runs.
     let cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
     let tracker = Arc::new(Tracker::open(env, cfg).unwrap());
-    let shell = Shell::new(Arc::new(Unconfined::new(&work)), tracker, None).unwrap();
+    let shell = Shell::new(Arc::new(Unconfined::new(&work)), tracker.clone(), None).unwrap();
+    // The same shell confined: user, mount and pid namespaces, the host read-only.
+    let confined = Isolation::probe().ok().map(|_| {
+        let isolation = Isolation::new(IsolationSpec::host(&work)).unwrap();
+        Shell::new(Arc::new(isolation), tracker, None).unwrap()
+    });
     let agent = ActorId::new("agent:bench").unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -286,6 +291,18 @@ fn bench_exec(c: &mut Criterion) {
             assert!(out.exit.success());
         })
     });
+    if let Some(confined) = &confined {
+        g.bench_function("recorded exec of true in the sandbox", |b| {
+            b.iter(|| {
+                let out = rt
+                    .block_on(confined.exec(ExecRequest::new(agent.clone(), ["true"])))
+                    .unwrap();
+                assert!(out.exit.success());
+            })
+        });
+    } else {
+        eprintln!("exec in the sandbox: skipped, this host refuses user namespaces");
+    }
     g.bench_function("spawn and wait for true alone", |b| {
         b.iter(|| assert!(Command::new("true").status().unwrap().success()))
     });
@@ -332,9 +349,53 @@ fn bench_fork(c: &mut Criterion) {
     g.finish();
 }
 
+/// Sandbox start to the first instruction: spawn `true` confined (host mode) and wait, against
+/// bubblewrap doing the same with its own namespaces, when installed.
+fn bench_sandbox_start(c: &mut Criterion) {
+    use environment_sandbox::{Isolation, IsolationSpec, Launcher};
+    if let Err(e) = Isolation::probe() {
+        eprintln!("sandbox start: skipped, {e}");
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let mut spec = IsolationSpec::host(ws.path());
+    let iso = Isolation::new(spec.clone()).unwrap();
+    // Like bwrap's --unshare-all: a network namespace too.
+    spec.network = false;
+    let iso_no_net = Isolation::new(spec).unwrap();
+    let mut g = c.benchmark_group("sandbox start to the first instruction");
+    for (name, iso) in [
+        ("environment launcher", &iso),
+        ("environment launcher, network off", &iso_no_net),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut cmd = Command::new("/bin/true");
+                iso.confine(&mut cmd).unwrap();
+                assert!(cmd.status().unwrap().success());
+            })
+        });
+    }
+    if have("bwrap") {
+        g.bench_function("bwrap", |b| {
+            b.iter(|| {
+                let st = Command::new("bwrap")
+                    .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+                    .args(["--unshare-all", "/bin/true"])
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+            })
+        });
+    } else {
+        eprintln!("sandbox start: bwrap is not installed, peer skipped");
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = bench_exec, bench_capture, bench_restore, bench_first_capture, bench_fork
+    targets = bench_exec, bench_sandbox_start, bench_capture, bench_restore, bench_first_capture, bench_fork
 }
 criterion_main!(benches);

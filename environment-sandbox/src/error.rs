@@ -38,6 +38,29 @@ pub enum SandboxError {
     /// The inotify watch limit was reached; captures fall back to rescans.
     #[error("inotify: {0}")]
     Watch(String),
+    /// The host refuses what rootless isolation needs.
+    #[error("rootless isolation is unavailable on this host: {missing}. Hint: {hint}")]
+    Isolation {
+        /// What was refused, with the system's error.
+        missing: String,
+        /// How to enable it (the sysctl, security profile or kernel feature involved).
+        hint: String,
+    },
+    /// An isolation spec that cannot be used (a missing path, a relative inside path…).
+    #[error("invalid isolation spec: {detail}")]
+    InvalidSpec {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A rootfs seed entry that would land outside the destination, or cannot be created:
+    /// refused before anything was written.
+    #[error("rootfs seed entry {entry}: {reason}; nothing was written")]
+    SeedEntry {
+        /// The entry's path as the archive or source names it.
+        entry: PathBuf,
+        /// Why it is refused.
+        reason: &'static str,
+    },
     /// The supervisor cannot do what was asked (setup, agent lifecycle, shutting down).
     #[error("supervisor: {0}")]
     Supervisor(String),

@@ -6,9 +6,17 @@
 //! version can be restored in place, writing only what differs, through directory handles that
 //! never follow a symlink out of the tree; the processes working in it keep running.
 //!
+//! An [`Isolation`] runs the agent's programs in unprivileged namespaces, with the host read-only
+//! around a writable workspace or in a managed rootfs that a tracker captures like any tree (see
+//! [`isolate`]).
+//!
 //! A [`Shell`] runs commands for agents through a [`Launcher`]: each recorded command is one
 //! operation holding the files it changed and its output; background processes and terminal
 //! sessions outlive the caller that started them.
+//!
+//! [`Forks`] make n branches of a version with n working trees that share one materialized base
+//! (overlays in the sandbox: never n copies); a [`Tournament`] runs candidate commands on them
+//! concurrently, tests each, adopts the winner and keeps the others in history.
 //!
 //! ```
 //! use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
@@ -41,6 +49,7 @@ pub mod control;
 pub mod error;
 pub mod fork;
 pub mod fsops;
+pub mod isolate;
 pub mod launch;
 pub mod noise;
 pub mod restore;
@@ -54,6 +63,7 @@ pub mod watch;
 pub use control::{ControlClient, ControlError};
 pub use error::{Result, SandboxError};
 pub use fork::{Candidate, ForkConfig, Forks, Pick, Tournament, TournamentReport, WorkingTree};
+pub use isolate::{Bind, Isolation, IsolationSpec, Limits, Root, Rootfs, Support, Workspace};
 pub use launch::{Launcher, Unconfined};
 pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};

@@ -54,7 +54,15 @@ impl Capturer {
     /// The restore steps from the head to `target`, for the paths of this root that are not
     /// ignored.
     pub(crate) fn plan(&self, target: &OpId) -> Result<(RestorePlan, Vec<KeyChange>)> {
-        let from = self.head()?;
+        self.plan_between(self.head()?, target)
+    }
+
+    /// The steps that take a tree holding `from` to `target`.
+    pub(crate) fn plan_between(
+        &self,
+        from: OpId,
+        target: &OpId,
+    ) -> Result<(RestorePlan, Vec<KeyChange>)> {
         let prefix = self.keys.prefix(b"")?;
         let mut changes: Vec<KeyChange> = self
             .env

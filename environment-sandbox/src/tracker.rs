@@ -314,6 +314,31 @@ impl Tracker {
         Ok(plan)
     }
 
+    /// Writes into the live tree what changed on the branch from `from` to its head, when the
+    /// head moved through the environment's API (a merge, an act) while the tree still held
+    /// `from`. Records no operation: the head holds it already. Paths changed in the tree since
+    /// the last capture are captured first.
+    pub fn sync_from(&self, from: &OpId) -> Result<RestorePlan> {
+        drain(&self.shared);
+        let mut capturer = lock(&self.shared.capturer);
+        capture_pending(
+            &self.shared,
+            &mut capturer,
+            intent("capture before writing the head into the tree"),
+            OpFlags::AUTO_CAPTURE,
+        )?;
+        let head = capturer.head()?;
+        let (plan, changes) = capturer.plan_between(*from, &head)?;
+        let written = capturer.apply(&changes)?;
+        capturer.cache.update(written.clone())?;
+        drop(capturer);
+        drain(&self.shared);
+        let capturer = lock(&self.shared.capturer);
+        let mut pending = lock(&self.shared.pending);
+        capturer.forget_own_writes(&mut pending.dirty, &written);
+        Ok(plan)
+    }
+
     /// How many captures the background thread made.
     pub fn captures(&self) -> u64 {
         self.shared.captures.load(Ordering::Relaxed)

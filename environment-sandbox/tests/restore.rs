@@ -188,3 +188,41 @@ fn processes_in_the_tree_keep_running() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn a_head_moved_through_the_api_is_written_into_the_tree() {
+    let s = setup(|w| {
+        write(w, "keep.txt", b"keep");
+        write(w, "old.txt", b"old");
+    });
+    let before = s.env.head("main").unwrap();
+    // Another actor changes main through the API; the tree still holds `before`.
+    s.env
+        .act_blocking(
+            environment_core::ActRequest::new(s.agent.clone(), Intent::edit("api edit"))
+                .put(
+                    environment_core::Key::fs("new/file.txt").unwrap(),
+                    environment_core::Value::file("from the api"),
+                )
+                .put(
+                    environment_core::Key::fs("new").unwrap(),
+                    environment_core::Value::dir(),
+                )
+                .delete(environment_core::Key::fs("old.txt").unwrap()),
+        )
+        .unwrap();
+    let head = s.env.head("main").unwrap();
+    let plan = s.tracker.sync_from(&before).unwrap();
+    assert_eq!((plan.from, plan.to), (before, head));
+    let w = s.work.path();
+    assert_eq!(
+        std::fs::read(w.join("new/file.txt")).unwrap(),
+        b"from the api"
+    );
+    assert!(!w.join("old.txt").exists());
+    assert_eq!(std::fs::read(w.join("keep.txt")).unwrap(), b"keep");
+    // What it wrote is no change of the tree: no capture follows, and the tree is the head.
+    assert!(barrier(&s).is_none());
+    assert_eq!(s.env.head("main").unwrap(), head);
+    assert_eq!(disk(w, &no_skip), view(&s.env, &head));
+}

@@ -47,8 +47,15 @@ pub(super) fn materialize(
             _ => files.push((path, value)),
         }
     }
+    // A view records its directories, so parents normally exist already; a parent it lacks is
+    // made once.
+    let mut made: std::collections::HashSet<&Path> =
+        dirs.iter().map(|(p, _)| p.as_path()).collect();
+    made.insert(&tmp);
     for (path, _) in &files {
-        if let Some(parent) = path.parent() {
+        if let Some(parent) = path.parent()
+            && made.insert(parent)
+        {
             std::fs::create_dir_all(parent).map_err(SandboxError::io("mkdir", parent))?;
         }
     }

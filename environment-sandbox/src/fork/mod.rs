@@ -105,8 +105,8 @@ impl Forks {
 
     /// Forks `version` into `n` branches named `<name>/1` … `<name>/n`, each with its own empty
     /// working tree over the shared materialization of `version`. Nothing is copied: the cost is
-    /// n branches and 3n directories once the base exists. Bad names or an unknown version
-    /// change nothing.
+    /// n branches and 3n directories once the base exists. Bad names, a taken name or an
+    /// unknown version change nothing.
     pub fn fork(
         &self,
         actor: &ActorId,
@@ -114,24 +114,34 @@ impl Forks {
         n: usize,
         name: &str,
     ) -> Result<Vec<WorkingTree>> {
-        self.env.op(version)?;
-        let lower = self.materialize(version)?;
         let branches: Vec<String> = (1..=n).map(|i| format!("{name}/{i}")).collect();
-        for b in &branches {
+        self.fork_into(actor, version, &branches)
+    }
+
+    /// Forks `version` into the named branches, one working tree each (see [`Forks::fork`]).
+    pub fn fork_into(
+        &self,
+        actor: &ActorId,
+        version: &OpId,
+        branches: &[String],
+    ) -> Result<Vec<WorkingTree>> {
+        self.env.op(version)?;
+        for b in branches {
             if self.env.head(b).is_ok() {
                 return Err(EnvError::BranchExists(b.clone()).into());
             }
         }
-        let mut trees = Vec::with_capacity(n);
+        let lower = self.materialize(version)?;
+        let mut trees = Vec::with_capacity(branches.len());
         for branch in branches {
-            self.env.create_branch(actor, &branch, version)?;
+            self.env.create_branch(actor, branch, version)?;
             let dir = self.dir.join("trees").join(format!(
                 "{}-{}",
                 std::process::id(),
                 TREE.fetch_add(1, Ordering::Relaxed)
             ));
             let tree = WorkingTree {
-                branch,
+                branch: branch.clone(),
                 base: *version,
                 lower: lower.clone(),
                 upper: dir.join("upper"),

@@ -7,21 +7,20 @@
 //! (the live tree is restored to it when a tracker is given); every other contestant stays in
 //! history as its branch, with its test output.
 
-use std::fs::File;
-use std::io::Read;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use environment_core::{
-    ActorId, Change, EntryKind, EnvError, Intent, IntentKind, Key, OpFlags, OpId, Value,
-};
+use environment_core::shell::command_line;
+use environment_core::{ActorId, EnvError, Exit, Intent, IntentKind, OpFlags, OpId, StoredOutput};
 use serde::{Deserialize, Serialize};
 
 use super::{Forks, WorkingTree};
 use crate::error::{Result, SandboxError};
 use crate::launch::Launcher;
+use crate::shell::exec::{self, Collector};
+use crate::shell::now_ms;
+use crate::shell::redact::Redactor;
 use crate::tracker::Tracker;
 
 /// How much of a command's output is recorded (the rest is counted and said to be cut).
@@ -88,24 +87,6 @@ impl Tournament {
     }
 }
 
-/// How a command ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Exit {
-    /// Its exit code, if it exited.
-    pub code: Option<i32>,
-    /// The signal that ended it, if one did.
-    pub signal: Option<i32>,
-    /// Whether it was killed for running out of time.
-    pub timed_out: bool,
-}
-
-impl Exit {
-    /// Whether it exited with 0.
-    pub fn success(&self) -> bool {
-        self.code == Some(0) && !self.timed_out
-    }
-}
-
 /// One contestant's run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Contestant {
@@ -115,14 +96,14 @@ pub struct Contestant {
     pub branch: String,
     /// How the candidate command ended.
     pub run: Exit,
-    /// How the test ended (none if the candidate could not be started).
-    pub test: Option<Exit>,
+    /// How the test ended.
+    pub test: Exit,
     /// Whether the test passed.
     pub passed: bool,
-    /// The head of its branch after the test.
+    /// The head of its branch after the test: `obj:exec/stdout` there is the test's output.
     pub head: OpId,
-    /// The end of the test's output (the whole output is in the recorded operation).
-    pub test_output_tail: String,
+    /// The test's standard output, as stored.
+    pub test_output: StoredOutput,
     /// When its test finished, from the tournament's start.
     pub finished_after: Duration,
 }
@@ -157,16 +138,12 @@ impl Tournament {
     ) -> Result<TournamentReport> {
         self.validate()?;
         let start = Instant::now();
-        let mut trees = Vec::with_capacity(self.candidates.len());
-        for c in &self.candidates {
-            let mut t = forks.fork(
-                &self.actor,
-                &self.base,
-                1,
-                &format!("{}/{}", self.name, c.name),
-            )?;
-            trees.append(&mut t);
-        }
+        let branches: Vec<String> = self
+            .candidates
+            .iter()
+            .map(|c| format!("{}/{}", self.name, c.name))
+            .collect();
+        let trees = forks.fork_into(&self.actor, &self.base, &branches)?;
         let results: Mutex<Vec<Option<Result<Contestant>>>> =
             Mutex::new((0..trees.len()).map(|_| None).collect());
         let next = Mutex::new(0usize);
@@ -251,104 +228,92 @@ impl Tournament {
         start: Instant,
     ) -> Result<Contestant> {
         let launcher = launcher_for(tree)?;
-        let run = self.run_recorded(forks, &*launcher, tree, "candidate", &candidate.argv)?;
-        let test = self.run_recorded(forks, &*launcher, tree, "test", &self.test)?;
-        let passed = test.0.success();
+        let (run, _) = self.run_recorded(forks, &*launcher, tree, &candidate.argv, false)?;
+        let (test, output) = self.run_recorded(forks, &*launcher, tree, &self.test, true)?;
         Ok(Contestant {
             candidate: candidate.clone(),
             branch: tree.branch.clone(),
-            run: run.0,
-            passed,
-            test: Some(test.0),
+            run,
+            passed: test.success(),
+            test,
             head: forks.env().head(&tree.branch)?,
-            test_output_tail: test.1,
+            test_output: output,
             finished_after: start.elapsed(),
         })
     }
 
-    /// Runs one command in a working tree and records it as one operation on the tree's branch:
-    /// the files it changed and its output, with its exit status.
+    /// Runs one command in a working tree and records it on the tree's branch as one operation
+    /// holding the files it changed and its output, as the shell records a command.
     fn run_recorded(
         &self,
         forks: &Forks,
         launcher: &dyn Launcher,
         tree: &WorkingTree,
-        stage: &str,
         argv: &[String],
-    ) -> Result<(Exit, String)> {
-        let stdout = tree.out.join(format!("{stage}.stdout"));
-        let stderr = tree.out.join(format!("{stage}.stderr"));
-        let exit = run(launcher, argv, &stdout, &stderr, self.timeout)?;
-        let (out, out_cut) = read_limited(&stdout)?;
-        let (err, err_cut) = read_limited(&stderr)?;
-        let tail = String::from_utf8_lossy(&out[out.len().saturating_sub(2000)..]).into_owned();
-        let kind = if stage == "test" {
-            EntryKind::TestResult
-        } else {
-            EntryKind::Artifact
-        };
-        let status = match (exit.code, exit.signal) {
-            (Some(c), _) => c.to_string(),
-            (None, Some(s)) => format!("signal {s}"),
-            _ => "unknown".to_owned(),
-        };
-        let output = |name: &str, bytes: Vec<u8>, cut: bool| -> Result<Change> {
-            let key =
-                Key::obj(format!("runs/{}/{stage}/{name}", tree.branch)).map_err(EnvError::from)?;
-            let value = Value::with_kind(kind, bytes)
-                .attr("command", argv.join(" "))
-                .attr("exit", status.clone())
-                .attr("timed_out", exit.timed_out.to_string())
-                .attr("truncated", cut.to_string());
-            Ok(Change::Put(key, value))
-        };
-        let extra = vec![
-            output("stdout", out, out_cut)?,
-            output("stderr", err, err_cut)?,
-        ];
-        let (intent_kind, text) = if stage == "test" {
-            (IntentKind::Test, format!("test: {}", argv.join(" ")))
-        } else {
-            (IntentKind::Command, argv.join(" "))
-        };
-        let mut flags = OpFlags::COMMAND;
-        if !exit.success() {
-            flags |= OpFlags::FAILED;
-        }
-        forks.capture(
-            tree,
-            &self.actor,
-            Intent::new(intent_kind, text),
-            flags,
-            extra,
+        is_test: bool,
+    ) -> Result<(Exit, StoredOutput)> {
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .current_dir(launcher.workspace_inside());
+        launcher.confine(&mut cmd)?;
+        let started_ms = now_ms();
+        let started = Instant::now();
+        let ran = exec::run(cmd, &argv[0], Vec::new(), Some(self.timeout), || {
+            Collector::new(Redactor::default(), OUTPUT_LIMIT)
+        })?;
+        let env = forks.env();
+        let guard = env.blobs().write_guard().map_err(EnvError::from)?;
+        let record = exec::record(
+            env,
+            &ran,
+            argv,
+            "",
+            started_ms,
+            started.elapsed().as_millis() as u64,
         )?;
-        Ok((exit, tail))
+        let intent = if is_test {
+            Intent::new(IntentKind::Test, format!("test: {}", command_line(argv)))
+        } else {
+            Intent::new(IntentKind::Command, command_line(argv))
+        };
+        forks.capture(tree, &self.actor, intent, record.flags, record.changes)?;
+        drop(guard);
+        Ok((ran.exit, record.stdout))
     }
 
     /// Makes the winner the target branch's head: a restore of the live tree (or of the branch)
-    /// to it when the target has not moved since the base, a merge otherwise.
+    /// to it when the target has not moved since the base, a merge otherwise (written into the
+    /// live tree). The live tree's tracker must track the target branch.
     fn adopt(&self, forks: &Forks, winner: &Contestant, live: Option<&Tracker>) -> Result<OpId> {
         let env = forks.env();
         let intent = Intent::new(
             IntentKind::Merge,
             format!("adopt tournament winner {}", winner.candidate.name),
         );
+        if let Some(tracker) = live {
+            // What the live tree gained meanwhile is in the target before it is compared.
+            tracker.capture_now(
+                Intent::new(
+                    IntentKind::Capture,
+                    "capture before adopting a tournament winner",
+                ),
+                OpFlags::AUTO_CAPTURE,
+            )?;
+        }
         let head = env.head(&self.target)?;
         let moved = env.diff(&self.actor, &self.base, &head, None)?;
-        if moved.is_empty() {
-            match live {
-                Some(tracker) => {
-                    tracker.restore(&self.actor, &winner.head, intent)?;
-                }
-                None => {
-                    env.restore(&self.actor, &self.target, &winner.head, intent)?;
-                }
+        match (moved.is_empty(), live) {
+            (true, Some(tracker)) => {
+                tracker.restore(&self.actor, &winner.head, intent)?;
             }
-        } else {
-            env.merge(&self.actor, &winner.branch, &self.target, intent.clone())?;
-            if let Some(tracker) = live {
-                let new_head = env.head(&self.target)?;
-                tracker.restore(&self.actor, &new_head, intent)?;
+            (true, None) => {
+                env.restore(&self.actor, &self.target, &winner.head, intent)?;
+            }
+            (false, live) => {
+                env.merge(&self.actor, &winner.branch, &self.target, intent)?;
+                if let Some(tracker) = live {
+                    tracker.sync_from(&head)?;
+                }
             }
         }
         Ok(env.head(&self.target)?)
@@ -357,63 +322,4 @@ impl Tournament {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Runs `argv` through `launcher`, output to two files, killed after `timeout`.
-fn run(
-    launcher: &dyn Launcher,
-    argv: &[String],
-    stdout: &Path,
-    stderr: &Path,
-    timeout: Duration,
-) -> Result<Exit> {
-    let create = |p: &Path| File::create(p).map_err(SandboxError::io("create", p));
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .current_dir(launcher.workspace_inside())
-        .stdin(Stdio::null())
-        .stdout(create(stdout)?)
-        .stderr(create(stderr)?);
-    launcher.confine(&mut cmd)?;
-    let mut child = cmd
-        .spawn()
-        .map_err(SandboxError::io("spawn", Path::new(&argv[0])))?;
-    let deadline = Instant::now() + timeout;
-    let mut wait = Duration::from_millis(1);
-    loop {
-        if let Some(status) = child
-            .try_wait()
-            .map_err(SandboxError::io("wait", Path::new(&argv[0])))?
-        {
-            use std::os::unix::process::ExitStatusExt;
-            return Ok(Exit {
-                code: status.code(),
-                signal: status.signal(),
-                timed_out: false,
-            });
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(Exit {
-                code: None,
-                signal: Some(9),
-                timed_out: true,
-            });
-        }
-        std::thread::sleep(wait);
-        wait = (wait * 2).min(Duration::from_millis(50));
-    }
-}
-
-/// The first [`OUTPUT_LIMIT`] bytes of a file, and whether there was more.
-fn read_limited(path: &Path) -> Result<(Vec<u8>, bool)> {
-    let file = File::open(path).map_err(SandboxError::io("open", path))?;
-    let mut bytes = Vec::new();
-    file.take(OUTPUT_LIMIT + 1)
-        .read_to_end(&mut bytes)
-        .map_err(SandboxError::io("read", path))?;
-    let cut = bytes.len() as u64 > OUTPUT_LIMIT;
-    bytes.truncate(OUTPUT_LIMIT as usize);
-    Ok((bytes, cut))
 }

@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -155,18 +155,23 @@ pub(crate) fn exit_of(status: std::process::ExitStatus) -> Exit {
 }
 
 /// What came out of a run.
-struct Ran {
-    exit: Exit,
-    stdout: Collector,
-    stderr: Collector,
+pub(crate) struct Ran {
+    pub(crate) exit: Exit,
+    pub(crate) stdout: Collector,
+    pub(crate) stderr: Collector,
 }
 
-/// Runs the command to its end (or its timeout); the process group ends with it.
-fn run(inner: &Inner, p: &Prepared, req: &ExecRequest) -> Result<Ran, EnvError> {
-    let program = &p.spec.argv[0];
-    let mut cmd = inner.command(p)?;
+/// Runs a confined command to its end (or its timeout), feeding it `stdin` and collecting its
+/// output; the process group ends with it.
+pub(crate) fn run(
+    mut cmd: Command,
+    program: &str,
+    stdin: Vec<u8>,
+    timeout: Option<Duration>,
+    collector: impl Fn() -> Collector,
+) -> Result<Ran, EnvError> {
     cmd.process_group(0)
-        .stdin(if req.stdin.is_empty() {
+        .stdin(if stdin.is_empty() {
             Stdio::null()
         } else {
             Stdio::piped()
@@ -175,18 +180,17 @@ fn run(inner: &Inner, p: &Prepared, req: &ExecRequest) -> Result<Ran, EnvError> 
         .stderr(Stdio::piped());
     let mut child: Child = cmd.spawn().map_err(|e| exec_error(program, e))?;
     let pid = Pid::from_child(&child);
-    if let Some(mut stdin) = child.stdin.take() {
-        let data = req.stdin.clone();
+    if let Some(mut input) = child.stdin.take() {
         // A command that does not read its input must not block the run.
         let _ = thread::Builder::new()
             .name("environment-exec-input".into())
             .spawn(move || {
-                let _ = stdin.write_all(&data);
+                let _ = input.write_all(&stdin);
             });
     }
     let (done_tx, done_rx) = mpsc::channel();
-    let out = Arc::new(Mutex::new(Collector::new(p.redactor(), req.output_limit)));
-    let err = Arc::new(Mutex::new(Collector::new(p.redactor(), req.output_limit)));
+    let out = Arc::new(Mutex::new(collector()));
+    let err = Arc::new(Mutex::new(collector()));
     let mut readers = 0;
     if let Some(pipe) = child.stdout.take() {
         read_into(pipe, out.clone(), done_tx.clone());
@@ -197,7 +201,7 @@ fn run(inner: &Inner, p: &Prepared, req: &ExecRequest) -> Result<Ran, EnvError> 
         readers += 1;
     }
     drop(done_tx);
-    let ended = wait_unreaped(pid, req.timeout_ms.map(Duration::from_millis));
+    let ended = wait_unreaped(pid, timeout);
     // Whatever it left running in its process group ends with it (on a timeout, it too): a
     // command that should outlive its caller is a background process.
     let _ = rustix::process::kill_process_group(pid, Signal::KILL);
@@ -223,6 +227,55 @@ fn run(inner: &Inner, p: &Prepared, req: &ExecRequest) -> Result<Ran, EnvError> 
         },
         stdout: take(&out),
         stderr: take(&err),
+    })
+}
+
+/// What a recorded command adds to its operation: its outputs stored, the objects that name
+/// them and its status, and the flags its exit calls for.
+pub(crate) struct Record {
+    pub(crate) changes: Vec<Change>,
+    pub(crate) flags: OpFlags,
+    pub(crate) stdout: StoredOutput,
+    pub(crate) stderr: StoredOutput,
+}
+
+/// Stores a run's outputs and describes it (see the module documentation of `shell`). The
+/// caller holds the blob store's write guard until the operation commits.
+pub(crate) fn record(
+    env: &LocalEnvironment,
+    ran: &Ran,
+    argv: &[String],
+    cwd: &str,
+    started_ms: i64,
+    duration_ms: u64,
+) -> Result<Record, EnvError> {
+    let (out_value, stdout) = store(env, &ran.stdout)?;
+    let (err_value, stderr) = store(env, &ran.stderr)?;
+    let status = serde_json::json!({
+        "command": command_line(argv),
+        "cwd": cwd,
+        "exit": ran.exit,
+        "started_ms": started_ms,
+        "duration_ms": duration_ms,
+        "stdout": { "total": stdout.total, "stored": stdout.stored, "truncated": stdout.truncated },
+        "stderr": { "total": stderr.total, "stored": stderr.stored, "truncated": stderr.truncated },
+    });
+    let status_value = Value::with_kind(EntryKind::TestResult, status.to_string().into_bytes())
+        .attr("content-type", "application/json");
+    let changes = vec![
+        Change::Put(obj(OUTPUT_KEYS[0])?, out_value),
+        Change::Put(obj(OUTPUT_KEYS[1])?, err_value),
+        Change::Put(obj(OUTPUT_KEYS[2])?, status_value),
+    ];
+    let mut flags = OpFlags::COMMAND;
+    if !ran.exit.success() {
+        flags |= OpFlags::FAILED;
+    }
+    Ok(Record {
+        changes,
+        flags,
+        stdout,
+        stderr,
     })
 }
 
@@ -285,33 +338,25 @@ pub(crate) fn run_recorded(
     let hold = inner.tracker.hold().map_err(|e| to_env(&program, e))?;
     let started_ms = now_ms();
     let started = Instant::now();
-    let ran = run(inner, &p, &req)?;
+    let cmd = inner.command(&p)?;
+    let ran = run(
+        cmd,
+        &program,
+        req.stdin.clone(),
+        req.timeout_ms.map(Duration::from_millis),
+        || Collector::new(p.redactor(), req.output_limit),
+    )?;
     let duration_ms = started.elapsed().as_millis() as u64;
     let env = &inner.env;
     // Blobs stored from here are kept from garbage collection until the operation commits.
     let guard = env.blobs().write_guard()?;
-    let (out_value, stdout) = store(env, &ran.stdout)?;
-    let (err_value, stderr) = store(env, &ran.stderr)?;
-    let status = serde_json::json!({
-        "command": command_line(&p.spec.argv),
-        "cwd": p.spec.cwd.clone().unwrap_or_default(),
-        "exit": ran.exit,
-        "started_ms": started_ms,
-        "duration_ms": duration_ms,
-        "stdout": { "total": stdout.total, "stored": stdout.stored, "truncated": stdout.truncated },
-        "stderr": { "total": stderr.total, "stored": stderr.stored, "truncated": stderr.truncated },
-    });
-    let status_value = Value::with_kind(EntryKind::TestResult, status.to_string().into_bytes())
-        .attr("content-type", "application/json");
-    let extra = vec![
-        Change::Put(obj(OUTPUT_KEYS[0])?, out_value),
-        Change::Put(obj(OUTPUT_KEYS[1])?, err_value),
-        Change::Put(obj(OUTPUT_KEYS[2])?, status_value),
-    ];
-    let mut flags = OpFlags::COMMAND;
-    if !ran.exit.success() {
-        flags |= OpFlags::FAILED;
-    }
+    let cwd = p.spec.cwd.clone().unwrap_or_default();
+    let Record {
+        changes: extra,
+        flags,
+        stdout,
+        stderr,
+    } = record(env, &ran, &p.spec.argv, &cwd, started_ms, duration_ms)?;
     let intent = Intent::new(IntentKind::Command, cut(p.spec.intent_text(), MAX_INTENT));
     let captured = inner
         .tracker

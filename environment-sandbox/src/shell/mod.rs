@@ -36,7 +36,7 @@
 //! are.
 
 mod background;
-mod exec;
+pub(crate) mod exec;
 mod pty;
 pub mod redact;
 
@@ -131,7 +131,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

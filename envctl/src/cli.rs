@@ -1,0 +1,328 @@
+//! The command line: global options and one subcommand per verb.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The exit codes, shown at the end of `envctl --help`.
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  done
+  1  failure (storage, I/O, a damaged environment, nothing to undo)
+  2  malformed input (arguments, names, paths, payloads, rules)
+  3  not found (version, branch, mark, environment, topic, group, receipt, approval, program)
+  4  denied by the policy, or it needs an approval first
+  5  conflict (stale write, name taken, stale receipt, decided approval, merge with conflicts)
+  6  no supervisor is listening where one is required
+  7  not available in this build
+`exec` and `run` exit with the command's own status once it ran.
+
+Versions are named by an op id or any unique prefix (4+ hex digits), a mark, a branch, or
+any of these followed by ~N (N steps back); HEAD is the head of main.
+
+Without a running supervisor every command first captures what changed in the workspace since
+the last capture, so nothing done out of band is lost or overwritten.";
+
+/// envctl: put any agent into an environment — automatic capture, rollback, history, marks,
+/// branches, the queue and the policy.
+#[derive(Parser, Debug)]
+#[command(name = "envctl", version, after_long_help = EXIT_CODES)]
+pub struct Cli {
+    /// The workspace directory (default: the nearest one with a .environment at or above the
+    /// current directory).
+    #[arg(
+        short = 'C',
+        long = "dir",
+        value_name = "DIR",
+        global = true,
+        env = "ENVIRONMENT_DIR"
+    )]
+    pub chdir: Option<PathBuf>,
+    /// Who acts (`kind:name`, e.g. human:alice, agent:coder-1).
+    #[arg(long, global = true, env = "ENVIRONMENT_ACTOR")]
+    pub actor: Option<String>,
+    /// Go through the supervisor listening at this control socket.
+    #[arg(long, global = true, env = "ENVIRONMENT_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Print one JSON document instead of lines.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Make DIR an environment (its home in DIR/.environment unless --home) and capture it.
+    Init {
+        /// The workspace (default: the current directory).
+        dir: Option<PathBuf>,
+        /// Seed a managed rootfs from a directory or a .tar file.
+        #[arg(long)]
+        rootfs: Option<PathBuf>,
+        /// Keep the environment's home here instead of DIR/.environment.
+        #[arg(long)]
+        home: Option<PathBuf>,
+    },
+    /// Run an agent in the workspace with automatic capture; a summary at its exit.
+    Run(RunArgs),
+    /// Run one command as a recorded operation: its file changes are attributed to it.
+    Exec(ExecArgs),
+    /// The history: key nodes with automatic captures squashed (--all: every operation).
+    Log {
+        /// Every operation, nothing squashed.
+        #[arg(long)]
+        all: bool,
+        /// The branch (default main).
+        #[arg(long, default_value = "main")]
+        branch: String,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// One operation: who, why, what changed.
+    Show {
+        /// The version.
+        version: String,
+    },
+    /// What changed between two versions (B defaults to HEAD).
+    Diff {
+        /// From.
+        from: String,
+        /// To.
+        to: Option<String>,
+        /// Only the counts.
+        #[arg(long)]
+        stat: bool,
+    },
+    /// Bring the workspace back to a version (appends a rollback; --dry-run previews it).
+    Restore {
+        /// The version.
+        version: String,
+        /// Show what would change, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Undo the last operation on main, in the log and in the workspace.
+    Undo,
+    /// Name a version (default HEAD); without NAME, list the marks.
+    Mark {
+        /// The name.
+        name: Option<String>,
+        /// The version.
+        version: Option<String>,
+    },
+    /// Create a branch at a version (default HEAD); without NAME, list the branches.
+    Branch {
+        /// The name.
+        name: Option<String>,
+        /// The version.
+        version: Option<String>,
+    },
+    /// Merge a branch into main and write the result into the workspace.
+    Merge {
+        /// The branch.
+        branch: String,
+    },
+    /// Fork candidates, test each, adopt the winner (not in this build yet: exits 7).
+    Tournament(TournamentArgs),
+    /// External side effects (--unfinished: in flight or of unknown outcome).
+    Effects {
+        /// Only the unfinished ones.
+        #[arg(long)]
+        unfinished: bool,
+    },
+    /// The policy: rules, decisions, approvals.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// The queue: publish, claim, settle, dead letters.
+    #[command(subcommand)]
+    Queue(QueueCommand),
+    /// Remove content no kept version refers to.
+    Gc,
+    /// Check the integrity of the stores (the hash chain, the views, the blobs).
+    Verify,
+    /// Where the environment is, its head, branches, marks, policy and queue.
+    Status,
+    /// Serve the environment over MCP on stdin/stdout.
+    ///
+    /// Every tool call is an action of --actor (default agent:mcp) and passes the policy when
+    /// one is loaded. Configure it in an MCP client as the command `envctl -C DIR mcp`, e.g.
+    /// `claude mcp add environment -- envctl -C /path/to/project mcp`.
+    Mcp,
+    /// A short tour in a throwaway workspace: an agent works, breaks things, is rolled back.
+    Demo {
+        /// Keep the workspace in a new directory under this one.
+        #[arg(long)]
+        keep: Option<PathBuf>,
+    },
+}
+
+/// Where `run` puts the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Isolation {
+    /// On the host, in the workspace.
+    Host,
+    /// In namespaces with the managed rootfs as its root.
+    Rootfs,
+}
+
+/// `envctl run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Where the agent runs.
+    #[arg(long, value_enum, default_value = "host")]
+    pub isolate: Isolation,
+    /// Let the agent roll itself back through the control socket.
+    #[arg(long)]
+    pub self_rollback: bool,
+    /// The agent's command.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// `envctl exec`.
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// Why (default: the command line).
+    #[arg(long)]
+    pub intent: Option<String>,
+    /// The command.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// `envctl tournament`.
+#[derive(Args, Debug)]
+pub struct TournamentArgs {
+    /// The version to fork from (default HEAD).
+    #[arg(long)]
+    pub base: Option<String>,
+    /// The test each candidate must pass.
+    #[arg(long)]
+    pub test: String,
+    /// The candidates, one command each.
+    #[arg(last = true, required = true)]
+    pub candidates: Vec<String>,
+}
+
+/// `envctl policy ...`.
+#[derive(Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// Load a TOML rule file (replaces the rules).
+    Load {
+        /// The rule file.
+        file: PathBuf,
+    },
+    /// Decide ACTOR ACTION RESOURCE without spending anything (exit 4 unless allowed).
+    Check(Query),
+    /// Decide and explain why, in words.
+    Explain(Query),
+    /// What ACTOR may do under RESOURCE (default: everything).
+    May {
+        /// The actor.
+        actor: String,
+        /// The resource (default: the whole workspace).
+        resource: Option<String>,
+    },
+    /// Add ACTOR to GROUP (a `group:` or `role:` id).
+    Member {
+        /// The actor.
+        member: String,
+        /// The group.
+        group: String,
+    },
+    /// Approval requests; `grant ID` / `reject ID` decides one as --actor.
+    Approvals {
+        /// grant or reject.
+        #[arg(value_enum)]
+        decision: Option<ApprovalDecision>,
+        /// The approval request.
+        id: Option<String>,
+    },
+}
+
+/// An approval decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ApprovalDecision {
+    /// Let it through (once).
+    Grant,
+    /// Refuse it.
+    Reject,
+}
+
+/// A policy question.
+#[derive(Args, Debug)]
+pub struct Query {
+    /// The actor (`kind:name`).
+    pub actor: String,
+    /// read, write, delete, execute, publish, consume, approve, delegate, or a declared one.
+    pub action: String,
+    /// `path:GLOB` (or a bare path), `prefix:P`, `object:KIND/KEY`, `branch:B`, `topic:T`,
+    /// `secret:S`, `service:URL`, `program:PROG ARGS...`, or `environment`.
+    pub resource: String,
+}
+
+/// `envctl queue ...`.
+#[derive(Subcommand, Debug)]
+pub enum QueueCommand {
+    /// Publish PAYLOAD (text, or @FILE) to TOPIC (created if new).
+    Publish {
+        /// The topic.
+        topic: String,
+        /// The payload, or @FILE.
+        payload: String,
+        /// Ordering key: same-key messages are delivered one at a time, in order.
+        #[arg(long)]
+        key: Option<String>,
+        /// Dedup id: a repeat within the window is accepted and not delivered again.
+        #[arg(long)]
+        dedup: Option<String>,
+    },
+    /// Subscribe GROUP to topics (creating the group and topics).
+    Subscribe {
+        /// The consumer group.
+        group: String,
+        /// The topics.
+        #[arg(required = true)]
+        topics: Vec<String>,
+    },
+    /// Lease messages of GROUP.
+    Claim {
+        /// The consumer group.
+        group: String,
+        /// Lease length in seconds.
+        #[arg(long, default_value_t = 60)]
+        lease: u64,
+        /// At most this many messages.
+        #[arg(long, default_value_t = 1)]
+        max: u32,
+    },
+    /// Acknowledge a receipt: done, never delivered to the group again.
+    Ack {
+        /// The receipt (DELIVERY.TOKEN).
+        receipt: String,
+    },
+    /// Give a lease back (retried after a backoff).
+    Nack {
+        /// The receipt.
+        receipt: String,
+        /// Why.
+        #[arg(long)]
+        error: Option<String>,
+    },
+    /// The dead letters of GROUP.
+    Dead {
+        /// The consumer group.
+        group: String,
+    },
+    /// Send GROUP's dead letters back to the queue.
+    Redrive {
+        /// The consumer group.
+        group: String,
+    },
+    /// Depth, leases and dead letters per topic and group.
+    Stats,
+}

@@ -1,0 +1,113 @@
+//! `envctl log`, `show`, `diff`: reading the history.
+
+use environment_core::{HistoryOptions, OpFlags};
+use serde_json::json;
+
+use super::resolve;
+use crate::failure::Outcome;
+use crate::output::{change_json, change_letter, counts, history_json, op_json, print_json};
+use crate::workspace::Session;
+
+/// The history of a branch.
+pub fn log(s: &Session, all: bool, branch: &str, limit: usize, json: bool) -> Outcome<()> {
+    let entries = s
+        .env
+        .history(&s.actor, branch, &HistoryOptions { all, limit })?;
+    if json {
+        print_json(&json!({
+            "branch": branch,
+            "all": all,
+            "entries": entries.iter().map(history_json).collect::<Vec<_>>(),
+        }));
+    } else {
+        for e in &entries {
+            println!("{e}");
+        }
+    }
+    Ok(())
+}
+
+/// One operation and what it changed.
+pub fn show(s: &Session, spec: &str, json: bool) -> Outcome<()> {
+    let id = resolve(s, spec)?;
+    let op = s.env.op(&id)?;
+    let changes = match op.parents.first() {
+        Some(p) if !s.env.is_dropped(p)? && !s.env.is_dropped(&id)? => {
+            s.env.diff(&s.actor, p, &id, None)?
+        }
+        _ => Vec::new(),
+    };
+    let marks: Vec<String> = s
+        .env
+        .marks()?
+        .into_iter()
+        .filter(|(_, v)| *v == id)
+        .map(|(n, _)| n)
+        .collect();
+    if json {
+        let mut j = op_json(&op);
+        j["marks"] = json!(marks);
+        j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
+        print_json(&j);
+        return Ok(());
+    }
+    println!("op {} (#{} on {})", op.id, op.seq, op.branch);
+    println!("actor:  {}", op.actor);
+    println!("intent: {} — {}", op.intent.kind, op.intent.text);
+    let flags = op.flags.names();
+    if !flags.is_empty() {
+        println!("flags:  {}", flags.join(", "));
+    }
+    for p in &op.parents {
+        println!("parent: {}", p.short());
+    }
+    if let Some(r) = op.restored_from {
+        println!("restored from: {}", r.short());
+    }
+    if !marks.is_empty() {
+        println!("marks:  {}", marks.join(", "));
+    }
+    if op.flags.contains(OpFlags::MERGE) && op.flags.contains(OpFlags::CONFLICTS) {
+        println!("the merge left conflict objects");
+    }
+    let s_ = &op.summary;
+    println!("changes: +{} ~{} -{}", s_.added, s_.modified, s_.removed);
+    for c in &changes {
+        println!("  {} {}", change_letter(c), c.key.display_path());
+    }
+    Ok(())
+}
+
+/// What changed between two versions.
+pub fn diff(s: &Session, from: &str, to: Option<&str>, stat: bool, json: bool) -> Outcome<()> {
+    let a = resolve(s, from)?;
+    let b = resolve(s, to.unwrap_or("HEAD"))?;
+    let changes = s.env.diff(&s.actor, &a, &b, None)?;
+    let (added, modified, removed) = counts(&changes);
+    if json {
+        let mut j = json!({
+            "from": a.to_string(),
+            "to": b.to_string(),
+            "added": added,
+            "modified": modified,
+            "removed": removed,
+        });
+        if !stat {
+            j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
+        }
+        print_json(&j);
+        return Ok(());
+    }
+    if !stat {
+        for c in &changes {
+            println!("{} {}", change_letter(c), c.key.display_path());
+        }
+    }
+    println!(
+        "{} path(s) changed: {added} added, {modified} modified, {removed} removed ({} → {})",
+        changes.len(),
+        a.short(),
+        b.short()
+    );
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! `envctl init`: make a directory an environment and capture what is in it.
+
+use std::path::{Path, PathBuf};
+
+use environment_core::{ActorId, MAIN};
+use serde_json::json;
+
+use crate::failure::{ExitCode, Failure, Outcome};
+use crate::output::print_json;
+use crate::progress::Progress;
+use crate::workspace::{MARKER, ROOTFS_DIR, Session, Workspace};
+
+/// Creates the environment of `dir` (default: the current directory).
+pub fn run(
+    dir: Option<PathBuf>,
+    rootfs: Option<&Path>,
+    home: Option<&Path>,
+    actor: ActorId,
+    json: bool,
+) -> Outcome<()> {
+    let dir = match dir {
+        Some(d) => d,
+        None => std::env::current_dir()
+            .map_err(|e| Failure::io("read the current directory", Path::new("."), e))?,
+    };
+    if let Some(r) = rootfs
+        && !r.exists()
+    {
+        return Err(Failure::not_found(format!(
+            "the rootfs source {} does not exist",
+            r.display()
+        ))
+        .hint("pass a directory or a .tar file"));
+    }
+    if Workspace::at(&dir)?.is_some() {
+        return Err(Failure::new(
+            ExitCode::Conflict,
+            format!("{} is an environment already", dir.display()),
+        )
+        .hint("use it as it is; `envctl status` shows it"));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| Failure::io("create", &dir, e))?;
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| Failure::io("resolve", &dir, e))?;
+    let marker = dir.join(MARKER);
+    let home = match home {
+        None => {
+            std::fs::create_dir(&marker).map_err(|e| Failure::io("create", &marker, e))?;
+            marker
+        }
+        Some(h) => {
+            std::fs::create_dir_all(h).map_err(|e| Failure::io("create", h, e))?;
+            let h = h.canonicalize().map_err(|e| Failure::io("resolve", h, e))?;
+            std::fs::write(&marker, format!("{}\n", h.display()))
+                .map_err(|e| Failure::io("write", &marker, e))?;
+            h
+        }
+    };
+    let ws = Workspace { dir, home };
+    let session = Session::open(ws.clone(), actor)?;
+    let rootfs_at = match rootfs {
+        Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),
+        None => None,
+    };
+    let head = session.head()?;
+    let files = session.env.op(&head)?.summary.total();
+    if json {
+        print_json(&json!({
+            "dir": ws.dir.display().to_string(),
+            "home": ws.home.display().to_string(),
+            "branch": MAIN,
+            "version": head.to_string(),
+            "captured": files,
+            "rootfs": rootfs_at.map(|p| p.display().to_string()),
+        }));
+    } else {
+        println!(
+            "Initialized an environment in {} (home {}): {files} path(s) captured at {}.",
+            ws.dir.display(),
+            ws.home.display(),
+            head.short()
+        );
+        if let Some(r) = rootfs_at {
+            println!("Managed rootfs seeded at {}.", r.display());
+        }
+    }
+    Ok(())
+}
+
+/// Copies a directory tree, or unpacks a tar file, into `dest`.
+fn seed_rootfs(src: &Path, dest: &Path) -> Outcome<PathBuf> {
+    let progress = Progress::spinner("seeding the rootfs");
+    let result = if src.is_dir() {
+        copy_tree(src, dest)
+    } else {
+        let file = std::fs::File::open(src).map_err(|e| Failure::io("open", src, e))?;
+        std::fs::create_dir_all(dest).map_err(|e| Failure::io("create", dest, e))?;
+        let mut archive = tar::Archive::new(file);
+        archive.set_preserve_permissions(true);
+        archive.unpack(dest).map_err(|e| {
+            Failure::usage(format!(
+                "cannot unpack {} as a tar file: {e}",
+                src.display()
+            ))
+            .hint("pass a directory or an uncompressed .tar file")
+        })
+    };
+    progress.finish();
+    result.map(|()| dest.to_owned())
+}
+
+/// Copies files, directories and symlinks (as links, never followed), keeping modes.
+fn copy_tree(src: &Path, dest: &Path) -> Outcome<()> {
+    std::fs::create_dir_all(dest).map_err(|e| Failure::io("create", dest, e))?;
+    let entries = std::fs::read_dir(src).map_err(|e| Failure::io("read", src, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Failure::io("read", src, e))?;
+        let (from, to) = (entry.path(), dest.join(entry.file_name()));
+        let kind = entry
+            .file_type()
+            .map_err(|e| Failure::io("stat", &from, e))?;
+        if kind.is_symlink() {
+            let target = std::fs::read_link(&from).map_err(|e| Failure::io("read", &from, e))?;
+            std::os::unix::fs::symlink(&target, &to).map_err(|e| Failure::io("link", &to, e))?;
+        } else if kind.is_dir() {
+            copy_tree(&from, &to)?;
+            let perm = std::fs::metadata(&from)
+                .map_err(|e| Failure::io("stat", &from, e))?
+                .permissions();
+            std::fs::set_permissions(&to, perm).map_err(|e| Failure::io("chmod", &to, e))?;
+        } else if kind.is_file() {
+            std::fs::copy(&from, &to).map_err(|e| Failure::io("copy", &from, e))?;
+        }
+        // Devices, fifos and sockets are not carried into a rootfs made by an unprivileged user.
+    }
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! One module per command group; [`dispatch`] routes a parsed command line to them.
+
+mod demo;
+mod history;
+mod init;
+mod maintain;
+mod names;
+pub mod policy;
+pub mod process;
+pub mod queue;
+mod rollback;
+
+use environment_core::{ActorId, OpId};
+
+use crate::cli::{Cli, Command};
+use crate::failure::{ExitCode, Failure, Outcome};
+use crate::target::Target;
+use crate::workspace::{Session, Workspace};
+
+/// Parses an actor id given on the command line (`kind:name`).
+pub fn parse_actor(s: &str) -> Outcome<ActorId> {
+    let bad = || {
+        Failure::usage(format!("{s:?} is not an actor id"))
+            .hint("an actor is `kind:name`, e.g. human:alice or agent:coder-1")
+    };
+    match s.split_once(':') {
+        Some((k, n)) if !k.is_empty() && !n.is_empty() => ActorId::new(s).map_err(|_| bad()),
+        _ => Err(bad()),
+    }
+}
+
+/// The actor of this invocation: --actor, else `default`.
+fn actor_of(cli: &Cli, default: &str) -> Outcome<ActorId> {
+    match &cli.actor {
+        Some(a) => parse_actor(a),
+        None => parse_actor(default),
+    }
+}
+
+/// Who a person at the terminal is.
+fn default_human() -> String {
+    let user: String = std::env::var("USER")
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+        .collect();
+    if user.is_empty() {
+        "human:operator".into()
+    } else {
+        format!("human:{user}")
+    }
+}
+
+/// Resolves a version spec (op id or unique prefix, mark, branch, `HEAD`, `~N`).
+pub fn resolve(s: &Session, spec: &str) -> Outcome<OpId> {
+    Ok(s.env.resolve(spec)?)
+}
+
+/// Runs a command; returns the exit status.
+pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
+    let json = cli.json;
+    // Like `git -C`: the command runs as if started in DIR, so relative paths given to it
+    // (rule files, payload files) are read from there.
+    if let Some(d) = &cli.chdir {
+        let abs = d.canonicalize().map_err(|e| Failure::io("enter", d, e))?;
+        std::env::set_current_dir(&abs).map_err(|e| Failure::io("enter", &abs, e))?;
+        cli.chdir = Some(abs);
+    }
+    match &cli.command {
+        Command::Init { dir, rootfs, home } => {
+            let actor = actor_of(&cli, &default_human())?;
+            let dir = dir.clone().or(cli.chdir.clone());
+            init::run(dir, rootfs.as_deref(), home.as_deref(), actor, json)?;
+            return Ok(0);
+        }
+        Command::Mcp => {
+            let actor = actor_of(&cli, "agent:mcp")?;
+            if let Some(sock) = &cli.socket {
+                let addr = crate::target::probe(sock)?;
+                return Err(crate::target::supervisor_unavailable(&addr));
+            }
+            let ws = Workspace::find(cli.chdir.as_deref())?;
+            crate::mcp::serve(ws, actor)?;
+            return Ok(0);
+        }
+        Command::Tournament(_) => return Err(process::tournament_unavailable()),
+        Command::Demo { keep } => {
+            demo::run(keep.as_deref())?;
+            return Ok(0);
+        }
+        _ => {}
+    }
+    let actor = actor_of(&cli, &default_human())?;
+    let ws = Workspace::find(cli.chdir.as_deref())?;
+    match &cli.command {
+        Command::Policy(p) => {
+            // The capture first, like every command; the policy is then read and changed
+            // through its own store.
+            let mut captured = Target::open(ws.clone(), actor.clone(), cli.socket.as_deref())?;
+            captured.direct()?;
+            drop(captured);
+            return policy::run(&ws, &actor, p, json).map(|()| 0);
+        }
+        Command::Queue(q) => {
+            let mut target = Target::open(ws, actor, cli.socket.as_deref())?;
+            return queue::run(target.direct()?, q, json).map(|()| 0);
+        }
+        _ => {}
+    }
+    let mut target = Target::open(ws, actor, cli.socket.as_deref())?;
+    let s = target.direct()?;
+    match &cli.command {
+        Command::Log { all, branch, limit } => history::log(s, *all, branch, *limit, json)?,
+        Command::Show { version } => history::show(s, version, json)?,
+        Command::Diff { from, to, stat } => history::diff(s, from, to.as_deref(), *stat, json)?,
+        Command::Restore { version, dry_run } => rollback::restore(s, version, *dry_run, json)?,
+        Command::Undo => rollback::undo(s, json)?,
+        Command::Mark { name, version } => {
+            names::mark(s, name.as_deref(), version.as_deref(), json)?
+        }
+        Command::Branch { name, version } => {
+            names::branch(s, name.as_deref(), version.as_deref(), json)?
+        }
+        Command::Merge { branch } => return names::merge(s, branch, json),
+        Command::Effects { unfinished } => maintain::effects(s, *unfinished, json)?,
+        Command::Gc => maintain::gc(s, json)?,
+        Command::Verify => maintain::verify(s, json)?,
+        Command::Status => maintain::status(s, json)?,
+        Command::Exec(a) => return process::exec(s, a, json),
+        Command::Run(a) => return process::run(s, a, json),
+        Command::Init { .. }
+        | Command::Mcp
+        | Command::Demo { .. }
+        | Command::Tournament(_)
+        | Command::Policy(_)
+        | Command::Queue(_) => {}
+    }
+    Ok(ExitCode::Ok.status())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actors_are_kind_colon_name() {
+        assert_eq!(parse_actor("agent:a-1").unwrap().as_str(), "agent:a-1");
+        for bad in ["agent", ":x", "agent:", "", "a:\u{1}"] {
+            assert_eq!(
+                parse_actor(bad).unwrap_err().code,
+                crate::failure::ExitCode::Usage,
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! `envctl restore` and `undo`: bring the workspace back to an earlier version.
+
+use environment_core::{Action, Intent, IntentKind, MAIN, OpId, Resource};
+use environment_sandbox::{RestorePlan, RestoreStep};
+use serde_json::json;
+
+use super::resolve;
+use crate::failure::{Failure, Outcome};
+use crate::output::print_json;
+use crate::progress::Progress;
+use crate::workspace::Session;
+
+fn plan_json(plan: &RestorePlan, dry_run: bool, version: Option<OpId>) -> serde_json::Value {
+    let (mut write, mut remove) = (Vec::new(), Vec::new());
+    for step in &plan.steps {
+        match step {
+            RestoreStep::Write(k) => write.push(k.display_path()),
+            RestoreStep::Remove(k) => remove.push(k.display_path()),
+        }
+    }
+    json!({
+        "from": plan.from.to_string(),
+        "to": plan.to.to_string(),
+        "dry_run": dry_run,
+        "write": write,
+        "remove": remove,
+        "version": version.map(|v| v.to_string()),
+    })
+}
+
+fn print_plan(plan: &RestorePlan) {
+    for step in &plan.steps {
+        match step {
+            RestoreStep::Write(k) => println!("write  {}", k.display_path()),
+            RestoreStep::Remove(k) => println!("remove {}", k.display_path()),
+        }
+    }
+}
+
+/// Restores the workspace (and main) to `target`: previewed, then done.
+pub fn restore_to(
+    s: &Session,
+    target: OpId,
+    intent: Intent,
+    dry_run: bool,
+    json: bool,
+) -> Outcome<()> {
+    // The tree is written before core records the rollback, and the preview is computed by
+    // the capture service: ask first, so that a denied restore changes and shows nothing.
+    if dry_run {
+        s.precheck(Action::Read, Resource::Branch(MAIN.into()), "restore")?;
+    } else {
+        s.precheck(Action::Write, Resource::Branch(MAIN.into()), "restore")?;
+    }
+    let tracker = s.tracker()?;
+    let plan = if dry_run {
+        tracker.plan_restore(&target)?
+    } else {
+        let progress = Progress::spinner("restoring the workspace");
+        let plan = tracker.restore(&s.actor, &target, intent);
+        progress.finish();
+        plan?
+    };
+    let version = if dry_run { None } else { Some(s.head()?) };
+    if json {
+        print_json(&plan_json(&plan, dry_run, version));
+        return Ok(());
+    }
+    print_plan(&plan);
+    match version {
+        None => println!(
+            "Dry run: restoring {} would write {} path(s) and remove {}; nothing was changed.",
+            target.short(),
+            plan.steps
+                .iter()
+                .filter(|s| matches!(s, RestoreStep::Write(_)))
+                .count(),
+            plan.steps
+                .iter()
+                .filter(|s| matches!(s, RestoreStep::Remove(_)))
+                .count(),
+        ),
+        Some(v) => println!(
+            "Restored the workspace to {} ({} path(s) changed); the rollback is {}.",
+            target.short(),
+            plan.steps.len(),
+            v.short()
+        ),
+    }
+    Ok(())
+}
+
+/// `envctl restore VERSION [--dry-run]`.
+pub fn restore(s: &Session, spec: &str, dry_run: bool, json: bool) -> Outcome<()> {
+    let target = resolve(s, spec)?;
+    let intent = Intent::new(IntentKind::Restore, format!("restore to {spec}"));
+    restore_to(s, target, intent, dry_run, json)
+}
+
+/// `envctl undo`: back to the version before main's last operation.
+pub fn undo(s: &Session, json: bool) -> Outcome<()> {
+    let head = s.head()?;
+    let op = s.env.op(&head)?;
+    let Some(parent) = op.parents.first().copied() else {
+        return Err(
+            Failure::other("nothing to undo: main is at its first operation")
+                .hint("`envctl log` shows the history"),
+        );
+    };
+    let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.short()));
+    restore_to(s, parent, intent, false, json)
+}

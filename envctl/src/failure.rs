@@ -1,0 +1,283 @@
+//! Why a command failed, and the exit code that says so.
+//!
+//! Every failure is one sentence for a person (what did not happen and why) plus a hint (what
+//! to do next), and an [`ExitCode`] a script can branch on.
+
+use std::fmt;
+
+use environment_bus::BusError;
+use environment_core::{BlobError, EnvError, ForAgent};
+use environment_policy::PolicyError;
+use environment_sandbox::SandboxError;
+
+/// The documented exit codes of `envctl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitCode {
+    /// 0: done.
+    Ok = 0,
+    /// 1: the command failed (storage, I/O, a damaged environment, a refused undo).
+    Failure = 1,
+    /// 2: malformed input (arguments, names, paths, payloads, rules).
+    Usage = 2,
+    /// 3: something named does not exist (a version, branch, mark, environment, topic, group,
+    /// receipt, approval, effect, program).
+    NotFound = 3,
+    /// 4: the policy denied the action, or it needs an approval first.
+    Denied = 4,
+    /// 5: a conflict (a stale write, a name taken, a stale receipt, a decided approval, or a
+    /// merge that recorded conflict objects).
+    Conflict = 5,
+    /// 6: a supervisor is required and none is listening.
+    NoSupervisor = 6,
+    /// 7: the feature is not available in this build.
+    Unavailable = 7,
+}
+
+impl ExitCode {
+    /// The process exit status.
+    pub fn status(self) -> i32 {
+        self as i32
+    }
+}
+
+/// A failed command: nothing it was asked to do happened (unless the message says otherwise).
+#[derive(Debug)]
+pub struct Failure {
+    /// The exit code.
+    pub code: ExitCode,
+    /// One sentence: what failed and why.
+    pub message: String,
+    /// What to do next.
+    pub hint: Option<String>,
+    /// The library's own rendering for a language model, when it has one.
+    pub for_agent: Option<String>,
+    /// Part of the request did happen (e.g. a command ran but its changes could not be recorded
+    /// as its actor's): the message says what.
+    pub partial: bool,
+}
+
+impl Failure {
+    /// A failure with a code and a message.
+    pub fn new(code: ExitCode, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+            hint: None,
+            for_agent: None,
+            partial: false,
+        }
+    }
+
+    /// Adds the hint.
+    pub fn hint(mut self, hint: impl Into<String>) -> Failure {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// Malformed input.
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure::new(ExitCode::Usage, message)
+    }
+
+    /// Something named does not exist.
+    pub fn not_found(message: impl Into<String>) -> Failure {
+        Failure::new(ExitCode::NotFound, message)
+    }
+
+    /// Anything else that went wrong.
+    pub fn other(message: impl Into<String>) -> Failure {
+        Failure::new(ExitCode::Failure, message)
+    }
+
+    /// An I/O error on a path.
+    pub fn io(what: &str, path: &std::path::Path, e: std::io::Error) -> Failure {
+        let f = Failure::other(format!("cannot {what} {}: {e}", path.display()));
+        match e.kind() {
+            std::io::ErrorKind::PermissionDenied => {
+                f.hint("check the permissions of that path for the user running envctl")
+            }
+            std::io::ErrorKind::NotFound => Failure {
+                code: ExitCode::NotFound,
+                ..f.hint("check the path")
+            },
+            _ => f,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.message.trim_end_matches('.');
+        write!(f, "{m}.")?;
+        if let Some(h) = &self.hint {
+            write!(f, "\nhint: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The results of commands.
+pub type Outcome<T = ()> = std::result::Result<T, Failure>;
+
+impl From<EnvError> for Failure {
+    fn from(e: EnvError) -> Failure {
+        use ExitCode::*;
+        let (code, hint) = match &e {
+            EnvError::UnknownVersion(_) | EnvError::AmbiguousVersion { .. } => (
+                NotFound,
+                "name a version by an op id (or a unique prefix of 4+ hex digits), a mark, a \
+                 branch, or HEAD~N; `envctl log` lists them",
+            ),
+            EnvError::VersionDropped(_) => (
+                NotFound,
+                "retention dropped that version's content; pick a kept one from `envctl log`",
+            ),
+            EnvError::UnknownBranch(_) => (NotFound, "`envctl branch` lists the branches"),
+            EnvError::UnknownEffect(_) => (NotFound, "`envctl effects` lists the effects"),
+            EnvError::NotAllowed(_) => (
+                Denied,
+                "`envctl policy explain` shows why; a human can change the rules or grant an \
+                 approval (`envctl policy approvals`)",
+            ),
+            EnvError::Conflict(_) => (
+                Conflict,
+                "re-read at the current head and redo the change on top of it",
+            ),
+            EnvError::BranchExists(_) | EnvError::MarkExists(_) => {
+                (Conflict, "pick another name, or use the existing one")
+            }
+            EnvError::Key(_) | EnvError::DuplicateKey(_) => (
+                Usage,
+                "use a relative path without `.`, `..`, empty segments or NUL bytes",
+            ),
+            EnvError::InvalidName { .. } => (
+                Usage,
+                "use letters, digits and `-_./` in names, not starting with `-`",
+            ),
+            EnvError::Actor(_) => (
+                Usage,
+                "an actor is `kind:name`, e.g. `human:alice` or `agent:coder-1`",
+            ),
+            EnvError::ValueTooLarge { .. } | EnvError::RequestTooLarge(_) => {
+                (Usage, "split the change into smaller parts")
+            }
+            EnvError::NothingToUndo(_) => (Failure, "`envctl log` shows the history"),
+            EnvError::Integrity { .. } | EnvError::Blob(BlobError::Corrupt { .. }) => (
+                Failure,
+                "the environment's storage is damaged; keep a copy of its home before anything \
+                 else",
+            ),
+            EnvError::Home { .. } => (
+                Failure,
+                "check that the environment's home exists and is writable by this user",
+            ),
+            EnvError::Db(_) | EnvError::Blob(BlobError::Io { .. }) => (
+                Failure,
+                "check the permissions and free space of the environment's home",
+            ),
+            _ => (
+                Failure,
+                "run `envctl verify`; report the error if it persists",
+            ),
+        };
+        let message = match &e {
+            EnvError::NotAllowed(d) => format!("denied by policy: {}", d.explanation),
+            other => other.to_string(),
+        };
+        let mut f = self::Failure::new(code, message).hint(hint);
+        f.for_agent = Some(e.for_agent());
+        f
+    }
+}
+
+impl From<SandboxError> for Failure {
+    fn from(e: SandboxError) -> Failure {
+        match e {
+            SandboxError::Env(e) => e.into(),
+            SandboxError::Io { op, path, source } => {
+                let denied = source.kind() == std::io::ErrorKind::PermissionDenied;
+                let f = Failure::other(format!("{op} {}: {source}", path.display()));
+                if denied {
+                    f.hint("check the permissions of the workspace for the user running envctl")
+                } else {
+                    f.hint("check the workspace and retry")
+                }
+            }
+            SandboxError::Escape { .. } => Failure::other(e.to_string())
+                .hint("a symlink in the workspace points outside it; remove or fix it"),
+            SandboxError::Rule { .. } => {
+                Failure::usage(e.to_string()).hint("noise rules use gitignore syntax")
+            }
+            SandboxError::Watch(_) => Failure::other(e.to_string())
+                .hint("raise fs.inotify.max_user_watches, or ignore large generated directories"),
+            other => Failure::other(other.to_string())
+                .hint("check the environment's home; run `envctl verify`"),
+        }
+    }
+}
+
+impl From<PolicyError> for Failure {
+    fn from(e: PolicyError) -> Failure {
+        use ExitCode::*;
+        let (code, hint) = match &e {
+            PolicyError::Invalid(_) => (
+                Usage,
+                "fix the rule file at the places named and load it again",
+            ),
+            PolicyError::UnknownApproval(_) => (NotFound, "`envctl policy approvals` lists them"),
+            PolicyError::UnknownRule(_) => (NotFound, "the loaded rules are in the policy file"),
+            PolicyError::ApprovalNotPending { .. } => (Conflict, "it was decided already"),
+            PolicyError::NotAnApprover { .. } => (
+                Denied,
+                "only the actors or groups the rule names may decide it (pass --actor)",
+            ),
+            PolicyError::NoApprovalNeeded(_) => {
+                (Usage, "`envctl policy explain` shows the decision")
+            }
+            PolicyError::BadEntity(_) | PolicyError::NotAGroup(_) => (
+                Usage,
+                "ids are `kind:name`; groups start with `group:` or `role:`",
+            ),
+            PolicyError::Cycle { .. } => (Conflict, "a group cannot contain itself"),
+            _ => (Failure, "check the permissions of the environment's home"),
+        };
+        self::Failure::new(code, e.to_string()).hint(hint)
+    }
+}
+
+impl From<BusError> for Failure {
+    fn from(e: BusError) -> Failure {
+        use ExitCode::*;
+        let (code, hint) = match &e {
+            BusError::UnknownTopic { .. } => (
+                NotFound,
+                "publish to the topic first; `envctl queue stats` lists topics",
+            ),
+            BusError::UnknownGroup { .. } => (
+                NotFound,
+                "create the group with `envctl queue subscribe GROUP TOPIC...`",
+            ),
+            BusError::UnknownReceipt { .. } => (
+                NotFound,
+                "use the receipt printed by `envctl queue claim` (DELIVERY.TOKEN)",
+            ),
+            BusError::StaleReceipt { .. } => (
+                Conflict,
+                "the lease expired or was settled; claim the message again",
+            ),
+            BusError::InvalidName { .. } => {
+                (Usage, "names are short and use letters, digits and `-_.:`")
+            }
+            BusError::PayloadTooLarge { .. } => {
+                (Usage, "send a smaller payload, or a reference to a file")
+            }
+            BusError::OutOfRange { .. } => (Usage, "pick a value inside the allowed range"),
+            BusError::GroupConflict { .. } => (Conflict, "use the group's existing settings"),
+            BusError::NoSuchDeadLetter { .. } => {
+                (NotFound, "`envctl queue dead GROUP` lists the dead letters")
+            }
+            _ => (Failure, "check the permissions of the environment's home"),
+        };
+        self::Failure::new(code, e.to_string()).hint(hint)
+    }
+}

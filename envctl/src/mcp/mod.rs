@@ -1,0 +1,190 @@
+//! `envctl mcp`: the environment as an MCP server on stdin/stdout.
+//!
+//! Every tool call is an action of the configured actor and passes the policy when one is
+//! loaded; a refused call changes nothing. Before each call, whatever changed in the workspace
+//! since the last one is captured (attributed to the capture service), so the call sees, and
+//! never overwrites, work done outside the server. A failure comes back with `isError` and a
+//! text that first says the tool did NOT execute and its result must not be invented.
+
+mod params;
+mod tools;
+
+use std::sync::{Arc, Mutex};
+
+use environment_core::ActorId;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::{ErrorData, ServerHandler, ServiceExt, tool_handler};
+
+use crate::failure::{Failure, Outcome};
+use crate::workspace::{Session, Workspace};
+
+/// The most output of a command returned to the model, per stream.
+const MAX_OUTPUT: usize = 32 * 1024;
+
+/// Serves MCP on stdio until the client disconnects.
+pub fn serve(ws: Workspace, actor: ActorId) -> Outcome<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::other(format!("cannot start the async runtime: {e}")))?;
+    let session = Session::open(ws, actor)?;
+    runtime.block_on(async move {
+        let server = EnvServer::new(session);
+        let service = server
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| Failure::other(format!("the MCP handshake failed: {e}")))?;
+        service
+            .waiting()
+            .await
+            .map_err(|e| Failure::other(format!("the MCP server stopped: {e}")))?;
+        Ok(())
+    })
+}
+
+/// The text of a failed call: that it did not execute, why, and what to do next.
+fn for_model(tool: &str, f: &Failure) -> String {
+    if f.partial {
+        let next = f
+            .hint
+            .as_deref()
+            .unwrap_or("read the history before going on");
+        return format!(
+            "The tool `{tool}` did NOT complete as asked; do not report it as done. What \
+             happened: {}. Next: {next}.",
+            f.message
+        );
+    }
+    let head = format!(
+        "The tool `{tool}` did NOT execute: nothing changed, and its result must not be \
+         invented or reported as done."
+    );
+    let rest = match &f.for_agent {
+        Some(text) => match text.find("Reason:") {
+            Some(i) => text[i..].to_owned(),
+            None => text.clone(),
+        },
+        None => format!(
+            "Reason: {}. Next: {}.",
+            f.message.trim_end_matches('.'),
+            f.hint
+                .as_deref()
+                .unwrap_or("report the error to a human if it persists")
+        ),
+    };
+    format!("{head} {rest}")
+}
+
+fn truncated(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if text.len() <= MAX_OUTPUT {
+        return text.into_owned();
+    }
+    let mut end = MAX_OUTPUT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n[… {} more bytes]", &text[..end], text.len() - end)
+}
+
+/// The MCP server: one open environment, one actor.
+#[derive(Clone)]
+pub struct EnvServer {
+    session: Arc<Mutex<Session>>,
+    tool_router: ToolRouter<EnvServer>,
+}
+
+impl EnvServer {
+    /// A server over an open session.
+    pub fn new(session: Session) -> EnvServer {
+        EnvServer {
+            session: Arc::new(Mutex::new(session)),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// Runs `work` on the blocking pool after capturing what changed since the last call.
+    async fn call(
+        &self,
+        tool: &'static str,
+        work: impl FnOnce(&mut Session) -> Outcome<String> + Send + 'static,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = self.session.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let mut s = session.lock().unwrap_or_else(|p| p.into_inner());
+            s.capture_found(&format!("changes found before the {tool} tool"))?;
+            work(&mut s)
+        })
+        .await;
+        let result = match done {
+            Ok(r) => r,
+            Err(e) => Err(Failure::other(format!(
+                "the tool stopped unexpectedly: {e}"
+            ))),
+        };
+        Ok(match result {
+            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+            Err(f) => CallToolResult::error(vec![ContentBlock::text(for_model(tool, &f))]),
+        })
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for EnvServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("envctl", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "An environment for your work: every change to the workspace is recorded, so you \
+                 can read the history, mark good states, and restore or undo. Some actions may \
+                 be refused by a policy; a refused or failed tool call did not happen.",
+            )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use environment_core::EnvError;
+
+    #[test]
+    fn a_failure_says_first_that_nothing_happened() {
+        let f = Failure::from(EnvError::UnknownVersion("v9".into()));
+        let t = for_model("restore", &f);
+        assert!(t.starts_with(
+            "The tool `restore` did NOT execute: nothing changed, and its result must not be \
+             invented or reported as done. Reason: unknown version"
+        ));
+        assert!(t.contains("Next: List the history"), "{t}");
+        assert_eq!(
+            t.matches("NOT").count(),
+            1,
+            "core's own preamble is not repeated: {t}"
+        );
+
+        let plain = Failure::usage("the command is empty").hint("pass an argv list");
+        let t = for_model("exec", &plain);
+        assert!(
+            t.ends_with("Reason: the command is empty. Next: pass an argv list."),
+            "{t}"
+        );
+
+        let mut partial = Failure::other("the command ran, but its changes are not yours");
+        partial.partial = true;
+        let t = for_model("exec", &partial);
+        assert!(
+            t.starts_with("The tool `exec` did NOT complete as asked"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn long_output_is_cut_on_a_character_boundary() {
+        let long = "é".repeat(MAX_OUTPUT);
+        let t = truncated(long.as_bytes());
+        assert!(t.len() < long.len() && t.ends_with("more bytes]"));
+        assert_eq!(truncated(b"short"), "short");
+    }
+}

@@ -1,0 +1,514 @@
+//! The tools: each one action of the server's actor, answered in text for a model.
+
+use std::time::Duration;
+
+use environment_core::{
+    ActRequest, Action, EntryKind, HistoryOptions, Intent, IntentKind, Key, KeyPrefix, MAIN,
+    Namespace, Resource, Value,
+};
+use environment_sandbox::RestoreStep;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{ErrorData, tool, tool_router};
+use serde_json::json;
+
+use super::params::*;
+use super::{EnvServer, truncated};
+use crate::commands::{policy as policy_cmd, process, queue};
+use crate::failure::{Failure, Outcome};
+use crate::output::{change_json, change_letter, op_json};
+use crate::workspace::Session;
+
+fn version_or_head(s: &Session, v: Option<&str>) -> Outcome<environment_core::OpId> {
+    Ok(s.env.resolve(v.unwrap_or("HEAD"))?)
+}
+
+fn pretty(v: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+}
+
+fn fs_key(path: &str) -> Outcome<Key> {
+    Key::fs(path.trim_start_matches("./")).map_err(|e| {
+        Failure::usage(format!("{path:?} is not a workspace path: {e}")).hint(
+            "use a path relative to the workspace, without `..`, a leading `/` or empty segments",
+        )
+    })
+}
+
+fn restore_text(
+    s: &Session,
+    target: environment_core::OpId,
+    intent: Intent,
+    dry_run: bool,
+) -> Outcome<String> {
+    if dry_run {
+        s.precheck(Action::Read, Resource::Branch(MAIN.into()), "restore")?;
+    } else {
+        s.precheck(Action::Write, Resource::Branch(MAIN.into()), "restore")?;
+    }
+    let t = s.tracker()?;
+    let plan = if dry_run {
+        t.plan_restore(&target)?
+    } else {
+        t.restore(&s.actor, &target, intent)?
+    };
+    let mut lines = Vec::new();
+    for step in &plan.steps {
+        match step {
+            RestoreStep::Write(k) => lines.push(format!("write  {}", k.display_path())),
+            RestoreStep::Remove(k) => lines.push(format!("remove {}", k.display_path())),
+        }
+    }
+    let head = if dry_run {
+        format!(
+            "Dry run: restoring {} would change {} path(s); nothing was changed.",
+            target.short(),
+            plan.steps.len()
+        )
+    } else {
+        format!(
+            "Restored the workspace to {} ({} path(s) changed); the new head is {}.",
+            target.short(),
+            plan.steps.len(),
+            s.head()?.short()
+        )
+    };
+    Ok(format!("{head}\n{}", lines.join("\n")))
+}
+
+#[tool_router(vis = "pub(super)")]
+impl EnvServer {
+    /// The history.
+    #[tool(
+        description = "Read the history of the workspace, newest first: who changed what and why; automatic captures are squashed unless all=true."
+    )]
+    async fn history(
+        &self,
+        Parameters(p): Parameters<HistoryParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("history", move |s| {
+            let branch = p.branch.unwrap_or_else(|| MAIN.to_owned());
+            let opts = HistoryOptions {
+                all: p.all,
+                limit: p.limit.unwrap_or(30),
+            };
+            let entries = s.env.history(&s.actor, &branch, &opts)?;
+            Ok(entries
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"))
+        })
+        .await
+    }
+
+    /// One operation.
+    #[tool(
+        description = "Show one operation of the history (by op id prefix, mark, branch or HEAD~N): actor, intent, flags and the paths it changed."
+    )]
+    async fn show(
+        &self,
+        Parameters(p): Parameters<VersionParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("show", move |s| {
+            let id = s.env.resolve(&p.version)?;
+            let op = s.env.op(&id)?;
+            let mut j = op_json(&op);
+            if let Some(parent) = op.parents.first() {
+                let changes = s.env.diff(&s.actor, parent, &id, None)?;
+                j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
+            }
+            Ok(pretty(&j))
+        })
+        .await
+    }
+
+    /// A diff.
+    #[tool(
+        description = "List the paths that differ between two versions (A added, M modified, D deleted)."
+    )]
+    async fn diff(
+        &self,
+        Parameters(p): Parameters<DiffParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("diff", move |s| {
+            let a = s.env.resolve(&p.from)?;
+            let b = version_or_head(s, p.to.as_deref())?;
+            let changes = s.env.diff(&s.actor, &a, &b, None)?;
+            let mut lines: Vec<String> = changes
+                .iter()
+                .map(|c| format!("{} {}", change_letter(c), c.key.display_path()))
+                .collect();
+            lines.push(format!(
+                "{} path(s) differ between {} and {}.",
+                changes.len(),
+                a.short(),
+                b.short()
+            ));
+            Ok(lines.join("\n"))
+        })
+        .await
+    }
+
+    /// A mark.
+    #[tool(
+        description = "Name a version (default the current head) so you can restore it later by that name, e.g. before a risky change."
+    )]
+    async fn mark(
+        &self,
+        Parameters(p): Parameters<MarkParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("mark", move |s| {
+            let v = version_or_head(s, p.version.as_deref())?;
+            s.env.mark(&s.actor, &p.name, &v)?;
+            Ok(format!("Marked {} as {}.", v.short(), p.name))
+        })
+        .await
+    }
+
+    /// A restore.
+    #[tool(
+        description = "Bring the workspace files back to an earlier version (history is kept; this appends a rollback). Use dry_run=true to preview."
+    )]
+    async fn restore(
+        &self,
+        Parameters(p): Parameters<RestoreParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("restore", move |s| {
+            let target = s.env.resolve(&p.version)?;
+            let intent = Intent::new(IntentKind::Restore, format!("restore to {}", p.version));
+            restore_text(s, target, intent, p.dry_run)
+        })
+        .await
+    }
+
+    /// An undo.
+    #[tool(
+        description = "Undo the last operation on the workspace (its files go back to the version before it)."
+    )]
+    async fn undo(&self) -> Result<CallToolResult, ErrorData> {
+        self.call("undo", move |s| {
+            let head = s.head()?;
+            let op = s.env.op(&head)?;
+            let parent = op.parents.first().copied().ok_or_else(|| {
+                Failure::other("nothing to undo: the workspace is at its first version")
+                    .hint("read the history")
+            })?;
+            let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.short()));
+            restore_text(s, parent, intent, false)
+        })
+        .await
+    }
+
+    /// A command.
+    #[tool(
+        description = "Run a command in the workspace (argv list, no shell); its file changes are recorded as one operation. Returns exit status and output."
+    )]
+    async fn exec(
+        &self,
+        Parameters(p): Parameters<ExecParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("exec", move |s| {
+            if p.command.is_empty() {
+                return Err(Failure::usage("the command is empty").hint("pass e.g. [\"ls\", \"-l\"]"));
+            }
+            let done = process::exec_recorded(s, &p.command, p.intent.as_deref(), true)?;
+            let (out, err) = done.output.unwrap_or_default();
+            let recorded = match &done.recorded {
+                Some(o) => format!(
+                    "recorded as {} (+{} ~{} -{})",
+                    o.version.short(),
+                    o.summary.added,
+                    o.summary.modified,
+                    o.summary.removed
+                ),
+                None => "no file changed".to_owned(),
+            };
+            Ok(format!(
+                "The command ran and exited with status {}; {recorded}.\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                done.status,
+                truncated(&out),
+                truncated(&err)
+            ))
+        })
+        .await
+    }
+
+    /// A read.
+    #[tool(
+        description = "Read a file of the workspace as text, at the current head or at an earlier version."
+    )]
+    async fn read_file(
+        &self,
+        Parameters(p): Parameters<ReadParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("read_file", move |s| {
+            let key = fs_key(&p.path)?;
+            let v = version_or_head(s, p.version.as_deref())?;
+            let value = s.env.read(&s.actor, &key, &v)?.ok_or_else(|| {
+                Failure::not_found(format!(
+                    "there is no file {} at version {}",
+                    p.path,
+                    v.short()
+                ))
+                .hint("list the files with list_files")
+            })?;
+            if value.meta.kind != EntryKind::File {
+                return Err(Failure::usage(format!("{} is not a regular file", p.path))
+                    .hint("list a directory with list_files"));
+            }
+            Ok(String::from_utf8_lossy(&s.env.content(&value)?).into_owned())
+        })
+        .await
+    }
+
+    /// A write.
+    #[tool(
+        description = "Write a whole text file in the workspace (created or replaced), recorded as one operation."
+    )]
+    async fn write_file(
+        &self,
+        Parameters(p): Parameters<WriteParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("write_file", move |s| {
+            let key = fs_key(&p.path)?;
+            if s.is_ignored(std::path::Path::new(&key.display_path()))? {
+                return Err(Failure::usage(format!(
+                    "{} is a path the workspace ignores (caches, editor files, the environment's own)",
+                    p.path
+                ))
+                .hint("write the file somewhere that is tracked"));
+            }
+            let before = s.head()?;
+            let mode = match s.env.read(&s.actor, &key, &before)? {
+                Some(v) if v.meta.kind == EntryKind::File => v.meta.mode,
+                Some(_) => {
+                    return Err(Failure::usage(format!(
+                        "{} exists and is not a regular file",
+                        p.path
+                    ))
+                    .hint("pick another path"));
+                }
+                None => 0o644,
+            };
+            let intent = p.intent.unwrap_or_else(|| format!("write {}", p.path));
+            let mut req = ActRequest::new(s.actor.clone(), Intent::edit(intent)).base(before);
+            // Directories the file needs that do not exist yet.
+            let mut parent = key.parent();
+            while let Some(dir) = parent {
+                if dir.path().is_empty() || s.env.read_unchecked(&dir, &before)?.is_some() {
+                    break;
+                }
+                parent = dir.parent();
+                req = req.put(dir, Value::dir());
+            }
+            req = req.put(key, Value::file(p.content.into_bytes()).mode(mode));
+            let obs = s.env.act_blocking(req)?;
+            s.tracker()?.sync_from(&before)?;
+            Ok(format!(
+                "Wrote {}; recorded as {}.",
+                p.path,
+                obs.version.short()
+            ))
+        })
+        .await
+    }
+
+    /// A listing.
+    #[tool(
+        description = "List the files of the workspace (or under a directory) at the current head or an earlier version."
+    )]
+    async fn list_files(
+        &self,
+        Parameters(p): Parameters<ListParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("list_files", move |s| {
+            let prefix = match p.prefix.as_deref().map(|x| x.trim_matches('/')) {
+                None | Some("") | Some(".") => KeyPrefix::all(Namespace::Fs),
+                Some(d) => KeyPrefix::new(Namespace::Fs, d)
+                    .map_err(|e| Failure::usage(format!("{d:?} is not a workspace path: {e}")))?,
+            };
+            let v = version_or_head(s, p.version.as_deref())?;
+            let list = s.env.list(&s.actor, &prefix, &v)?;
+            let lines: Vec<String> = list
+                .iter()
+                .map(|(k, val)| match val.meta.kind {
+                    EntryKind::Dir => format!("{}/", k.display_path()),
+                    EntryKind::Symlink => format!("{} -> symlink", k.display_path()),
+                    _ => format!("{} ({} bytes)", k.display_path(), val.meta.size),
+                })
+                .collect();
+            Ok(if lines.is_empty() {
+                "No files.".to_owned()
+            } else {
+                lines.join("\n")
+            })
+        })
+        .await
+    }
+
+    /// Publish.
+    #[tool(
+        description = "Publish a message to a queue topic for other agents or humans (e.g. task.created)."
+    )]
+    async fn queue_publish(
+        &self,
+        Parameters(p): Parameters<PublishParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("queue_publish", move |s| {
+            let bus = s.ws.open_bus()?;
+            let out = queue::publish(
+                s,
+                &bus,
+                &p.topic,
+                p.payload.into_bytes(),
+                p.key.as_deref(),
+                p.dedup.as_deref(),
+            )?;
+            Ok(pretty(&out))
+        })
+        .await
+    }
+
+    /// Claim.
+    #[tool(
+        description = "Claim (lease) messages of a consumer group; settle each with queue_ack when done or queue_nack to retry later."
+    )]
+    async fn queue_claim(
+        &self,
+        Parameters(p): Parameters<ClaimParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("queue_claim", move |s| {
+            let bus = s.ws.open_bus()?;
+            let lease = Duration::from_secs(p.lease_secs.unwrap_or(60));
+            Ok(pretty(&queue::claim(
+                s,
+                &bus,
+                &p.group,
+                lease,
+                p.max.unwrap_or(1),
+            )?))
+        })
+        .await
+    }
+
+    /// Ack.
+    #[tool(
+        description = "Acknowledge a claimed message by its receipt: the work is done and it is not delivered again."
+    )]
+    async fn queue_ack(
+        &self,
+        Parameters(p): Parameters<ReceiptParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("queue_ack", move |s| {
+            let bus = s.ws.open_bus()?;
+            Ok(pretty(&queue::ack(&bus, &p.receipt)?))
+        })
+        .await
+    }
+
+    /// Nack.
+    #[tool(
+        description = "Give a claimed message back by its receipt when the work failed; it is retried after a backoff."
+    )]
+    async fn queue_nack(
+        &self,
+        Parameters(p): Parameters<NackParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("queue_nack", move |s| {
+            let bus = s.ws.open_bus()?;
+            Ok(pretty(&queue::nack(&bus, &p.receipt, p.error.as_deref())?))
+        })
+        .await
+    }
+
+    /// Explain.
+    #[tool(
+        description = "Ask the policy whether you may do an action on a resource, and why (the rules that decide and what to do if refused)."
+    )]
+    async fn policy_explain(
+        &self,
+        Parameters(p): Parameters<AccessParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("policy_explain", move |s| {
+            let req = policy_cmd::request(
+                s.actor.clone(),
+                policy_cmd::parse_action(&p.action)?,
+                policy_cmd::parse_resource(&p.resource)?,
+            );
+            let Some(policy) = &s.policy else {
+                return Ok("Allowed: no policy is loaded, so every action is allowed.".to_owned());
+            };
+            let d = policy.evaluate(&req);
+            Ok(d.explain(&req))
+        })
+        .await
+    }
+
+    /// What may I do.
+    #[tool(
+        description = "List what you are allowed to do under a resource (default the whole workspace), so you can plan instead of probing."
+    )]
+    async fn what_may_i_do(
+        &self,
+        Parameters(p): Parameters<MayParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("what_may_i_do", move |s| {
+            let under = match p.resource.as_deref() {
+                Some(r) => policy_cmd::parse_resource(r)?,
+                None => Resource::Prefix(KeyPrefix::all(Namespace::Fs)),
+            };
+            let Some(policy) = &s.policy else {
+                return Ok("No policy is loaded: every action is allowed.".to_owned());
+            };
+            let perms = policy.what_may(s.actor.as_str(), &under);
+            if perms.is_empty() {
+                return Ok(format!("{} may do nothing there.", s.actor));
+            }
+            Ok(perms
+                .iter()
+                .map(|p| {
+                    let mut line = format!("{} on {} (rule {})", p.action, p.resource, p.rule);
+                    if !p.conditions.is_empty() {
+                        line.push_str(&format!(" when {}", p.conditions));
+                    }
+                    if !p.except.is_empty() {
+                        line.push_str(&format!(" except {}", p.except.join(", ")));
+                    }
+                    line
+                })
+                .collect::<Vec<_>>()
+                .join("\n"))
+        })
+        .await
+    }
+
+    /// Request approval.
+    #[tool(
+        description = "File a request for a human to approve an action the policy allows only with approval; then wait for it to be granted."
+    )]
+    async fn request_approval(
+        &self,
+        Parameters(p): Parameters<AccessParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("request_approval", move |s| {
+            let req = policy_cmd::request(
+                s.actor.clone(),
+                policy_cmd::parse_action(&p.action)?,
+                policy_cmd::parse_resource(&p.resource)?,
+            );
+            let Some(policy) = &s.policy else {
+                return Err(Failure::usage("no policy is loaded, so nothing needs approval")
+                    .hint("just do the action"));
+            };
+            let a = policy.request_approval(&req)?;
+            Ok(format!(
+                "Approval request {} is {}; it must be decided by {}. Do not do the action before it is granted.",
+                a.id,
+                policy_cmd::state_name(&a.state),
+                if a.from.is_empty() { "an authorized approver".to_owned() } else { a.from.join(" or ") }
+            ))
+        })
+        .await
+    }
+}

@@ -1,0 +1,316 @@
+//! Finding the environment a command works on, and opening it.
+//!
+//! A workspace is a directory tree with an environment attached: its home is the directory
+//! `DIR/.environment` (the default), or a file `DIR/.environment` holding the path of a home
+//! elsewhere (`envctl init --home`). The workspace is found like git finds a repository: `-C
+//! DIR` or `ENVIRONMENT_DIR` if given, else the nearest directory at or above the current one
+//! that has a `.environment`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use environment_bus::{Bus, BusConfig};
+use environment_core::{
+    AccessRequest, Action, ActorId, Authorizer, Context, Decision, LocalEnvironment, MAIN, Options,
+    Resource, SystemClock,
+};
+use environment_policy::Policy;
+use environment_sandbox::{Noise, NoiseRules, Tracker, TrackerConfig};
+
+use crate::failure::{Failure, Outcome};
+use crate::progress::Progress;
+
+/// The name of the environment's entry in a workspace.
+pub const MARKER: &str = ".environment";
+/// The policy store inside the home (its presence means a policy is loaded).
+pub const POLICY_FILE: &str = "policy.db";
+/// The queue inside the home.
+pub const BUS_FILE: &str = "bus.db";
+/// Where a supervisor listens, inside the home.
+pub const SOCKET_FILE: &str = "control.sock";
+/// The managed rootfs inside the home.
+pub const ROOTFS_DIR: &str = "rootfs";
+
+/// The actor that records changes found in the tree: it witnesses what happened, it does not
+/// decide anything, so the policy does not gate it (refusing to record a change already on disk
+/// would only lose it).
+pub fn witness() -> ActorId {
+    ActorId::new("service:capture").unwrap_or_else(|_| ActorId::system())
+}
+
+/// A workspace directory and its environment's home.
+#[derive(Clone, Debug)]
+pub struct Workspace {
+    /// The directory tree that is captured and restored.
+    pub dir: PathBuf,
+    /// The environment's home (database, blobs, policy, queue).
+    pub home: PathBuf,
+}
+
+impl Workspace {
+    /// The workspace at `dir` exactly, or the nearest one above the current directory.
+    pub fn find(dir: Option<&Path>) -> Outcome<Workspace> {
+        if let Some(d) = dir {
+            return Workspace::at(d)?.ok_or_else(|| {
+                Failure::not_found(format!("{} is not an environment", d.display()))
+                    .hint("run `envctl init` there first")
+            });
+        }
+        let cwd = std::env::current_dir()
+            .map_err(|e| Failure::io("read the current directory", Path::new("."), e))?;
+        let mut at: Option<&Path> = Some(&cwd);
+        while let Some(d) = at {
+            if let Some(ws) = Workspace::at(d)? {
+                return Ok(ws);
+            }
+            at = d.parent();
+        }
+        Err(
+            Failure::not_found(format!("no environment at or above {}", cwd.display()))
+                .hint("run `envctl init` in the workspace, or pass -C DIR / set ENVIRONMENT_DIR"),
+        )
+    }
+
+    /// The workspace at `dir`, if it has an environment.
+    pub fn at(dir: &Path) -> Outcome<Option<Workspace>> {
+        let marker = dir.join(MARKER);
+        let meta = match std::fs::metadata(&marker) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Failure::io("read", &marker, e)),
+        };
+        let home = if meta.is_dir() {
+            marker
+        } else {
+            let text =
+                std::fs::read_to_string(&marker).map_err(|e| Failure::io("read", &marker, e))?;
+            PathBuf::from(text.trim())
+        };
+        if !home.is_dir() {
+            let f = if home.exists() {
+                Failure::other(format!(
+                    "the environment's home {} (named by {}) is not a directory",
+                    home.display(),
+                    dir.join(MARKER).display()
+                ))
+            } else {
+                Failure::not_found(format!(
+                    "the environment's home {} (named by {}) does not exist",
+                    home.display(),
+                    dir.join(MARKER).display()
+                ))
+            };
+            return Err(f.hint("point the marker file at the home, or move the home back"));
+        }
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| Failure::io("resolve", dir, e))?;
+        Ok(Some(Workspace { dir, home }))
+    }
+
+    /// Whether a policy was loaded into this environment.
+    pub fn has_policy(&self) -> bool {
+        self.home.join(POLICY_FILE).exists()
+    }
+
+    /// Opens the policy store (creating it).
+    pub fn open_policy(&self) -> Outcome<Policy> {
+        Ok(Policy::open(
+            &self.home.join(POLICY_FILE),
+            Arc::new(SystemClock),
+        )?)
+    }
+
+    /// Opens the queue (creating it).
+    pub fn open_bus(&self) -> Outcome<Bus> {
+        Ok(Bus::open(self.home.join(BUS_FILE), BusConfig::default())?)
+    }
+}
+
+/// Core's authorizer for envctl: the policy when one is loaded (everything allowed otherwise),
+/// except for the witness recording changes found in the tree.
+struct Gate {
+    policy: Option<Arc<Policy>>,
+}
+
+impl Authorizer for Gate {
+    fn authorize(&self, request: &AccessRequest) -> Decision {
+        // The witness reads the views it compares the tree with, and writes the keys it found
+        // changed; nothing else.
+        let recording = request.actor == witness()
+            && match request.action {
+                Action::Read => true,
+                Action::Write | Action::Delete => matches!(request.resource, Resource::Key(_)),
+                _ => false,
+            };
+        match &self.policy {
+            Some(p) if !recording => p.authorize(request),
+            _ => Decision::allow_unconditionally(),
+        }
+    }
+}
+
+/// An open environment: the stores, the policy, and the tracker of the workspace tree.
+pub struct Session {
+    /// Where it is.
+    pub ws: Workspace,
+    /// The environment.
+    pub env: LocalEnvironment,
+    /// The policy, when one is loaded.
+    pub policy: Option<Arc<Policy>>,
+    /// Who this command acts as.
+    pub actor: ActorId,
+    tracker: Option<Tracker>,
+}
+
+impl Session {
+    /// Opens the environment of `ws` for `actor`, without touching the tree.
+    pub fn open_stores(ws: Workspace, actor: ActorId) -> Outcome<Session> {
+        let policy = if ws.has_policy() {
+            Some(Arc::new(ws.open_policy()?))
+        } else {
+            None
+        };
+        let options = Options {
+            authorizer: Arc::new(Gate {
+                policy: policy.clone(),
+            }),
+            ..Options::default()
+        };
+        let env = LocalEnvironment::open(&ws.home, options)?;
+        Ok(Session {
+            ws,
+            env,
+            policy,
+            actor,
+            tracker: None,
+        })
+    }
+
+    /// Opens the environment and captures whatever changed in the tree since the last capture
+    /// (a rescan against the stat cache), so that nothing done out of band is lost or
+    /// overwritten by what follows.
+    pub fn open(ws: Workspace, actor: ActorId) -> Outcome<Session> {
+        let mut s = Session::open_stores(ws, actor)?;
+        s.tracker = Some(s.start_tracker(witness(), false, "capturing the workspace")?);
+        Ok(s)
+    }
+
+    /// Starts a tracker on the workspace attributing captures to `actor`; `auto` captures in
+    /// the background.
+    pub fn start_tracker(&self, actor: ActorId, auto: bool, what: &str) -> Outcome<Tracker> {
+        let mut config = TrackerConfig::new(&self.ws.dir, actor);
+        config.auto = auto;
+        config.noise = self.noise_rules();
+        let progress = Progress::spinner(what);
+        let t = Tracker::open(self.env.clone(), config);
+        progress.finish();
+        Ok(t?)
+    }
+
+    /// What is never captured: the defaults, plus the environment's own files — the marker (a
+    /// file when the home is elsewhere) and a home kept inside the workspace.
+    pub fn noise_rules(&self) -> NoiseRules {
+        let mut rules = NoiseRules::default();
+        rules.ignored.push(format!("/{MARKER}"));
+        if let Ok(rel) = self.ws.home.strip_prefix(&self.ws.dir)
+            && !rel.as_os_str().is_empty()
+        {
+            rules.ignored.push(format!("/{}/", rel.display()));
+        }
+        rules
+    }
+
+    /// Whether `rel` is a path the tracker ignores (never captured, written or removed).
+    pub fn is_ignored(&self, rel: &Path) -> Outcome<bool> {
+        let noise = Noise::new(&self.ws.dir, &self.noise_rules())?;
+        Ok(noise.is_ignored(rel, false))
+    }
+
+    /// The tracker of the workspace tree.
+    pub fn tracker(&self) -> Outcome<&Tracker> {
+        self.tracker
+            .as_ref()
+            .ok_or_else(|| Failure::other("the workspace is not tracked in this command"))
+    }
+
+    /// Stops tracking, so that another tracker can take over (e.g. one attributing captures to
+    /// a command's actor).
+    pub fn stop_tracker(&mut self) -> Outcome<()> {
+        if let Some(t) = self.tracker.take() {
+            t.close()?;
+        }
+        Ok(())
+    }
+
+    /// Puts a tracker back.
+    pub fn set_tracker(&mut self, t: Tracker) {
+        self.tracker = Some(t);
+    }
+
+    /// Captures what changed in the tree since the last capture (by whoever changed it).
+    pub fn capture_found(&self, why: &str) -> Outcome<()> {
+        self.tracker()?.capture_now(
+            environment_core::Intent::new(environment_core::IntentKind::Capture, why),
+            environment_core::OpFlags::AUTO_CAPTURE,
+        )?;
+        Ok(())
+    }
+
+    /// The head of main: the version the tree holds.
+    pub fn head(&self) -> Outcome<environment_core::OpId> {
+        Ok(self.env.head(MAIN)?)
+    }
+
+    /// Asks the policy, without spending anything, whether this command's actor may do
+    /// `action` on `resource`: for work that touches the tree before the environment records it
+    /// (a restore writes files, then records), so that a denied request changes nothing.
+    pub fn precheck(&self, action: Action, resource: Resource, operation: &str) -> Outcome<()> {
+        let Some(policy) = &self.policy else {
+            return Ok(());
+        };
+        let mut context = Context {
+            branch: Some(MAIN.to_owned()),
+            ..Context::default()
+        };
+        context.attrs.insert(
+            "operation".into(),
+            environment_core::AttrValue::Str(operation.into()),
+        );
+        let req = AccessRequest {
+            actor: self.actor.clone(),
+            action,
+            resource,
+            context,
+        };
+        let d = policy.evaluate(&req);
+        if d.is_allowed() {
+            Ok(())
+        } else {
+            Err(environment_core::EnvError::NotAllowed(Box::new(d.to_core(&req))).into())
+        }
+    }
+
+    /// Decides, spending quota and approvals like any action, whether this command's actor may
+    /// do `action` on `resource`: for actions core does not see (commands, the queue).
+    pub fn authorize(&self, action: Action, resource: Resource) -> Outcome<()> {
+        let Some(policy) = &self.policy else {
+            return Ok(());
+        };
+        let req = AccessRequest {
+            actor: self.actor.clone(),
+            action,
+            resource,
+            context: Context {
+                branch: Some(MAIN.to_owned()),
+                ..Context::default()
+            },
+        };
+        let d = policy.authorize(&req);
+        if d.is_allowed() {
+            Ok(())
+        } else {
+            Err(environment_core::EnvError::NotAllowed(Box::new(d)).into())
+        }
+    }
+}

@@ -1,0 +1,900 @@
+//! envctl end to end, through the built binary as a user runs it: exit codes, `--json`, and the
+//! files on disk.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use environment_core::{ActRequest, ActorId, Intent, Key, LocalEnvironment, Options, Value};
+use serde_json::Value as Json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_envctl");
+
+struct Ws {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl Ws {
+    /// A workspace with two files, made an environment.
+    fn new() -> Ws {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("work");
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        std::fs::write(dir.join("README.md"), "# demo\n").unwrap();
+        std::fs::write(dir.join("src/main.rs"), "fn main() {}\n").unwrap();
+        let ws = Ws { _tmp: tmp, dir };
+        let out = ws.run(&["init"]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert!(
+            out.stderr.is_empty(),
+            "nothing on stderr off a terminal: {}",
+            stderr(&out)
+        );
+        ws
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    fn read(&self, rel: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(rel)).ok()
+    }
+
+    /// envctl in the workspace.
+    fn run(&self, args: &[&str]) -> Output {
+        envctl_in(&self.dir, args)
+    }
+
+    /// envctl that must succeed.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert_eq!(code(&out), 0, "envctl {args:?}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// envctl --json that must succeed.
+    fn json(&self, args: &[&str]) -> Json {
+        let mut all = args.to_vec();
+        all.push("--json");
+        serde_json::from_str(&self.ok(&all)).unwrap()
+    }
+
+    /// envctl that must fail with `expected`, saying so in one sentence and a hint.
+    fn fails(&self, args: &[&str], expected: i32) -> String {
+        let out = self.run(args);
+        assert_eq!(code(&out), expected, "envctl {args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert_one_sentence(&err);
+        err
+    }
+
+    /// Every operation of main, as JSON.
+    fn full_log(&self, actor: &str) -> Json {
+        self.json(&["--actor", actor, "log", "--all", "--limit", "1000"])
+    }
+
+    fn head(&self, actor: &str) -> String {
+        self.json(&["--actor", actor, "status"])["head"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn home(&self) -> PathBuf {
+        self.path(".environment")
+    }
+}
+
+fn envctl_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env_remove("ENVIRONMENT_DIR")
+        .env_remove("ENVIRONMENT_ACTOR")
+        .env_remove("ENVIRONMENT_SOCKET")
+        .output()
+        .unwrap()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `envctl: <one sentence>.` then `hint: ...`.
+fn assert_one_sentence(err: &str) {
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "one sentence and a hint: {err:?}");
+    assert!(
+        lines[0].starts_with("envctl: ") && lines[0].ends_with('.'),
+        "{err:?}"
+    );
+    assert!(lines[1].starts_with("hint: "), "{err:?}");
+}
+
+fn entries(log: &Json) -> &Vec<Json> {
+    log["entries"].as_array().unwrap()
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("Exit codes:"), "{help}");
+    for line in [
+        "2  malformed input",
+        "3  not found",
+        "4  denied",
+        "6  no supervisor",
+    ] {
+        assert!(help.contains(line), "{line}: {help}");
+    }
+    let bad = Command::new(BIN).arg("frobnicate").output().unwrap();
+    assert_eq!(code(&bad), 2);
+}
+
+#[test]
+fn the_demo_runs_on_a_fresh_machine() {
+    let keep = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["demo", "--keep"])
+        .arg(keep.path())
+        .env_remove("ENVIRONMENT_DIR")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("$ envctl restore good") && text.contains("intact"),
+        "{text}"
+    );
+    let dir = std::fs::read_dir(keep.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(dir.join("src/lib.rs").is_file(), "the demo ends restored");
+}
+
+#[test]
+fn an_agent_works_and_is_rolled_back() {
+    let ws = Ws::new();
+    // A scripted agent under `envctl run`: changes captured while it runs and at its end.
+    let out = ws.run(&[
+        "--actor",
+        "agent:scripted",
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "echo 'pub fn add() {}' > src/lib.rs; sleep 0.3; echo v2 >> README.md; rm src/main.rs",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let summary = stderr(&out);
+    assert!(summary.contains("files changed: 3"), "{summary}");
+    let log = ws.json(&["log", "--all"]);
+    let by_agent: Vec<&Json> = entries(&log)
+        .iter()
+        .filter(|e| e["actor"] == "agent:scripted")
+        .collect();
+    assert!(!by_agent.is_empty(), "{log}");
+    // The default log squashes automatic captures.
+    let short = ws.json(&["log"]);
+    assert!(
+        entries(&short).iter().any(|e| e["type"] == "captures"),
+        "{short}"
+    );
+
+    // Out-of-band changes are captured by the next command, never lost.
+    std::fs::write(ws.path("notes.txt"), "by hand\n").unwrap();
+    ws.ok(&["mark", "good"]);
+    let shown = ws.json(&["show", "good"]);
+    assert_eq!(shown["changes"][0]["path"], "notes.txt", "{shown}");
+
+    // Break things, then look at the damage.
+    std::fs::remove_file(ws.path("src/lib.rs")).unwrap();
+    std::fs::write(ws.path("README.md"), "broken\n").unwrap();
+    let diff = ws.json(&["diff", "good", "HEAD"]);
+    assert_eq!(
+        (diff["removed"].as_u64(), diff["modified"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let stat = ws.json(&["diff", "good", "--stat"]);
+    assert!(stat.get("changes").is_none() && stat["removed"] == 1);
+
+    // A dry run previews and changes nothing.
+    let before = ws.full_log("human:test");
+    let plan = ws.json(&["restore", "good", "--dry-run"]);
+    assert_eq!(plan["write"].as_array().unwrap().len(), 2, "{plan}");
+    assert_eq!(ws.read("README.md").as_deref(), Some("broken\n"));
+    assert!(!ws.path("src/lib.rs").exists());
+    assert_eq!(ws.full_log("human:test"), before);
+
+    // The restore brings the files back and appends a rollback.
+    let done = ws.json(&["restore", "good"]);
+    assert!(done["version"].is_string());
+    assert_eq!(ws.read("src/lib.rs").as_deref(), Some("pub fn add() {}\n"));
+    assert_eq!(ws.read("README.md").as_deref(), Some("# demo\nv2\n"));
+    let head = ws.json(&["show", "HEAD"]);
+    assert!(
+        head["flags"]
+            .as_array()
+            .unwrap()
+            .contains(&"rollback".into())
+    );
+
+    // Undo takes the restore back.
+    ws.ok(&["undo"]);
+    assert_eq!(ws.read("README.md").as_deref(), Some("broken\n"));
+    assert!(!ws.path("src/lib.rs").exists());
+
+    let v = ws.json(&["verify"]);
+    assert_eq!(v["ok"], true);
+    ws.ok(&["gc"]);
+    ws.json(&["verify"]);
+}
+
+#[test]
+fn an_interrupt_during_run_still_ends_in_a_final_capture() {
+    let ws = Ws::new();
+    let child = Command::new(BIN)
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "touch ../started; sleep 1; echo late > late.txt",
+        ])
+        .current_dir(&ws.dir)
+        .env_remove("ENVIRONMENT_DIR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The agent runs (its marker is outside the workspace): envctl holds interrupts by now.
+    let started = ws.path("../started");
+    for _ in 0..200 {
+        if started.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(started.exists(), "the agent never started");
+    // Only envctl is interrupted here; the agent goes on.
+    let kill = Command::new("sh")
+        .args(["-c", &format!("kill -INT {}", child.id())])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("files changed: 1"),
+        "{}",
+        stderr(&out)
+    );
+    let op = ws.json(&["show", "HEAD"]);
+    assert_eq!(op["changes"][0]["path"], "late.txt", "{op}");
+}
+
+#[test]
+fn exec_records_one_operation_of_its_actor() {
+    let ws = Ws::new();
+    let out = ws.run(&[
+        "--actor",
+        "agent:builder",
+        "exec",
+        "--intent",
+        "generate the config",
+        "--",
+        "sh",
+        "-c",
+        "echo debug=true > config.toml",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let op = ws.json(&["show", "HEAD"]);
+    assert_eq!(op["actor"], "agent:builder");
+    assert_eq!(op["kind"], "command");
+    assert_eq!(op["intent"], "generate the config");
+    assert_eq!(op["changes"][0]["path"], "config.toml");
+    // The command's own status comes back; a failing command is flagged.
+    let out = ws.run(&["exec", "--", "sh", "-c", "echo x > fail.txt; exit 3"]);
+    assert_eq!(code(&out), 3);
+    let op = ws.json(&["show", "HEAD"]);
+    assert!(
+        op["flags"].as_array().unwrap().contains(&"failed".into()),
+        "{op}"
+    );
+    // A program that does not exist: nothing ran, nothing recorded.
+    let head = ws.head("human:test");
+    ws.fails(&["exec", "--", "no-such-program-xyz"], 3);
+    ws.fails(&["exec"], 2);
+    ws.fails(&["log", "--limit", "many"], 2);
+    assert_eq!(ws.head("human:test"), head);
+}
+
+#[test]
+fn branches_marks_and_merges() {
+    let ws = Ws::new();
+    let marks = ws.json(&["mark"]);
+    assert_eq!(marks["marks"].as_array().unwrap().len(), 0);
+    ws.ok(&["mark", "start"]);
+    ws.ok(&["branch", "feature", "start"]);
+    let branches = ws.json(&["branch"]);
+    let names: Vec<&str> = branches["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["feature", "main"]);
+
+    // Another agent, linked to the library, works on the branch.
+    {
+        let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+        let coder = ActorId::new("agent:coder").unwrap();
+        env.act_blocking(
+            ActRequest::new(coder, Intent::edit("add the feature"))
+                .on("feature")
+                .put(
+                    Key::fs("src/feature.rs").unwrap(),
+                    Value::file("pub fn f() {}\n"),
+                )
+                .put(
+                    Key::fs("README.md").unwrap(),
+                    Value::file("# demo, featured\n"),
+                ),
+        )
+        .unwrap();
+    }
+    // Meanwhile main moves on elsewhere.
+    std::fs::write(ws.path("CHANGELOG"), "v1\n").unwrap();
+    let merged = ws.json(&["merge", "feature"]);
+    assert_eq!(merged["conflicts"].as_array().unwrap().len(), 0, "{merged}");
+    assert_eq!(
+        ws.read("src/feature.rs").as_deref(),
+        Some("pub fn f() {}\n")
+    );
+    assert_eq!(ws.read("README.md").as_deref(), Some("# demo, featured\n"));
+    assert_eq!(ws.read("CHANGELOG").as_deref(), Some("v1\n"));
+    let op = ws.json(&["show", "HEAD"]);
+    assert!(
+        op["flags"].as_array().unwrap().contains(&"merge".into()),
+        "{op}"
+    );
+    assert_eq!(op["parents"].as_array().unwrap().len(), 2);
+    // The merged tree is what main holds: nothing left to capture.
+    let before = ws.full_log("human:test");
+    ws.ok(&["status"]);
+    assert_eq!(ws.full_log("human:test"), before);
+
+    // Both sides change the same file: conflict objects, exit 5.
+    {
+        let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+        let coder = ActorId::new("agent:coder").unwrap();
+        env.act_blocking(
+            ActRequest::new(coder, Intent::edit("reword"))
+                .on("feature")
+                .put(
+                    Key::fs("CHANGELOG").unwrap(),
+                    Value::file("v1 from feature\n"),
+                ),
+        )
+        .unwrap();
+    }
+    std::fs::write(ws.path("CHANGELOG"), "v1 from main\n").unwrap();
+    let out = ws.run(&["merge", "feature"]);
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    assert!(stderr(&out).contains("conflict"), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("conflict CHANGELOG") && said.contains("agent:coder"),
+        "{said}"
+    );
+    // The workspace keeps main's side; editing the file resolves the conflict.
+    assert_eq!(ws.read("CHANGELOG").as_deref(), Some("v1 from main\n"));
+    std::fs::write(ws.path("CHANGELOG"), "v1 from both\n").unwrap();
+    let fixed = ws.json(&["show", "HEAD"]);
+    assert_eq!(fixed["changes"][0]["path"], "CHANGELOG", "{fixed}");
+    assert_eq!(fixed["changes"][0]["after"]["kind"], "file", "{fixed}");
+
+    // Names that clash or do not parse.
+    ws.fails(&["mark", "start"], 5);
+    ws.fails(&["branch", "feature"], 5);
+    ws.fails(&["branch", "bad name\u{1}"], 2);
+    ws.fails(&["merge", "no-such-branch"], 3);
+    ws.json(&["verify"]);
+}
+
+#[test]
+fn effects_in_flight_are_listed_until_settled() {
+    let ws = Ws::new();
+    assert_eq!(
+        ws.json(&["effects"])["effects"].as_array().unwrap().len(),
+        0
+    );
+    let id = {
+        let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+        let agent = ActorId::new("agent:deployer").unwrap();
+        match env
+            .effect_begin(&agent, "deploy-42", "https://deploy.example/api", b"{}")
+            .unwrap()
+        {
+            environment_core::BeginOutcome::New(rec) => rec.id,
+            other => panic!("{other:?}"),
+        }
+    };
+    let open = ws.json(&["effects", "--unfinished"]);
+    assert_eq!(open["effects"][0]["key"], "deploy-42", "{open}");
+    assert_eq!(open["effects"][0]["actor"], "agent:deployer");
+    {
+        let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+        env.effect_complete(id, b"ok").unwrap();
+    }
+    assert_eq!(
+        ws.json(&["effects", "--unfinished"])["effects"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    let all = ws.json(&["effects"]);
+    assert_eq!(all["effects"][0]["result"], "ok", "{all}");
+}
+
+#[test]
+fn queue_round_trip() {
+    let ws = Ws::new();
+    ws.ok(&["queue", "subscribe", "coders", "task.created"]);
+    let p = ws.json(&[
+        "queue",
+        "publish",
+        "task.created",
+        "{\"id\": 1}",
+        "--dedup",
+        "task-1",
+    ]);
+    assert_eq!(p["duplicate"], false);
+    let again = ws.json(&[
+        "queue",
+        "publish",
+        "task.created",
+        "{\"id\": 1}",
+        "--dedup",
+        "task-1",
+    ]);
+    assert_eq!(again["duplicate"], true);
+    let claimed = ws.json(&["queue", "claim", "coders", "--lease", "30"]);
+    let leases = claimed["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0]["payload"], "{\"id\": 1}");
+    let receipt = leases[0]["receipt"].as_str().unwrap().to_owned();
+    ws.ok(&["queue", "ack", &receipt]);
+    // Settled: the same receipt again is a conflict, a made-up one is unknown.
+    ws.fails(&["queue", "ack", &receipt], 5);
+    ws.fails(&["queue", "nack", "12.0000000000000abc"], 3);
+    ws.fails(&["queue", "ack", "garbage"], 3);
+    ws.fails(&["queue", "claim", "nobody"], 3);
+    ws.fails(&["queue", "publish", "bad topic!", "x"], 2);
+    ws.fails(
+        &["queue", "publish", "task.created", "@/no/such/payload"],
+        3,
+    );
+    let big = ws.path("../big.bin");
+    std::fs::write(&big, vec![b'x'; 2 << 20]).unwrap();
+    ws.fails(
+        &[
+            "queue",
+            "publish",
+            "huge.topic",
+            &format!("@{}", big.display()),
+        ],
+        2,
+    );
+    let stats = ws.json(&["queue", "stats"]);
+    let topics: Vec<&str> = stats["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["topic"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        topics,
+        ["task.created"],
+        "a refused publish creates no topic"
+    );
+    assert_eq!(
+        ws.json(&["queue", "dead", "coders"])["dead"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_eq!(ws.json(&["queue", "redrive", "coders"])["redriven"], 0);
+    // Like every command, a queue command first captures what changed out of band.
+    std::fs::write(ws.path("oob.txt"), "x").unwrap();
+    ws.ok(&["queue", "stats"]);
+    let log = ws.full_log("human:test");
+    assert_eq!(entries(&log)[0]["keys"][0], "oob.txt", "{log}");
+}
+
+const RULES: &str = r#"
+[[rule]]
+id = "alice-everything"
+effect = "permit"
+principal = "human:alice"
+actions = ["read", "write", "delete", "execute", "publish", "consume", "approve"]
+resource = "*"
+
+[[rule]]
+id = "bob-reads"
+effect = "permit"
+principal = "agent:bob"
+actions = ["read"]
+resource = "*"
+
+[[rule]]
+id = "bob-runs-sh"
+effect = "permit"
+principal = "agent:bob"
+actions = ["execute"]
+resource = { program = "sh", args = ["..."] }
+
+[[rule]]
+id = "bob-writes-src"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { path = "src/**" }
+
+[[rule]]
+id = "bob-releases-with-approval"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { path = "release/**" }
+approval_from = ["human:alice"]
+"#;
+
+#[test]
+fn the_policy_denies_and_nothing_changes() {
+    let ws = Ws::new();
+    std::fs::write(
+        ws.path("../bad.toml"),
+        "[[rule]]\nid = \"x\"\neffect = \"maybe\"\n",
+    )
+    .unwrap();
+    let err = ws.fails(&["policy", "load", "../bad.toml"], 2);
+    assert!(err.contains("line"), "{err}");
+    assert!(
+        ws.json(&["status"])["policy_version"].is_null(),
+        "a bad file loads nothing"
+    );
+
+    std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
+    std::fs::create_dir(ws.path("release")).unwrap();
+    assert_eq!(ws.json(&["policy", "load", "../rules.toml"])["rules"], 5);
+    ws.ok(&["--actor", "agent:bob", "log"]);
+    ws.ok(&["--actor", "agent:bob", "mark"]);
+
+    let before = ws.full_log("human:alice");
+    let readme = ws.read("README.md");
+    let err = ws.fails(&["--actor", "agent:bob", "restore", "HEAD~1"], 4);
+    assert!(err.contains("denied by policy"), "{err}");
+    ws.fails(&["--actor", "agent:bob", "undo"], 4);
+    ws.fails(&["--actor", "agent:bob", "exec", "--", "touch", "x"], 4);
+    ws.fails(&["--actor", "agent:bob", "mark", "mine"], 4);
+    ws.fails(&["--actor", "agent:bob", "queue", "publish", "t", "x"], 4);
+    ws.fails(&["--actor", "agent:nobody", "log"], 4);
+    ws.fails(
+        &["--actor", "agent:nobody", "restore", "HEAD~1", "--dry-run"],
+        4,
+    );
+    // Nor may bob change the policy that binds him.
+    ws.fails(
+        &["--actor", "agent:bob", "policy", "load", "../bad.toml"],
+        2,
+    );
+    std::fs::write(ws.path("../mine.toml"), "[[rule]]\nid = \"all\"\neffect = \"permit\"\nprincipal = \"agent:bob\"\nactions = [\"write\"]\nresource = \"*\"\n").unwrap();
+    ws.fails(
+        &["--actor", "agent:bob", "policy", "load", "../mine.toml"],
+        4,
+    );
+    ws.fails(
+        &[
+            "--actor",
+            "agent:bob",
+            "policy",
+            "member",
+            "agent:bob",
+            "group:admins",
+        ],
+        4,
+    );
+    ws.fails(&["policy", "check", "agent:bob", "write", "README.md"], 4);
+    assert!(!ws.path("x").exists());
+    assert_eq!(ws.read("README.md"), readme);
+    assert!(ws.path("src/main.rs").exists());
+    assert_eq!(
+        ws.full_log("human:alice"),
+        before,
+        "denied actions record nothing"
+    );
+
+    // Bob may write under src/: his command is his.
+    let out = ws.run(&[
+        "--actor",
+        "agent:bob",
+        "exec",
+        "--",
+        "sh",
+        "-c",
+        "echo b > src/b.rs",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        ws.json(&["--actor", "human:alice", "show", "HEAD"])["actor"],
+        "agent:bob"
+    );
+    // Outside it, the command ran, so its changes are recorded, but not as his: exit 4.
+    let err = ws.fails(
+        &[
+            "--actor",
+            "agent:bob",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "echo b > top.txt",
+        ],
+        4,
+    );
+    assert!(err.contains("the command ran"), "{err}");
+    let op = ws.json(&["--actor", "human:alice", "show", "HEAD"]);
+    assert_eq!(op["actor"], "service:capture");
+    assert_eq!(op["changes"][0]["path"], "top.txt");
+
+    // Questions to the policy: exit 0 when allowed, 4 when not.
+    let yes = ws.json(&["policy", "check", "agent:bob", "write", "path:src/x.rs"]);
+    assert_eq!(yes["outcome"], "allow");
+    assert_eq!(yes["rules"][0], "bob-writes-src");
+    let out = ws.run(&["policy", "explain", "agent:bob", "write", "README.md"]);
+    assert_eq!(code(&out), 4);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Denied"));
+    let may = ws.json(&["policy", "may", "agent:bob"]);
+    assert!(may["permissions"].as_array().unwrap().len() >= 2, "{may}");
+    ws.fails(&["policy", "check", "bob", "write", "x"], 2);
+    ws.fails(&["policy", "check", "agent:bob", "fly!", "x"], 2);
+    ws.fails(&["policy", "check", "agent:bob", "write", "path:../x"], 2);
+    ws.fails(&["policy", "check", "agent:bob", "write", "planet:mars"], 2);
+    assert_eq!(
+        ws.json(&["policy", "approvals"])["approvals"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    ws.fails(
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "approvals",
+            "grant",
+            "no-such-id",
+        ],
+        3,
+    );
+    ws.fails(&["policy", "approvals", "grant"], 2);
+    // A write that needs approval files a request a human decides.
+    ws.fails(
+        &[
+            "--actor",
+            "agent:bob",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "echo 1 > release/v1",
+        ],
+        4,
+    );
+    let pending = ws.json(&["policy", "approvals"]);
+    let request = &pending["approvals"][0];
+    assert_eq!(request["state"], "pending", "{pending}");
+    assert_eq!(request["actor"], "agent:bob");
+    let id = request["id"].as_str().unwrap().to_owned();
+    ws.fails(
+        &["--actor", "agent:bob", "policy", "approvals", "grant", &id],
+        4,
+    );
+    let granted = ws.json(&[
+        "--actor",
+        "human:alice",
+        "policy",
+        "approvals",
+        "grant",
+        &id,
+    ]);
+    assert_eq!(granted["state"], "granted");
+    ws.fails(
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "approvals",
+            "reject",
+            &id,
+        ],
+        5,
+    );
+    ws.json(&["--actor", "human:alice", "verify"]);
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let ws = Ws::new();
+    let before = ws.full_log("human:test");
+    for args in [
+        &["show", "no-such-version"][..],
+        &["show", "ffffffffffff"],
+        &["diff", "HEAD", "nope"],
+        &["restore", "nope"],
+        &["restore", "nope", "--dry-run"],
+        &["mark", "m", "nope"],
+        &["branch", "b", "nope"],
+        &["log", "--branch", "nope"],
+    ] {
+        let err = ws.fails(args, 3);
+        assert!(err.contains("unknown"), "{args:?}: {err}");
+    }
+    ws.fails(&["show", "HEAD~99"], 3);
+    ws.fails(&["--actor", "no-colon", "log"], 2);
+    ws.fails(&["--actor", "", "log"], 2);
+    ws.fails(&["mark", "bad name\u{7}"], 2);
+    ws.fails(&["init"], 5);
+    // A supervisor is named but none listens.
+    let sock = ws.path("../no.sock");
+    let sock = sock.to_str().unwrap();
+    ws.fails(&["--socket", sock, "log"], 6);
+    ws.fails(&["--socket", sock, "mcp"], 6);
+    ws.fails(&["--socket", sock, "queue", "stats"], 6);
+    // Not in this build: said so, nothing run.
+    ws.fails(
+        &["tournament", "--test", "true", "--", "touch a", "touch b"],
+        7,
+    );
+    ws.fails(&["run", "--isolate", "rootfs", "--", "touch", "ran"], 7);
+    ws.fails(&["run", "--self-rollback", "--", "touch", "ran"], 7);
+    assert!(!ws.path("ran").exists() && !ws.path("a").exists());
+    assert_eq!(ws.full_log("human:test"), before);
+
+    // Outside any environment.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = envctl_in(elsewhere.path(), &["log"]);
+    assert_eq!(code(&out), 3);
+    assert_one_sentence(&stderr(&out));
+    let out = envctl_in(elsewhere.path(), &["-C", "/no/such/dir", "log"]);
+    assert_eq!(code(&out), 3);
+    assert_one_sentence(&stderr(&out));
+}
+
+#[test]
+fn a_home_that_cannot_be_written_is_refused() {
+    // A workspace whose home is not a directory.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("w")).unwrap();
+    std::fs::write(tmp.path().join("file"), "").unwrap();
+    std::fs::write(
+        tmp.path().join("w/.environment"),
+        tmp.path().join("file").to_str().unwrap(),
+    )
+    .unwrap();
+    let out = envctl_in(&tmp.path().join("w"), &["log"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_one_sentence(&stderr(&out));
+    assert_eq!(std::fs::read(tmp.path().join("file")).unwrap(), b"");
+
+    // A home the user may not write.
+    let ws = Ws::new();
+    let db = ws.home().join("env.db");
+    let probe = ws.home().join("probe");
+    set_mode(&ws.home(), 0o500);
+    let privileged = std::fs::write(&probe, "x").is_ok();
+    if privileged {
+        set_mode(&ws.home(), 0o755);
+        rerun_unprivileged("a_home_that_cannot_be_written_is_refused");
+        return;
+    }
+    set_mode(&db, 0o400);
+    let out = ws.run(&["mark", "m"]);
+    set_mode(&db, 0o644);
+    set_mode(&ws.home(), 0o755);
+    assert!(matches!(code(&out), 1), "{}", stderr(&out));
+    assert_one_sentence(&stderr(&out));
+    assert!(ws.json(&["mark"])["marks"].as_array().unwrap().is_empty());
+}
+
+const UNPRIVILEGED: &str = "ENVCTL_TEST_UNPRIVILEGED";
+
+/// Permissions do not bind root (as CI runs): re-runs `test` of this binary as uid/gid 65534.
+fn rerun_unprivileged(test: &str) {
+    if std::env::var_os(UNPRIVILEGED).is_some() {
+        panic!("permissions are ignored even for the unprivileged child");
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(UNPRIVILEGED, "1")
+        .current_dir("/")
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: running privileged and setpriv is unavailable ({e})");
+            return;
+        }
+    };
+    let text = format!("{}{}", stderr(&out), String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() && text.contains("Permission denied") && text.contains(BIN) {
+        eprintln!("skipped: the unprivileged user cannot reach the test binaries: {text}");
+        return;
+    }
+    assert!(out.status.success(), "unprivileged run failed: {text}");
+    assert!(
+        text.contains("1 passed"),
+        "the unprivileged run ran nothing: {text}"
+    );
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn init_with_a_home_elsewhere_and_a_rootfs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    let home = tmp.path().join("state");
+    let seed = tmp.path().join("seed");
+    std::fs::create_dir_all(work.join("deep/er")).unwrap();
+    std::fs::write(work.join("file"), "x").unwrap();
+    std::fs::create_dir_all(seed.join("bin")).unwrap();
+    std::fs::write(seed.join("bin/tool"), "#!/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink("bin/tool", seed.join("tool")).unwrap();
+    let out = envctl_in(
+        tmp.path(),
+        &[
+            "init",
+            "work",
+            "--home",
+            home.to_str().unwrap(),
+            "--rootfs",
+            seed.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let j: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["captured"], 3, "{j}");
+    assert!(home.join("env.db").exists() && work.join(".environment").is_file());
+    assert!(home.join("rootfs/bin/tool").is_file());
+    assert!(home.join("rootfs/tool").is_symlink());
+    // Found from a subdirectory, like git.
+    let out = envctl_in(&work.join("deep/er"), &["status", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let s: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["home"], home.canonicalize().unwrap().to_str().unwrap());
+    let out = envctl_in(tmp.path(), &["init", "other", "--rootfs", "/no/such/seed"]);
+    assert_eq!(code(&out), 3);
+    assert!(!tmp.path().join("other").exists());
+}

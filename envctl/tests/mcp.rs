@@ -1,0 +1,372 @@
+//! `envctl mcp` driven by a real MCP client over stdio: the handshake, the tool list with
+//! schemas, every tool, failures with the did-NOT-execute text, and a policy denial.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Command;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_envctl");
+
+const TOOLS: &[&str] = &[
+    "history",
+    "show",
+    "diff",
+    "mark",
+    "restore",
+    "undo",
+    "exec",
+    "read_file",
+    "write_file",
+    "list_files",
+    "queue_publish",
+    "queue_claim",
+    "queue_ack",
+    "queue_nack",
+    "policy_explain",
+    "what_may_i_do",
+    "request_approval",
+];
+
+fn envctl(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = Command::new(BIN)
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env_remove("ENVIRONMENT_DIR")
+        .env_remove("ENVIRONMENT_SOCKET")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "envctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+async fn connect(dir: &Path) -> RunningService<RoleClient, ()> {
+    let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
+        cmd.arg("-C")
+            .arg(dir)
+            .arg("mcp")
+            .env_remove("ENVIRONMENT_ACTOR")
+            .env_remove("ENVIRONMENT_SOCKET");
+    }))
+    .unwrap();
+    ().serve(transport).await.unwrap()
+}
+
+async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> CallToolResult {
+    let args = args.as_object().cloned().unwrap_or_default();
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
+        .await
+        .unwrap()
+}
+
+fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A successful call's text.
+async fn ok(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> String {
+    let r = call(client, tool, args).await;
+    assert_ne!(r.is_error, Some(true), "{tool} failed: {}", text(&r));
+    text(&r)
+}
+
+/// A failed call's text, checked to say first that nothing happened.
+async fn refused(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> String {
+    let r = call(client, tool, args).await;
+    assert_eq!(r.is_error, Some(true), "{tool} should fail: {}", text(&r));
+    let t = text(&r);
+    assert!(
+        t.starts_with(&format!("The tool `{tool}` did NOT execute")),
+        "{t}"
+    );
+    assert!(
+        t.contains("must not be invented or reported as done"),
+        "{t}"
+    );
+    assert!(t.contains("Reason:") && t.contains("Next:"), "{t}");
+    t
+}
+
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "alpha\n").unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    std::fs::write(dir.path().join("src/lib.rs"), "fn main() {}\n").unwrap();
+    envctl(dir.path(), &["init"]);
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tool_over_stdio() {
+    let ws = workspace();
+    let dir = ws.path();
+    envctl(dir, &["queue", "subscribe", "workers", "task.created"]);
+    let client = connect(dir).await;
+
+    let info = client.peer_info().unwrap();
+    assert_eq!(info.server_info.as_ref().unwrap().name, "envctl");
+    let tools = client.list_all_tools().await.unwrap();
+    for name in TOOLS {
+        let t = tools
+            .iter()
+            .find(|t| t.name == *name)
+            .unwrap_or_else(|| panic!("tool {name} is missing"));
+        assert!(
+            t.description.as_deref().is_some_and(|d| d.len() > 20),
+            "{name}"
+        );
+        assert_eq!(t.input_schema.get("type"), Some(&json!("object")), "{name}");
+    }
+    let write = tools.iter().find(|t| t.name == "write_file").unwrap();
+    let props = write.input_schema.get("properties").unwrap();
+    assert!(props.get("path").is_some() && props.get("content").is_some());
+
+    assert!(
+        ok(&client, "history", json!({}))
+            .await
+            .contains("create the environment")
+    );
+
+    ok(
+        &client,
+        "write_file",
+        json!({"path": "notes/todo.txt", "content": "ship it\n"}),
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("notes/todo.txt")).unwrap(),
+        "ship it\n"
+    );
+    assert_eq!(
+        ok(&client, "read_file", json!({"path": "notes/todo.txt"})).await,
+        "ship it\n"
+    );
+    ok(&client, "mark", json!({"name": "before"})).await;
+
+    // Work done outside the server is seen by the next call.
+    std::fs::write(dir.join("oob.txt"), "outside\n").unwrap();
+    let listing = ok(&client, "list_files", json!({})).await;
+    assert!(
+        listing.contains("notes/todo.txt") && listing.contains("oob.txt"),
+        "{listing}"
+    );
+    assert!(
+        ok(&client, "list_files", json!({"prefix": "src"}))
+            .await
+            .contains("src/lib.rs")
+    );
+
+    let out = ok(
+        &client,
+        "exec",
+        json!({"command": ["sh", "-c", "echo hi; echo made > made.txt"], "intent": "make it"}),
+    )
+    .await;
+    assert!(
+        out.contains("status 0") && out.contains("hi") && out.contains("recorded as"),
+        "{out}"
+    );
+    assert!(dir.join("made.txt").exists());
+    let shown = ok(&client, "show", json!({"version": "HEAD"})).await;
+    assert!(
+        shown.contains("made.txt") && shown.contains("make it"),
+        "{shown}"
+    );
+    assert!(
+        ok(&client, "diff", json!({"from": "before"}))
+            .await
+            .contains("A made.txt")
+    );
+    let failed = ok(&client, "exec", json!({"command": ["sh", "-c", "exit 3"]})).await;
+    assert!(failed.contains("status 3"), "{failed}");
+
+    let preview = ok(
+        &client,
+        "restore",
+        json!({"version": "before", "dry_run": true}),
+    )
+    .await;
+    assert!(
+        preview.contains("Dry run") && preview.contains("made.txt"),
+        "{preview}"
+    );
+    assert!(dir.join("made.txt").exists(), "a dry run changes nothing");
+    ok(&client, "restore", json!({"version": "before"})).await;
+    assert!(!dir.join("made.txt").exists() && !dir.join("oob.txt").exists());
+    assert!(dir.join("notes/todo.txt").exists());
+    ok(&client, "undo", json!({})).await;
+    assert!(dir.join("made.txt").exists(), "undo takes the restore back");
+
+    let published = ok(
+        &client,
+        "queue_publish",
+        json!({"topic": "task.created", "payload": "{\"task\": 1}", "dedup": "t1"}),
+    )
+    .await;
+    assert!(published.contains("\"duplicate\": false"), "{published}");
+    let claimed: Value =
+        serde_json::from_str(&ok(&client, "queue_claim", json!({"group": "workers"})).await)
+            .unwrap();
+    let receipt = claimed["leases"][0]["receipt"].as_str().unwrap().to_owned();
+    assert_eq!(claimed["leases"][0]["payload"], "{\"task\": 1}");
+    ok(&client, "queue_ack", json!({"receipt": receipt})).await;
+    refused(&client, "queue_nack", json!({"receipt": receipt})).await;
+    refused(&client, "queue_ack", json!({"receipt": "not-a-receipt"})).await;
+    refused(&client, "queue_claim", json!({"group": "nobody"})).await;
+
+    assert!(
+        ok(
+            &client,
+            "policy_explain",
+            json!({"action": "write", "resource": "path:a.txt"})
+        )
+        .await
+        .contains("no policy")
+    );
+    assert!(
+        ok(&client, "what_may_i_do", json!({}))
+            .await
+            .contains("No policy")
+    );
+    refused(
+        &client,
+        "request_approval",
+        json!({"action": "write", "resource": "a.txt"}),
+    )
+    .await;
+
+    // Bad input: nothing happens, and the text says so first.
+    let head = ok(&client, "show", json!({"version": "HEAD"})).await;
+    let escape = refused(&client, "read_file", json!({"path": "../etc/passwd"})).await;
+    assert!(escape.contains("relative"), "{escape}");
+    refused(
+        &client,
+        "write_file",
+        json!({"path": "/abs.txt", "content": "x"}),
+    )
+    .await;
+    let ignored = refused(
+        &client,
+        "write_file",
+        json!({"path": ".environment/env.db", "content": "x"}),
+    )
+    .await;
+    assert!(ignored.contains("ignores"), "{ignored}");
+    let unknown = refused(&client, "restore", json!({"version": "no-such-version"})).await;
+    assert!(unknown.contains("history"), "{unknown}");
+    refused(&client, "read_file", json!({"path": "missing.txt"})).await;
+    refused(
+        &client,
+        "exec",
+        json!({"command": ["no-such-program-here"]}),
+    )
+    .await;
+    refused(&client, "mark", json!({"name": "before"})).await;
+    assert_eq!(ok(&client, "show", json!({"version": "HEAD"})).await, head);
+    assert!(!dir.join("abs.txt").exists());
+
+    client.cancel().await.unwrap();
+    envctl(dir, &["verify"]);
+}
+
+const RULES: &str = r#"
+[[rule]]
+id = "mcp-reads"
+effect = "permit"
+principal = "agent:mcp"
+actions = ["read"]
+resource = "*"
+
+[[rule]]
+id = "approved-writes"
+effect = "permit"
+principal = "agent:mcp"
+actions = ["write"]
+resource = { path = "approved/**" }
+approval_from = ["human:alice"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_call_changes_nothing() {
+    let ws = workspace();
+    let dir = ws.path();
+    std::fs::write(dir.join("rules.toml"), RULES).unwrap();
+    envctl(dir, &["policy", "load", "rules.toml"]);
+    let head = String::from_utf8(envctl(dir, &["--actor", "agent:mcp", "status", "--json"]).stdout)
+        .unwrap();
+    let client = connect(dir).await;
+
+    assert_eq!(
+        ok(&client, "read_file", json!({"path": "a.txt"})).await,
+        "alpha\n"
+    );
+    let denied = refused(
+        &client,
+        "write_file",
+        json!({"path": "a.txt", "content": "x"}),
+    )
+    .await;
+    assert!(denied.contains("Denied"), "{denied}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+    refused(&client, "exec", json!({"command": ["touch", "made.txt"]})).await;
+    assert!(!dir.join("made.txt").exists());
+    refused(&client, "restore", json!({"version": "HEAD~1"})).await;
+    assert!(dir.join("a.txt").exists() && dir.join("src/lib.rs").exists());
+    refused(
+        &client,
+        "queue_publish",
+        json!({"topic": "t", "payload": "x"}),
+    )
+    .await;
+
+    let why = ok(
+        &client,
+        "policy_explain",
+        json!({"action": "write", "resource": "path:a.txt"}),
+    )
+    .await;
+    assert!(why.starts_with("Denied"), "{why}");
+    let may = ok(&client, "what_may_i_do", json!({})).await;
+    assert!(may.contains("read") && may.contains("approved/**"), "{may}");
+    let filed = ok(
+        &client,
+        "request_approval",
+        json!({"action": "write", "resource": "path:approved/plan.md"}),
+    )
+    .await;
+    assert!(
+        filed.contains("pending") && filed.contains("human:alice"),
+        "{filed}"
+    );
+    client.cancel().await.unwrap();
+
+    let after =
+        String::from_utf8(envctl(dir, &["--actor", "agent:mcp", "status", "--json"]).stdout)
+            .unwrap();
+    let (a, b): (Value, Value) = (
+        serde_json::from_str(&head).unwrap(),
+        serde_json::from_str(&after).unwrap(),
+    );
+    assert_eq!(a["head"], b["head"], "denied calls recorded nothing");
+    let approvals =
+        String::from_utf8(envctl(dir, &["policy", "approvals", "--json"]).stdout).unwrap();
+    assert!(approvals.contains("approved/plan.md"), "{approvals}");
+}
