@@ -22,11 +22,12 @@ use environment_core::{
     ShellExec, StoredOutput, SystemClock,
 };
 use environment_policy::{GrantScope, Policy, TokenLimits};
+use environment_sandbox::isolate::{Bind, IsolationSpec};
 use environment_sandbox::supervisor::rpc;
 use environment_sandbox::supervisor::{
     AgentSpec, Method, RollbackMode, SCHEMA, ShellHandles, Supervisor, SupervisorConfig,
 };
-use environment_sandbox::{ControlClient, Unconfined};
+use environment_sandbox::{ControlClient, Isolation, Unconfined};
 use serde_json::{Value, json};
 
 /// Set in a re-executed copy of this binary: which agent to be.
@@ -204,6 +205,56 @@ fn an_agent_rolls_itself_back_and_keeps_running() {
         always,
         self_rollback_scenario,
     );
+}
+
+/// The same, with the agent confined in namespaces: the socket's directory is bound into the
+/// sandbox and the agent finds it where `socket_inside` says.
+#[test]
+fn a_confined_agent_rolls_itself_back_through_the_socket() {
+    both(
+        "a_confined_agent_rolls_itself_back_through_the_socket",
+        common::no_isolation,
+        confined_self_rollback_scenario,
+    );
+}
+
+fn confined_self_rollback_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let expected = disk(&work, &no_skip);
+    let (run, out) = (home.join("run"), dir.join("out"));
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    let mut spec = IsolationSpec::host(&work);
+    spec.binds.push(Bind {
+        host: run.clone(),
+        inside: "/tmp/environment-control".into(),
+        writable: true,
+    });
+    spec.binds.push(Bind {
+        host: out.clone(),
+        inside: "/tmp/out".into(),
+        writable: true,
+    });
+    let mut cfg = config(&work, &home);
+    cfg.launcher = Arc::new(Isolation::new(spec).unwrap());
+    cfg.socket_inside = Some("/tmp/environment-control/control.sock".into());
+    let sup = Supervisor::open(cfg).unwrap();
+    assert_eq!(sup.socket_path(), run.join("control.sock"));
+    let exit = sup
+        .run_agent(agent_spec(
+            "self-rollback",
+            Path::new("/tmp/out/report.json"),
+        ))
+        .unwrap();
+    assert!(exit.success(), "the confined agent failed: {exit:?}");
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    // Its pid is its namespace's; what matters is that it did not change.
+    assert_eq!(r["pid_before"], r["pid_after"]);
+    assert_eq!(disk(&work, &no_skip), expected);
+    let summary = sup.shutdown().unwrap();
+    assert_eq!((summary.rollbacks, summary.denied), (1, 0));
+    reopen_and_verify(&home, &work);
 }
 
 // ---- authorization -------------------------------------------------------------------------
