@@ -12,6 +12,12 @@
 //! before anything happens; a refusal is an error whose `data.for_agent` says first that the
 //! action did NOT happen.
 //!
+//! Commands go through the socket too: `exec` runs one in the sandbox as a recorded operation
+//! (output stored, changed files captured and attributed to it), `process.*` keeps background
+//! processes, `pty.*` terminal sessions that survive a reconnect — the sandbox's
+//! [`Shell`](crate::Shell), run through the same launcher as the agent, unless
+//! [`SupervisorConfig::shell`] is off or [`Supervisor::attach_shell`] replaces it.
+//!
 //! **Self-rollback**: the agent calls `restore` on the socket; the workspace is restored while
 //! the agent keeps running (same pid) and the answer carries the new version. **A rollback from
 //! outside** ([`Supervisor::rollback`], for a human or a CLI) chooses a [`RollbackMode`]: keep
@@ -40,10 +46,14 @@
 
 mod agent;
 mod commands;
+mod gate;
 pub mod methods;
+mod permissions;
+mod queue;
 pub mod rpc;
 mod server;
 mod state;
+mod versions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -53,8 +63,8 @@ use std::time::Duration;
 
 use environment_bus::Bus;
 use environment_core::{
-    ActorId, AllowAll, Authorizer, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
-    Namespace, OpId, Options,
+    ActorId, AllowAll, Authorizer, EnvError, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
+    Namespace, OpId, Options, SecretProvider,
 };
 use environment_policy::Policy;
 use serde::Serialize;
@@ -94,7 +104,10 @@ pub struct SupervisorConfig {
     /// The socket's path; `<home>/run/control.sock` by default.
     pub socket: Option<PathBuf>,
     /// Where the agent sees the socket, when a launcher mounts its directory elsewhere; the host
-    /// path by default.
+    /// path by default. With [`Isolation`](crate::Isolation), add a [`Bind`](crate::Bind) of
+    /// [`SupervisorConfig::socket_path`]'s directory (writable) to its spec, at a path under a
+    /// directory the sandbox mounts itself (e.g. `/tmp/environment-control`), and name the
+    /// socket there.
     pub socket_inside: Option<PathBuf>,
     /// Whom automatic captures are attributed to (the policy must let it write the workspace).
     pub capture_actor: ActorId,
@@ -106,6 +119,12 @@ pub struct SupervisorConfig {
     pub max_wait: Duration,
     /// The branch the workspace is captured to.
     pub branch: String,
+    /// Offer the sandbox's [`Shell`](crate::Shell) on the socket (`exec`, `process.*`,
+    /// `pty.*`), running commands through the launcher as the agent. On by default;
+    /// [`Supervisor::attach_shell`] replaces it.
+    pub shell: bool,
+    /// Resolves the secret references commands ask for; without one, asking is an error.
+    pub secrets: Option<Arc<dyn SecretProvider>>,
 }
 
 impl SupervisorConfig {
@@ -131,7 +150,22 @@ impl SupervisorConfig {
             quiet_period: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
             branch: MAIN.to_owned(),
+            shell: true,
+            secrets: None,
         }
+    }
+}
+
+impl SupervisorConfig {
+    /// Where the control socket will be on the host: the configured path, or
+    /// `<home>/run/control.sock`. A launcher that confines the agent must make its directory
+    /// visible inside (a bind mount) and let `ENVIRONMENT_SOCKET` (and `ENVIRONMENT_TOKEN`)
+    /// through its environment filter; [`SupervisorConfig::socket_inside`] then says where the
+    /// agent finds it.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.home.join("run").join("control.sock"))
     }
 }
 
@@ -213,6 +247,14 @@ pub struct Supervisor {
     capture_actor: ActorId,
 }
 
+impl Drop for Supervisor {
+    /// A supervisor that goes away without [`Supervisor::shutdown`] (a panic, an early return)
+    /// does not leave its agent running unsupervised.
+    fn drop(&mut self) {
+        self.agent.stop(Duration::from_secs(1));
+    }
+}
+
 impl std::fmt::Debug for Supervisor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Supervisor")
@@ -272,12 +314,26 @@ impl Supervisor {
         tc.noise = config.noise.clone();
         tc.quiet_period = config.quiet_period;
         tc.max_wait = config.max_wait;
-        let tracker = Tracker::open(env.clone(), tc)?;
+        let tracker = Arc::new(Tracker::open(env.clone(), tc)?);
         let first = env.head(&config.branch)?;
+        let shell = if config.shell {
+            let shell = Arc::new(crate::shell::Shell::new(
+                config.launcher.clone(),
+                tracker.clone(),
+                config.secrets.clone(),
+            )?);
+            ShellHandles {
+                exec: Some(shell.clone()),
+                processes: Some(shell.clone()),
+                pty: Some(shell),
+            }
+        } else {
+            ShellHandles::default()
+        };
         let shared = Arc::new(Shared {
             env,
-            tracker: RwLock::new(Some(Arc::new(tracker))),
-            shell: RwLock::new(ShellHandles::default()),
+            tracker: RwLock::new(Some(tracker)),
+            shell: RwLock::new(shell),
             authorizer,
             policy: config.policy.clone(),
             bus: config.bus.clone(),
@@ -356,7 +412,10 @@ impl Supervisor {
     }
 
     /// Exposes shell capabilities on the socket (`exec`, `process.*`, `pty.*`); a method whose
-    /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before.
+    /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before. The
+    /// socket's gate only evaluates the `execute` request (spending no quota): a shell must
+    /// authorize it itself when it starts the program, as the sandbox's [`Shell`](crate::Shell)
+    /// does.
     pub fn attach_shell(&self, handles: ShellHandles) {
         *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = handles;
     }
@@ -377,6 +436,26 @@ impl Supervisor {
     /// kept running or restarted around it.
     pub fn rollback(&self, actor: &ActorId, version: &str, mode: RollbackMode) -> Result<Rollback> {
         let target = self.shared.env.resolve(version)?;
+        // Asked before the tree is touched: core asks again only when it records the rollback,
+        // after the files were written.
+        let mut context = environment_core::Context {
+            branch: Some(self.shared.branch.clone()),
+            ..Default::default()
+        };
+        context.attrs.insert(
+            "operation".into(),
+            environment_core::AttrValue::Str("restore".into()),
+        );
+        let request = environment_core::AccessRequest {
+            actor: actor.clone(),
+            action: environment_core::Action::Write,
+            resource: environment_core::Resource::Branch(self.shared.branch.clone()),
+            context,
+        };
+        let decision = gate::decide(&self.shared, &request, true);
+        if !decision.is_allowed() {
+            return Err(EnvError::NotAllowed(Box::new(decision)).into());
+        }
         let intent = Intent::new(
             IntentKind::Restore,
             format!("restore to {version} (asked by {actor})"),
