@@ -290,10 +290,14 @@ impl Tracker {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
-        capturer.cache.begin_restore(&target.to_string(), now)?;
-        let written = capturer.apply(&changes)?;
-        let branch = capturer.branch.clone();
-        capturer.env.restore(actor, &branch, target, intent_)?;
+        let (env, branch) = (capturer.env.clone(), capturer.branch.clone());
+        let mut written = Vec::new();
+        // Authorized before a single file is written: a refused restore leaves the tree as is.
+        env.restore_applying(actor, &branch, target, intent_, || -> Result<()> {
+            capturer.cache.begin_restore(&target.to_string(), now)?;
+            written = capturer.apply(&changes)?;
+            Ok(())
+        })?;
         capturer.cache.update(written.clone())?;
         capturer.cache.end_restore()?;
         // The restore's own events: a path still exactly as the restore left it needs no

@@ -226,3 +226,59 @@ fn a_head_moved_through_the_api_is_written_into_the_tree() {
     assert_eq!(s.env.head("main").unwrap(), head);
     assert_eq!(disk(w, &no_skip), view(&s.env, &head));
 }
+
+/// Refuses every branch write by `agent:intruder`.
+struct NoIntruder;
+
+impl environment_core::Authorizer for NoIntruder {
+    fn authorize(&self, r: &environment_core::AccessRequest) -> environment_core::Decision {
+        if r.actor.as_str() == "agent:intruder"
+            && matches!(r.resource, environment_core::Resource::Branch(_))
+        {
+            environment_core::Decision {
+                verdict: environment_core::Verdict::Deny,
+                rules: vec!["test:no-intruder".into()],
+                policy_version: 1,
+                explanation: "intruders may not roll back".into(),
+            }
+        } else {
+            environment_core::Decision::allow_unconditionally()
+        }
+    }
+}
+
+/// A refused restore is refused before a single file is written.
+#[test]
+fn a_refused_restore_writes_nothing() {
+    use environment_core::{ActorId, LocalEnvironment, Options};
+    use environment_sandbox::{Tracker, TrackerConfig};
+    let work = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    write(work.path(), "a.txt", b"first\n");
+    let env = LocalEnvironment::open(
+        home.path(),
+        Options {
+            authorizer: std::sync::Arc::new(NoIntruder),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let mut cfg = TrackerConfig::new(work.path(), ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let first = env.head("main").unwrap();
+    write(work.path(), "a.txt", b"second\n");
+    write(work.path(), "b.txt", b"new\n");
+    tracker
+        .capture_now(Intent::new(IntentKind::Edit, "edit"), OpFlags::empty())
+        .unwrap()
+        .unwrap();
+    let head = env.head("main").unwrap();
+    let before = disk(work.path(), &no_skip);
+    let intruder = ActorId::new("agent:intruder").unwrap();
+    let refused = tracker.restore(&intruder, &first, Intent::new(IntentKind::Restore, "no"));
+    assert!(refused.is_err());
+    assert_eq!(disk(work.path(), &no_skip), before, "the tree was touched");
+    assert_eq!(env.head("main").unwrap(), head);
+    assert!(tracker.interrupted_restore().unwrap().is_none());
+}

@@ -138,9 +138,11 @@ impl LocalEnvironment {
         self.authorize_branch_write(actor, branch, "restore")?;
         apply()?;
         let target = *target;
-        Ok(self.record_branch_write(actor, branch, move |inner, conn, fx, branch, actor| {
-            inner.restore_in(conn, fx, branch, &target, actor, intent)
-        })?)
+        Ok(
+            self.record_branch_write(actor, branch, move |inner, conn, fx, branch, actor| {
+                inner.restore_in(conn, fx, branch, &target, actor, intent)
+            })?,
+        )
     }
 
     /// Restores `branch` to the version before its last operation.
