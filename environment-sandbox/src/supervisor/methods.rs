@@ -22,6 +22,11 @@
 //! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name |
 //! | `approval.request` | write | environment | `approval.request` |
 //! | `gc` | delete | environment | `gc` |
+//!
+//! Every method also takes `token` (a capability token) and `approval` (the id of a granted
+//! approval), which go into the request's context. Core re-checks the operations it performs
+//! itself (history, mark, restore, gc…) as the same actor without them: an approval or a token
+//! can narrow those, not widen them past the actor's own rules.
 
 use std::time::Duration;
 
@@ -207,7 +212,16 @@ pub(crate) fn call(
         Some(Value::String(t)) => Some(t),
         Some(_) => return Err(RpcError::invalid_params("`token` must be a string")),
     };
-    let gate = Gate { shared, token };
+    let approval = match params.remove("approval") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(a)) => Some(a),
+        Some(_) => return Err(RpcError::invalid_params("`approval` must be a string")),
+    };
+    let gate = Gate {
+        shared,
+        token,
+        approval,
+    };
     match m {
         Method::Exec => {
             let (c, own) = commands::split(params, commands::EXEC_FIELDS)?;
@@ -286,6 +300,8 @@ fn parse<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
 pub(super) struct Gate<'a> {
     shared: &'a Shared,
     token: Option<String>,
+    /// A granted approval presented with the request.
+    approval: Option<String>,
 }
 
 impl<'a> Gate<'a> {
@@ -305,6 +321,7 @@ impl<'a> Gate<'a> {
     ) -> AccessRequest {
         let mut context = Context {
             token: self.token.clone(),
+            approval: self.approval.clone(),
             ..Context::default()
         };
         if let Resource::Branch(b) = &resource {

@@ -135,6 +135,19 @@ impl SupervisorConfig {
     }
 }
 
+impl SupervisorConfig {
+    /// Where the control socket will be on the host: the configured path, or
+    /// `<home>/run/control.sock`. A launcher that confines the agent must make its directory
+    /// visible inside (a bind mount) and let `ENVIRONMENT_SOCKET` (and `ENVIRONMENT_TOKEN`)
+    /// through its environment filter; [`SupervisorConfig::socket_inside`] then says where the
+    /// agent finds it.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.home.join("run").join("control.sock"))
+    }
+}
+
 impl std::fmt::Debug for SupervisorConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SupervisorConfig")
@@ -211,6 +224,14 @@ pub struct Supervisor {
     socket: PathBuf,
     first: OpId,
     capture_actor: ActorId,
+}
+
+impl Drop for Supervisor {
+    /// A supervisor that goes away without [`Supervisor::shutdown`] (a panic, an early return)
+    /// does not leave its agent running unsupervised.
+    fn drop(&mut self) {
+        self.agent.stop(Duration::from_secs(1));
+    }
 }
 
 impl std::fmt::Debug for Supervisor {

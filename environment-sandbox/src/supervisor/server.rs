@@ -17,6 +17,9 @@ use super::rpc::{self, INVALID_REQUEST, MAX_MESSAGE_BYTES, PARSE_ERROR, RpcError
 use super::state::Shared;
 use crate::error::{Result, SandboxError};
 
+/// How long a stopping server waits for requests in flight.
+const HANDLER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The running server: its thread and the switch that stops it.
 pub(crate) struct Server {
     stop: watch::Sender<bool>,
@@ -33,7 +36,14 @@ fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(SandboxError::io("restrict socket directory", dir))?;
     }
-    if std::fs::symlink_metadata(path).is_ok() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(SandboxError::Supervisor(format!(
+                "{} exists and is not a socket; it was left alone",
+                path.display()
+            )));
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(SandboxError::Supervisor(format!(
                 "{} is in use by another supervisor",
@@ -71,9 +81,10 @@ impl Server {
                         Err(e) => tracing::error!(error = %e, "control socket unusable"),
                     }
                 });
-                // Dropping the runtime cancels the connections and waits for the handlers
-                // already running on the blocking pool: none is cut off half-way.
-                drop(runtime);
+                // Cancels the connections and gives the handlers already running on the blocking
+                // pool time to finish (a restore holds the tracker, so shutdown waits for it
+                // anyway); a long command is not waited for beyond that.
+                runtime.shutdown_timeout(HANDLER_GRACE);
             })
             .map_err(SandboxError::io("start control thread", path))?;
         Ok(Server {
