@@ -44,6 +44,13 @@ pub struct Cli {
     /// Go through the supervisor listening at this control socket.
     #[arg(long, global = true, env = "ENVIRONMENT_SOCKET")]
     pub socket: Option<PathBuf>,
+    /// Present this capability token with every request (limits what --actor may do).
+    #[arg(long, global = true, env = "ENVIRONMENT_TOKEN", value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Present this granted approval with every request: retries an action that was held for
+    /// an approval (`envctl policy approvals` lists them).
+    #[arg(long, global = true, value_name = "ID")]
+    pub approval: Option<String>,
     /// Print one JSON document instead of lines.
     #[arg(long, global = true)]
     pub json: bool,
@@ -126,7 +133,7 @@ pub enum Command {
         /// The branch.
         branch: String,
     },
-    /// Fork candidates, test each, adopt the winner (not in this build yet: exits 7).
+    /// Fork candidates from a version, run each in its own sandbox, test each, adopt the winner.
     Tournament(TournamentArgs),
     /// External side effects (--unfinished: in flight or of unknown outcome).
     Effects {
@@ -163,7 +170,9 @@ pub enum Command {
 /// Where `run` puts the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Isolation {
-    /// On the host, in the workspace.
+    /// On the host as it is, unconfined, in the workspace.
+    None,
+    /// In namespaces: the host read-only, the workspace writable, secrets masked.
     Host,
     /// In namespaces with the managed rootfs as its root.
     Rootfs,
@@ -172,10 +181,13 @@ pub enum Isolation {
 /// `envctl run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Where the agent runs.
-    #[arg(long, value_enum, default_value = "host")]
-    pub isolate: Isolation,
-    /// Let the agent roll itself back through the control socket.
+    /// Where the agent runs (default: host when this host allows user namespaces, else none).
+    #[arg(long, value_enum)]
+    pub isolate: Option<Isolation>,
+    /// Give the agent the control socket (`ENVIRONMENT_SOCKET`): it may then call history,
+    /// show, diff, status, mark, restore, undo, exec and the queue and policy methods (e.g. by
+    /// running `envctl restore VERSION` inside), each authorized as --actor. Without it the
+    /// agent cannot reach the socket.
     #[arg(long)]
     pub self_rollback: bool,
     /// The agent's command.
@@ -200,12 +212,28 @@ pub struct TournamentArgs {
     /// The version to fork from (default HEAD).
     #[arg(long)]
     pub base: Option<String>,
-    /// The test each candidate must pass.
+    /// The test each candidate must pass (a shell command, exit 0 passes).
     #[arg(long)]
     pub test: String,
-    /// The candidates, one command each.
+    /// first: the first to pass wins; all: every candidate runs to the end, the first passer
+    /// in the order given wins.
+    #[arg(long, value_enum, default_value = "first")]
+    pub pick: PickArg,
+    /// How many candidates run at once.
+    #[arg(long, default_value_t = 4)]
+    pub jobs: usize,
+    /// The candidates, one shell command each (run with /bin/sh -c).
     #[arg(last = true, required = true)]
     pub candidates: Vec<String>,
+}
+
+/// How a tournament picks its winner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PickArg {
+    /// The first to pass.
+    First,
+    /// Every candidate runs; the first passer in the order given.
+    All,
 }
 
 /// `envctl policy ...`.

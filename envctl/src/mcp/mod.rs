@@ -144,6 +144,18 @@ impl ServerHandler for EnvServer {
     }
 }
 
+/// MCP over stdio with every tool routed through the supervisor at `addr`.
+pub fn serve_remote(
+    addr: crate::target::SupervisorAddr,
+    _actor: ActorId,
+    _credentials: environment_core::Credentials,
+) -> Outcome<()> {
+    Err(crate::target::supervisor_unavailable(
+        &addr,
+        "the MCP server",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

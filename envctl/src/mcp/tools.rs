@@ -212,23 +212,14 @@ impl EnvServer {
             if p.command.is_empty() {
                 return Err(Failure::usage("the command is empty").hint("pass e.g. [\"ls\", \"-l\"]"));
             }
-            let done = process::exec_recorded(s, &p.command, p.intent.as_deref(), true)?;
-            let (out, err) = done.output.unwrap_or_default();
-            let recorded = match &done.recorded {
-                Some(o) => format!(
-                    "recorded as {} (+{} ~{} -{})",
-                    o.version.short(),
-                    o.summary.added,
-                    o.summary.modified,
-                    o.summary.removed
-                ),
-                None => "no file changed".to_owned(),
-            };
+            let done = process::shell_exec(s, &p.command, p.intent.as_deref())?;
             Ok(format!(
-                "The command ran and exited with status {}; {recorded}.\n--- stdout ---\n{}\n--- stderr ---\n{}",
-                done.status,
-                truncated(&out),
-                truncated(&err)
+                "The command ran and exited with status {}; recorded as operation {} ({} file(s) changed).\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                done.status(),
+                done.outcome.op.short(),
+                done.outcome.files_changed,
+                truncated(&done.stdout),
+                truncated(&done.stderr)
             ))
         })
         .await
