@@ -296,10 +296,18 @@ impl Session {
         };
         let d = policy.evaluate(&req);
         if d.is_allowed() {
-            Ok(())
-        } else {
-            Err(environment_core::EnvError::NotAllowed(Box::new(d.to_core(&req))).into())
+            return Ok(());
         }
+        let mut d = d.to_core(&req);
+        // Held for an approval: the request is filed (as the action itself would file it), so
+        // a human can grant it and the command be retried with `--approval ID`.
+        if let environment_core::Verdict::NeedsApproval { request, .. } = &mut d.verdict
+            && request.is_none()
+            && let Ok(a) = policy.request_approval(&req)
+        {
+            *request = Some(a.id);
+        }
+        Err(environment_core::EnvError::NotAllowed(Box::new(d)).into())
     }
 
     /// Decides, spending quota and approvals like any action, whether this command's actor may

@@ -307,6 +307,8 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
         }
     };
     if a.self_rollback {
+        // The supervisor makes it too, but the sandbox's plan needs it now.
+        std::fs::create_dir_all(&socket_dir).map_err(|e| Failure::io("create", &socket_dir, e))?;
         spec.binds.push(Bind {
             host: socket_dir,
             inside: inside.clone(),

@@ -29,15 +29,16 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
         token: cli.token.clone(),
         approval: cli.approval.clone(),
     };
-    let what = match &cli.command {
-        Command::Log { .. } => "log",
-        Command::Show { .. } => "show",
-        Command::Diff { .. } => "diff",
-        Command::Status => "status",
-        Command::Mark { name: Some(_), .. } => "mark",
-        Command::Restore { .. } => "restore",
-        Command::Undo => "undo",
-        Command::Exec(_) => "exec",
+    match &cli.command {
+        // Answered by the supervisor.
+        Command::Log { .. }
+        | Command::Show { .. }
+        | Command::Diff { .. }
+        | Command::Status
+        | Command::Mark { name: Some(_), .. }
+        | Command::Restore { .. }
+        | Command::Undo
+        | Command::Exec(_) => {}
         Command::Mark { name: None, .. } => {
             return Err(supervisor_unavailable(addr, "listing marks"));
         }
@@ -56,13 +57,13 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
         Command::Init { .. } | Command::Mcp | Command::Demo { .. } => {
             return Err(supervisor_unavailable(addr, "this command"));
         }
-    };
+    }
     let mut remote = Remote::connect(addr, &credentials)?;
     match &cli.command {
         Command::Log { all, branch, limit } => {
             let limit = (*limit).clamp(1, 1000);
             let r = remote.call(
-                what,
+                "history",
                 json!({ "all": all, "branch": branch, "limit": limit }),
             )?;
             let r = remote_history(r);
@@ -97,7 +98,10 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
                 p["to"] = json!(t);
             }
             let r = remote.call("diff", p)?;
-            let changes = r["changes"].as_array().cloned().unwrap_or_default();
+            let mut changes = r["changes"].as_array().cloned().unwrap_or_default();
+            for c in &mut changes {
+                c["path"] = c["key"].clone();
+            }
             let count = |c: &str| changes.iter().filter(|x| x["change"] == c).count();
             let (a, m, d) = (count("added"), count("modified"), count("removed"));
             if json {
