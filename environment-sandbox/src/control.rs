@@ -173,6 +173,13 @@ impl ControlClient {
         self.call("mark", json!({ "name": name }))
     }
 
+    /// Runs a command in the sandbox as a recorded operation; the answer carries its exit,
+    /// output and the operation that records it.
+    pub fn exec<S: AsRef<str>>(&mut self, argv: &[S]) -> Result<Value, ControlError> {
+        let argv: Vec<&str> = argv.iter().map(AsRef::as_ref).collect();
+        self.call("exec", json!({ "argv": argv }))
+    }
+
     /// Restores the workspace to `version` (an id, a prefix, a mark, `main~1`); with `dry_run`,
     /// only says what would change.
     pub fn restore(&mut self, version: &str, dry_run: bool) -> Result<Value, ControlError> {

@@ -367,7 +367,10 @@ impl Drop for Tracker {
 /// Moves every event the kernel has queued into the pending set.
 fn drain(shared: &Shared) -> usize {
     let mut found = BTreeSet::new();
-    let n = lock(&shared.watcher).drain(&mut found);
+    // The watcher stays locked until what it read is pending: a barrier that drains an empty
+    // queue meanwhile (the drain thread got there first) would otherwise capture without it.
+    let mut watcher = lock(&shared.watcher);
+    let n = watcher.drain(&mut found);
     if !found.is_empty() {
         let now = Instant::now();
         let mut p = lock(&shared.pending);
@@ -375,6 +378,7 @@ fn drain(shared: &Shared) -> usize {
         p.first_change.get_or_insert(now);
         p.last_change = Some(now);
     }
+    drop(watcher);
     n
 }
 

@@ -371,6 +371,16 @@ fn authorization_scenario(dir: &Path) {
         std::fs::read_to_string(work.join("config.toml")).unwrap(),
         "broken again"
     );
+    // Nor may a human whom no rule lets restore roll the workspace back from outside.
+    let err = sup
+        .rollback(&human(), "good", RollbackMode::KeepRunning)
+        .unwrap_err();
+    assert!(err.to_string().contains("not allowed"), "{err}");
+    assert_eq!(full_history(&env), history);
+    assert_eq!(
+        std::fs::read_to_string(work.join("config.toml")).unwrap(),
+        "broken again"
+    );
     // A token made for someone else is no good either.
     let foreign = policy
         .issue_token("agent:other", TokenLimits::default())
@@ -466,6 +476,39 @@ fn authorization_scenario(dir: &Path) {
 fn the_socket_refuses_what_the_policy_does_not_allow() {
     let dir = tempfile::tempdir().unwrap();
     authorization_scenario(dir.path());
+}
+
+#[test]
+fn a_quota_is_spent_once_per_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
+    policy
+        .load_rules(&RULES.replace(
+            "when = { operation = \"restore\" }",
+            "when = { operation = \"restore\" }\nquota = { count = 2, window_secs = 3600 }",
+        ))
+        .unwrap();
+    let mut cfg = config(&work, &home);
+    cfg.policy = Some(policy);
+    let sup = Supervisor::open(cfg).unwrap();
+    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
+    c.mark("start").unwrap();
+    for _ in 0..2 {
+        std::fs::write(work.join("config.toml"), "broken").unwrap();
+        c.restore("start", false).unwrap();
+    }
+    std::fs::write(work.join("config.toml"), "broken").unwrap();
+    let data = denied(c.restore("start", false).unwrap_err());
+    assert!(
+        data["for_agent"].as_str().unwrap().contains("quota"),
+        "{data}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("config.toml")).unwrap(),
+        "broken"
+    );
+    sup.shutdown().unwrap();
 }
 
 // ---- malformed requests --------------------------------------------------------------------
@@ -630,9 +673,17 @@ fn an_agent_killed_mid_work_or_mid_request_corrupts_nothing() {
         .run_agent(agent_spec("die-mid-request", &dir.path().join("unused")))
         .unwrap();
     assert_eq!(exit.signal, Some(6), "{exit:?}");
+    // Its request was read whole before it died, so it is carried out all the same.
+    wait_for("the dead agent's restore", || {
+        let head = sup.env().head("main").unwrap();
+        sup.env()
+            .op(&head)
+            .unwrap()
+            .flags
+            .contains(OpFlags::ROLLBACK)
+    });
     let summary = sup.shutdown().unwrap();
     assert!(summary.captures >= 1);
-    // The request was read whole before its sender died, so it was carried out.
     assert_eq!(summary.rollbacks, 1, "{summary:?}");
     reopen_and_verify(&home, &work);
 }
@@ -963,6 +1014,7 @@ resource = { program = "echo", args = ["..."] }
         .unwrap();
     let mut cfg = config(&work, &home);
     cfg.policy = Some(policy);
+    cfg.shell = false;
     let sup = Supervisor::open(cfg).unwrap();
     let mut c = ControlClient::connect(sup.socket_path()).unwrap();
     let err = c
@@ -1019,6 +1071,140 @@ resource = { program = "echo", args = ["..."] }
     sup.shutdown().unwrap();
 }
 
+/// Calls `method` until `until` holds. With `cursor`, each answer carries only what came since
+/// the last call (a terminal's reads), and the texts are joined; without, each is whole.
+fn poll(
+    c: &mut ControlClient,
+    method: &str,
+    params: Value,
+    cursor: bool,
+    until: impl Fn(&Value) -> bool,
+) -> Value {
+    let start = Instant::now();
+    let mut seen = String::new();
+    loop {
+        let mut v = c.call(method, params.clone()).unwrap();
+        if cursor {
+            seen.push_str(v["text"].as_str().unwrap_or_default());
+            v["text"] = json!(seen);
+        }
+        if until(&v) {
+            return v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{method}: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_agent_runs_commands_through_the_sandbox_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
+
+    // A recorded command: output, exit, the file it made attributed to it, as the agent.
+    let out = c
+        .call(
+            "exec",
+            json!({ "argv": ["sh", "-c", "echo made > made.txt; echo out; echo err >&2"], "intent": "make a file" }),
+        )
+        .unwrap();
+    assert_eq!(out["success"], true, "{out}");
+    assert_eq!(out["stdout"]["text"], "out\n");
+    assert_eq!(out["stderr"]["text"], "err\n");
+    assert!(out["files_changed"].as_u64().unwrap() >= 1, "{out}");
+    assert_eq!(
+        std::fs::read_to_string(work.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    let op = c.call("show", json!({ "version": out["op"] })).unwrap();
+    assert_eq!(op["actor"], "agent:coder");
+    assert_eq!(op["intent"]["text"], "make a file");
+    assert!(
+        op["summary"]["keys"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("made.txt")),
+        "{op}"
+    );
+    let failed = c.exec(&["sh", "-c", "exit 3"]).unwrap();
+    assert_eq!(
+        (failed["success"].clone(), failed["exit"].clone()),
+        (json!(false), json!({ "code": 3 }))
+    );
+    let err = c
+        .call("exec", json!({ "argv": ["true"], "cwd": "../.." }))
+        .unwrap_err();
+    assert_eq!(err.code(), Some(rpc::INVALID_PARAMS), "{err:?}");
+
+    // A background process, read from an offset and waited for.
+    let id = c
+        .call(
+            "process.spawn",
+            json!({ "argv": ["sh", "-c", "echo bg; sleep 0.2; echo done"] }),
+        )
+        .unwrap()["id"]
+        .clone();
+    let waited = c
+        .call("process.wait", json!({ "id": id, "timeout_ms": 30000 }))
+        .unwrap();
+    assert_eq!(waited["exit"], json!({ "code": 0 }), "{waited}");
+    let read = poll(&mut c, "process.read", json!({ "id": id }), false, |v| {
+        v["eof"] == true
+    });
+    assert_eq!(read["text"], "bg\ndone\n");
+    let tail = c
+        .call("process.read", json!({ "id": id, "offset": 3 }))
+        .unwrap();
+    assert_eq!(tail["text"], "done\n");
+    let list = c.call("process.list", Value::Null).unwrap();
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["id"] == id)
+    );
+    let err = c.call("process.read", json!({ "id": 999 })).unwrap_err();
+    assert_eq!(err.code(), Some(rpc::INVALID_PARAMS), "{err:?}");
+
+    // A terminal session: typed into, read, detached and re-attached, closed.
+    let id = c
+        .call(
+            "pty.open",
+            json!({ "argv": ["cat"], "rows": 10, "cols": 40 }),
+        )
+        .unwrap()["id"]
+        .clone();
+    c.call("pty.write", json!({ "id": id, "data": "hello\n" }))
+        .unwrap();
+    poll(&mut c, "pty.read", json!({ "id": id }), true, |v| {
+        v["text"].as_str().unwrap().matches("hello").count() >= 2
+    });
+    c.call("pty.detach", json!({ "id": id })).unwrap();
+    c.call("pty.write", json!({ "id": id, "data": "again\n" }))
+        .unwrap();
+    poll(&mut c, "pty.attach", json!({ "id": id }), true, |v| {
+        v["text"].as_str().unwrap().contains("again")
+    });
+    c.call("pty.resize", json!({ "id": id, "rows": 20, "cols": 100 }))
+        .unwrap();
+    let sessions = c.call("pty.list", Value::Null).unwrap();
+    assert!(
+        sessions["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == id && s["rows"] == 20)
+    );
+    c.call("pty.close", json!({ "id": id })).unwrap();
+
+    let summary = sup.shutdown().unwrap();
+    assert!(summary.files_changed >= 1);
+    reopen_and_verify(&home, &work);
+}
+
 // ---- as an unprivileged user ---------------------------------------------------------------
 
 #[test]
@@ -1048,6 +1234,8 @@ fn unprivileged_entry() {
     shutdown_takes_a_final_capture();
     sigterm_stops_the_supervisor_with_a_final_capture();
     exec_is_authorized_as_the_agent_before_the_shell_sees_it();
+    a_quota_is_spent_once_per_request();
+    the_agent_runs_commands_through_the_sandbox_shell();
     std::fs::write(
         dir.join("scenario-done"),
         rustix::process::geteuid().as_raw().to_string(),

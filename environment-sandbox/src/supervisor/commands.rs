@@ -15,7 +15,8 @@ use environment_core::{
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::methods::{Gate, env_error};
+use super::gate::Gate;
+use super::rpc::env_error;
 use super::rpc::{INTERNAL_ERROR, RpcError};
 
 /// Runs a shell future from a handler (which runs on the runtime's blocking pool).
@@ -52,7 +53,8 @@ impl CommandParams {
         let Some((program, args)) = self.argv.split_first() else {
             return Err(RpcError::invalid_params("`argv` is empty"));
         };
-        g.allow(
+        // The shell asks the same again when it starts the program.
+        g.allow_rechecked(
             Action::Execute,
             Resource::Program {
                 program: program.clone(),

@@ -12,6 +12,12 @@
 //! before anything happens; a refusal is an error whose `data.for_agent` says first that the
 //! action did NOT happen.
 //!
+//! Commands go through the socket too: `exec` runs one in the sandbox as a recorded operation
+//! (output stored, changed files captured and attributed to it), `process.*` keeps background
+//! processes, `pty.*` terminal sessions that survive a reconnect — the sandbox's
+//! [`Shell`](crate::Shell), run through the same launcher as the agent, unless
+//! [`SupervisorConfig::shell`] is off or [`Supervisor::attach_shell`] replaces it.
+//!
 //! **Self-rollback**: the agent calls `restore` on the socket; the workspace is restored while
 //! the agent keeps running (same pid) and the answer carries the new version. **A rollback from
 //! outside** ([`Supervisor::rollback`], for a human or a CLI) chooses a [`RollbackMode`]: keep
@@ -40,10 +46,14 @@
 
 mod agent;
 mod commands;
+mod gate;
 pub mod methods;
+mod permissions;
+mod queue;
 pub mod rpc;
 mod server;
 mod state;
+mod versions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -53,8 +63,8 @@ use std::time::Duration;
 
 use environment_bus::Bus;
 use environment_core::{
-    ActorId, AllowAll, Authorizer, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
-    Namespace, OpId, Options,
+    ActorId, AllowAll, Authorizer, EnvError, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
+    Namespace, OpId, Options, SecretProvider,
 };
 use environment_policy::Policy;
 use serde::Serialize;
@@ -106,6 +116,12 @@ pub struct SupervisorConfig {
     pub max_wait: Duration,
     /// The branch the workspace is captured to.
     pub branch: String,
+    /// Offer the sandbox's [`Shell`](crate::Shell) on the socket (`exec`, `process.*`,
+    /// `pty.*`), running commands through the launcher as the agent. On by default;
+    /// [`Supervisor::attach_shell`] replaces it.
+    pub shell: bool,
+    /// Resolves the secret references commands ask for; without one, asking is an error.
+    pub secrets: Option<Arc<dyn SecretProvider>>,
 }
 
 impl SupervisorConfig {
@@ -131,6 +147,8 @@ impl SupervisorConfig {
             quiet_period: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
             branch: MAIN.to_owned(),
+            shell: true,
+            secrets: None,
         }
     }
 }
@@ -297,12 +315,26 @@ impl Supervisor {
         tc.noise = config.noise.clone();
         tc.quiet_period = config.quiet_period;
         tc.max_wait = config.max_wait;
-        let tracker = Tracker::open(env.clone(), tc)?;
+        let tracker = Arc::new(Tracker::open(env.clone(), tc)?);
         let first = env.head(&config.branch)?;
+        let shell = if config.shell {
+            let shell = Arc::new(crate::shell::Shell::new(
+                config.launcher.clone(),
+                tracker.clone(),
+                config.secrets.clone(),
+            )?);
+            ShellHandles {
+                exec: Some(shell.clone()),
+                processes: Some(shell.clone()),
+                pty: Some(shell),
+            }
+        } else {
+            ShellHandles::default()
+        };
         let shared = Arc::new(Shared {
             env,
-            tracker: RwLock::new(Some(Arc::new(tracker))),
-            shell: RwLock::new(ShellHandles::default()),
+            tracker: RwLock::new(Some(tracker)),
+            shell: RwLock::new(shell),
             authorizer,
             policy: config.policy.clone(),
             bus: config.bus.clone(),
@@ -381,7 +413,10 @@ impl Supervisor {
     }
 
     /// Exposes shell capabilities on the socket (`exec`, `process.*`, `pty.*`); a method whose
-    /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before.
+    /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before. The
+    /// socket's gate only evaluates the `execute` request (spending no quota): a shell must
+    /// authorize it itself when it starts the program, as the sandbox's [`Shell`](crate::Shell)
+    /// does.
     pub fn attach_shell(&self, handles: ShellHandles) {
         *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = handles;
     }
@@ -402,6 +437,26 @@ impl Supervisor {
     /// kept running or restarted around it.
     pub fn rollback(&self, actor: &ActorId, version: &str, mode: RollbackMode) -> Result<Rollback> {
         let target = self.shared.env.resolve(version)?;
+        // Asked before the tree is touched: core asks again only when it records the rollback,
+        // after the files were written.
+        let mut context = environment_core::Context {
+            branch: Some(self.shared.branch.clone()),
+            ..Default::default()
+        };
+        context.attrs.insert(
+            "operation".into(),
+            environment_core::AttrValue::Str("restore".into()),
+        );
+        let request = environment_core::AccessRequest {
+            actor: actor.clone(),
+            action: environment_core::Action::Write,
+            resource: environment_core::Resource::Branch(self.shared.branch.clone()),
+            context,
+        };
+        let decision = gate::decide(&self.shared, &request, true);
+        if !decision.is_allowed() {
+            return Err(EnvError::NotAllowed(Box::new(decision)).into());
+        }
         let intent = Intent::new(
             IntentKind::Restore,
             format!("restore to {version} (asked by {actor})"),

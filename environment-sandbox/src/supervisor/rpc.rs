@@ -5,8 +5,13 @@
 //! than [`MAX_MESSAGE_BYTES`] is refused with an invalid-request error and skipped; the
 //! connection survives it, as it survives malformed JSON and unknown methods.
 
+use environment_bus::BusError;
+use environment_core::{EnvError, ForAgent, Verdict};
+use environment_policy::PolicyError;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
+
+use crate::error::SandboxError;
 
 /// The longest accepted message (one line), in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -160,4 +165,92 @@ pub(crate) fn success(id: Value, result: Value) -> Value {
 /// An error response line (without the newline).
 pub(crate) fn failure(id: Value, error: &RpcError) -> Value {
     serde_json::json!({ "jsonrpc": "2.0", "id": id, "error": error })
+}
+
+/// Renders core's errors with their documented codes.
+pub(crate) fn env_error(e: EnvError) -> RpcError {
+    let code = match &e {
+        EnvError::NotAllowed(_) => DENIED,
+        EnvError::UnknownVersion(_)
+        | EnvError::AmbiguousVersion { .. }
+        | EnvError::VersionDropped(_)
+        | EnvError::UnknownBranch(_) => UNKNOWN_VERSION,
+        EnvError::Conflict(_)
+        | EnvError::MarkExists(_)
+        | EnvError::BranchExists(_)
+        | EnvError::NothingToUndo(_) => CONFLICT,
+        EnvError::Key(_)
+        | EnvError::Actor(_)
+        | EnvError::InvalidName { .. }
+        | EnvError::ValueTooLarge { .. }
+        | EnvError::RequestTooLarge(_)
+        | EnvError::DuplicateKey(_)
+        | EnvError::NoSuchProcess { .. }
+        | EnvError::Exec { .. } => INVALID_PARAMS,
+        EnvError::SecretUnavailable { .. } => UNAVAILABLE,
+        EnvError::Unsupported(_) => UNAVAILABLE,
+        _ => INTERNAL_ERROR,
+    };
+    let mut err = RpcError::rendered(code, e.to_string(), e.for_agent());
+    if let EnvError::NotAllowed(d) = &e {
+        let (verdict, approval) = match &d.verdict {
+            Verdict::Allow => ("allow", None),
+            Verdict::NeedsApproval { request, .. } => ("needs_approval", request.clone()),
+            _ => ("deny", None),
+        };
+        err = err
+            .with("verdict", json!(verdict))
+            .with("rules", json!(d.rules))
+            .with("policy_version", json!(d.policy_version));
+        if let Some(a) = approval {
+            err = err.with("approval", json!(a));
+        }
+    }
+    err
+}
+
+pub(crate) fn sandbox_error(e: SandboxError) -> RpcError {
+    match e {
+        SandboxError::Env(e) => env_error(e),
+        SandboxError::Escape { .. } => {
+            RpcError::rendered(INVALID_PARAMS, e.to_string(), e.for_agent())
+        }
+        other => RpcError::rendered(INTERNAL_ERROR, other.to_string(), other.for_agent()),
+    }
+}
+
+pub(crate) fn bus_error(e: BusError) -> RpcError {
+    let code = match &e {
+        BusError::StaleReceipt { .. } => CONFLICT,
+        BusError::UnknownTopic { .. }
+        | BusError::UnknownGroup { .. }
+        | BusError::InvalidName { .. }
+        | BusError::PayloadTooLarge { .. }
+        | BusError::OutOfRange { .. }
+        | BusError::UnknownReceipt { .. } => INVALID_PARAMS,
+        _ => INTERNAL_ERROR,
+    };
+    let next = match code {
+        CONFLICT => "claim again; this lease is no longer yours.",
+        INVALID_PARAMS => "fix the topic, group, receipt or sizes and retry.",
+        _ => "report the error to a human if it persists.",
+    };
+    RpcError::new(code, e.to_string(), next)
+}
+
+pub(crate) fn policy_error(e: PolicyError) -> RpcError {
+    let (code, next) = match &e {
+        PolicyError::NoApprovalNeeded(_) => (
+            CONFLICT,
+            "act directly if it is allowed; if it is denied, an approval cannot help.",
+        ),
+        PolicyError::Invalid(_) | PolicyError::BadEntity(_) | PolicyError::Token(_) => {
+            (INVALID_PARAMS, "fix the request and retry.")
+        }
+        _ => (
+            INTERNAL_ERROR,
+            "report the error to a human if it persists.",
+        ),
+    };
+    RpcError::new(code, e.to_string(), next)
 }

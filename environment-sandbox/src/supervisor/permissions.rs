@@ -1,0 +1,185 @@
+//! The policy methods: what the policy would decide and why, what the caller may do, and
+//! approval requests. They describe the caller's own rights only.
+
+use environment_core::{Action, EnvError, Key, KeyPrefix, Namespace, Resource};
+use environment_policy::ApprovalState;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::gate::Gate;
+use super::rpc::{RpcError, env_error, policy_error};
+
+/// A resource as the policy methods name it: exactly one field set.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResourceParam {
+    path: Option<String>,
+    prefix: Option<String>,
+    object: Option<String>,
+    branch: Option<String>,
+    topic: Option<String>,
+    program: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    service: Option<String>,
+    secret: Option<String>,
+    environment: Option<bool>,
+}
+
+impl ResourceParam {
+    fn resource(self) -> Result<Resource, RpcError> {
+        let key = |e| env_error(EnvError::Key(e));
+        let set = [
+            self.path.is_some(),
+            self.prefix.is_some(),
+            self.object.is_some(),
+            self.branch.is_some(),
+            self.topic.is_some(),
+            self.program.is_some(),
+            self.service.is_some(),
+            self.secret.is_some(),
+            self.environment == Some(true),
+        ];
+        if set.iter().filter(|b| **b).count() != 1 {
+            return Err(RpcError::invalid_params(
+                "`resource` names exactly one of path, prefix, object, branch, topic, program (+ args), service, secret, environment",
+            ));
+        }
+        Ok(if let Some(p) = self.path {
+            Resource::Key(Key::fs(p.into_bytes()).map_err(key)?)
+        } else if let Some(p) = self.prefix {
+            Resource::Prefix(KeyPrefix::new(Namespace::Fs, p.into_bytes()).map_err(key)?)
+        } else if let Some(o) = self.object {
+            Resource::Key(Key::obj(o.into_bytes()).map_err(key)?)
+        } else if let Some(b) = self.branch {
+            Resource::Branch(b)
+        } else if let Some(t) = self.topic {
+            Resource::Topic(t)
+        } else if let Some(program) = self.program {
+            Resource::Program {
+                program,
+                args: self.args,
+            }
+        } else if let Some(s) = self.service {
+            Resource::Service(s)
+        } else if let Some(s) = self.secret {
+            Resource::Secret(s)
+        } else {
+            Resource::Environment
+        })
+    }
+}
+
+pub(super) fn action_of(name: &str) -> Result<Action, RpcError> {
+    Ok(match name {
+        "read" => Action::Read,
+        "write" => Action::Write,
+        "delete" => Action::Delete,
+        "execute" => Action::Execute,
+        "publish" => Action::Publish,
+        "consume" => Action::Consume,
+        "approve" => Action::Approve,
+        "delegate" => Action::Delegate,
+        "" => return Err(RpcError::invalid_params("`action` is empty")),
+        other => Action::Custom(other.to_owned()),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ExplainParams {
+    action: String,
+    resource: ResourceParam,
+    #[serde(default)]
+    operation: Option<String>,
+}
+
+pub(super) fn policy<'a>(g: &'a Gate<'_>) -> Result<&'a environment_policy::Policy, RpcError> {
+    g.shared()
+        .policy
+        .as_deref()
+        .ok_or_else(|| RpcError::unavailable("a policy"))
+}
+
+pub(super) fn explain(g: &Gate<'_>, p: ExplainParams) -> Result<Value, RpcError> {
+    let policy = policy(g)?;
+    g.allow(Action::Read, Resource::Environment, Some("policy.explain"))?;
+    let req = g.request(
+        action_of(&p.action)?,
+        p.resource.resource()?,
+        p.operation.as_deref(),
+    );
+    // A dry run: explaining spends no quota, approval or token use.
+    let d = policy.evaluate(&req);
+    Ok(json!({
+        "allowed": d.is_allowed(),
+        "outcome": format!("{:?}", d.outcome()).to_lowercase(),
+        "rules": d.rule_ids().collect::<Vec<_>>(),
+        "approvers": d.approvers(),
+        "policy_version": d.policy_version(),
+        "explanation": d.explain(&req),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WhatMayParams {
+    resource: ResourceParam,
+}
+
+pub(super) fn what_may(g: &Gate<'_>, p: WhatMayParams) -> Result<Value, RpcError> {
+    let policy = policy(g)?;
+    g.allow(
+        Action::Read,
+        Resource::Environment,
+        Some("policy.what_may_i_do"),
+    )?;
+    let perms = policy.what_may(g.shared().actor.as_str(), &p.resource.resource()?);
+    Ok(json!({
+        "permissions": perms.iter().map(|p| json!({
+            "action": p.action,
+            "rule": p.rule,
+            "resource": p.resource,
+            "conditions": p.conditions,
+            "except": p.except,
+            "via": p.via,
+        })).collect::<Vec<_>>(),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ApprovalParams {
+    action: String,
+    resource: ResourceParam,
+    #[serde(default)]
+    operation: Option<String>,
+}
+
+pub(super) fn approval_request(g: &Gate<'_>, p: ApprovalParams) -> Result<Value, RpcError> {
+    let policy = policy(g)?;
+    g.allow(
+        Action::Write,
+        Resource::Environment,
+        Some("approval.request"),
+    )?;
+    let req = g.request(
+        action_of(&p.action)?,
+        p.resource.resource()?,
+        p.operation.as_deref(),
+    );
+    let a = policy.request_approval(&req).map_err(policy_error)?;
+    Ok(json!({
+        "id": a.id,
+        "state": match a.state {
+            ApprovalState::Pending => "pending",
+            ApprovalState::Granted { .. } => "granted",
+            ApprovalState::Rejected { .. } => "rejected",
+            _ => "decided",
+        },
+        "from": a.from,
+        "rules": a.rules,
+        "action": a.action,
+        "resource": a.resource,
+    }))
+}

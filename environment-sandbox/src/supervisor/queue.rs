@@ -1,0 +1,150 @@
+//! The queue methods: publish, claim, ack, nack — the bus, through the socket's gate. The
+//! publisher header is the connection's actor, and settling is authorized on the consumer group
+//! a receipt was claimed from, not on what the caller says.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use environment_bus::{Headers, PublishOptions, Receipt};
+use environment_core::{Action, Resource};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::gate::Gate;
+use super::rpc::{RpcError, bus_error};
+use super::state::lock;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PublishParams {
+    topic: String,
+    payload: String,
+    #[serde(default)]
+    ordering_key: Option<String>,
+    #[serde(default)]
+    dedup_id: Option<String>,
+    #[serde(default)]
+    delay_ms: Option<u64>,
+    #[serde(default)]
+    correlation_id: Option<String>,
+}
+
+pub(super) fn bus<'a>(g: &'a Gate<'_>) -> Result<&'a environment_bus::Bus, RpcError> {
+    g.shared()
+        .bus
+        .as_ref()
+        .ok_or_else(|| RpcError::unavailable("the queue"))
+}
+
+pub(super) fn publish(g: &Gate<'_>, p: PublishParams) -> Result<Value, RpcError> {
+    let bus = bus(g)?;
+    g.allow(Action::Publish, Resource::Topic(p.topic.clone()), None)?;
+    let mut opts = PublishOptions::default().headers(Headers {
+        // Who published is the supervisor's to say, not the caller's.
+        actor: Some(g.shared().actor.to_string()),
+        correlation_id: p.correlation_id,
+        causing_op: None,
+    });
+    opts.ordering_key = p.ordering_key;
+    opts.dedup_id = p.dedup_id;
+    opts.delay = p.delay_ms.map(Duration::from_millis);
+    let published = bus
+        .publish(&p.topic, p.payload.into_bytes(), opts)
+        .wait()
+        .map_err(bus_error)?;
+    Ok(json!({ "id": published.id.0, "duplicate": published.duplicate }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ClaimParams {
+    group: String,
+    #[serde(default)]
+    consumer: Option<String>,
+    #[serde(default)]
+    max: Option<u32>,
+    #[serde(default)]
+    lease_ms: Option<u64>,
+}
+
+pub(super) fn claim(g: &Gate<'_>, p: ClaimParams) -> Result<Value, RpcError> {
+    let bus = bus(g)?;
+    g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
+    let consumer = p.consumer.unwrap_or_else(|| g.shared().actor.to_string());
+    let leases = bus
+        .claim(
+            &p.group,
+            &consumer,
+            p.max.unwrap_or(1),
+            Duration::from_millis(p.lease_ms.unwrap_or(30_000)),
+        )
+        .wait()
+        .map_err(bus_error)?;
+    let mut receipts = lock(&g.shared().receipts);
+    let out: Vec<Value> = leases
+        .iter()
+        .map(|l| {
+            let receipt = l.receipt.to_string();
+            receipts.insert(receipt.clone(), l.group.clone());
+            let (payload, base64) = match std::str::from_utf8(&l.message.payload) {
+                Ok(s) => (Some(s.to_owned()), None),
+                Err(_) => (
+                    None,
+                    Some(base64::engine::general_purpose::STANDARD.encode(&l.message.payload)),
+                ),
+            };
+            json!({
+                "receipt": receipt,
+                "group": l.group,
+                "topic": l.message.topic,
+                "message_id": l.message.id.0,
+                "payload": payload,
+                "payload_base64": base64,
+                "ordering_key": l.message.ordering_key,
+                "correlation_id": l.message.headers.correlation_id,
+                "publisher": l.message.headers.actor,
+                "attempt": l.attempt,
+                "lease_until_ms": l.lease_until_ms,
+            })
+        })
+        .collect();
+    Ok(json!({ "leases": out }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SettleParams {
+    receipt: String,
+    #[serde(default)]
+    delay_ms: Option<u64>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+pub(super) fn settle(g: &Gate<'_>, p: SettleParams, ack: bool) -> Result<Value, RpcError> {
+    let bus = bus(g)?;
+    if ack && (p.delay_ms.is_some() || p.error.is_some()) {
+        return Err(RpcError::invalid_params(
+            "`delay_ms` and `error` are for queue.nack",
+        ));
+    }
+    let Some(group) = lock(&g.shared().receipts).get(&p.receipt).cloned() else {
+        return Err(RpcError::invalid_params(
+            "unknown receipt: it was not handed out by queue.claim on this supervisor",
+        ));
+    };
+    g.allow(Action::Consume, Resource::Topic(group), None)?;
+    let receipt: Receipt = p.receipt.parse().map_err(bus_error)?;
+    let pending = if ack {
+        bus.ack(&receipt)
+    } else {
+        bus.nack_with_error(
+            &receipt,
+            p.delay_ms.map(Duration::from_millis),
+            p.error.as_deref(),
+        )
+    };
+    pending.wait().map_err(bus_error)?;
+    lock(&g.shared().receipts).remove(&p.receipt);
+    Ok(json!({ "receipt": p.receipt, "settled": if ack { "ack" } else { "nack" } }))
+}

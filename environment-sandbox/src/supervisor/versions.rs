@@ -1,0 +1,368 @@
+//! The methods on versions: history, show, diff, mark, restore (self-rollback), undo, status,
+//! and the upkeep an agent normally may not call (gc).
+
+use environment_core::{
+    Action, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind, Key, KeyChange, KeyPrefix,
+    Namespace, OpId, Operation, Resource,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::gate::{Gate, resolve};
+use super::rpc::{RpcError, env_error, sandbox_error};
+use super::state::{Counters, lock};
+use crate::restore::RestoreStep;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HistoryParams {
+    #[serde(default)]
+    branch: Option<String>,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+const MAX_HISTORY: usize = 1000;
+
+pub(super) fn history(g: &Gate<'_>, p: HistoryParams) -> Result<Value, RpcError> {
+    let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
+    let limit = p.limit.unwrap_or(50);
+    if limit == 0 || limit > MAX_HISTORY {
+        return Err(RpcError::invalid_params(format!(
+            "`limit` must be 1..={MAX_HISTORY}"
+        )));
+    }
+    g.allow_rechecked(
+        Action::Read,
+        Resource::Branch(branch.clone()),
+        Some("history"),
+    )?;
+    let entries = g
+        .shared()
+        .env
+        .history(
+            &g.shared().actor,
+            &branch,
+            &HistoryOptions { all: p.all, limit },
+        )
+        .map_err(env_error)?;
+    let head = g.shared().env.head(&branch).map_err(env_error)?;
+    Ok(json!({
+        "branch": branch,
+        "head": head.to_string(),
+        "entries": entries.iter().map(history_entry).collect::<Vec<_>>(),
+    }))
+}
+
+pub(super) fn history_entry(e: &HistoryEntry) -> Value {
+    match e {
+        HistoryEntry::Op {
+            op,
+            marks,
+            fork_point,
+        } => {
+            let mut v = op_json(op);
+            if let Value::Object(m) = &mut v {
+                m.insert("type".into(), json!("op"));
+                m.insert("marks".into(), json!(marks));
+                m.insert("fork_point".into(), json!(fork_point));
+                m.insert("text".into(), json!(e.to_string()));
+            }
+            v
+        }
+        HistoryEntry::Captures {
+            count,
+            newest,
+            oldest,
+            changed,
+            quiet,
+            from_ms,
+            to_ms,
+        } => json!({
+            "type": "captures",
+            "count": count,
+            "newest": newest.to_string(),
+            "oldest": oldest.to_string(),
+            "changed": changed,
+            "quiet": quiet,
+            "from_ms": from_ms,
+            "to_ms": to_ms,
+            "text": e.to_string(),
+        }),
+    }
+}
+
+pub(super) fn op_json(op: &Operation) -> Value {
+    json!({
+        "id": op.id.to_string(),
+        "seq": op.seq,
+        "parents": op.parents.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "branch": op.branch,
+        "actor": op.actor.as_str(),
+        "intent": { "kind": op.intent.kind.to_string(), "text": op.intent.text },
+        "base_version": op.base_version.map(|v| v.to_string()),
+        "summary": {
+            "added": op.summary.added,
+            "modified": op.summary.modified,
+            "removed": op.summary.removed,
+            "keys": op.summary.keys.iter().map(|k| k.display_path()).collect::<Vec<_>>(),
+        },
+        "flags": op.flags.names(),
+        "time_ms": op.time_ms,
+        "restored_from": op.restored_from.map(|v| v.to_string()),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ShowParams {
+    version: String,
+}
+
+pub(super) fn show(g: &Gate<'_>, p: ShowParams) -> Result<Value, RpcError> {
+    let id = resolve(g.shared(), &p.version)?;
+    let op = g.shared().env.op(&id).map_err(env_error)?;
+    g.allow(
+        Action::Read,
+        Resource::Branch(op.branch.clone()),
+        Some("show"),
+    )?;
+    Ok(op_json(&op))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DiffParams {
+    from: String,
+    #[serde(default)]
+    to: Option<String>,
+    #[serde(default)]
+    prefix: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+const MAX_LISTED: usize = 1000;
+
+pub(super) fn diff(g: &Gate<'_>, p: DiffParams) -> Result<Value, RpcError> {
+    let from = resolve(g.shared(), &p.from)?;
+    let to = match &p.to {
+        Some(t) => resolve(g.shared(), t)?,
+        None => g.shared().env.head(g.branch()).map_err(env_error)?,
+    };
+    let prefix = match &p.prefix {
+        Some(s) if !s.is_empty() => Some(
+            KeyPrefix::new(Namespace::Fs, s.as_bytes().to_vec())
+                .map_err(|e| env_error(EnvError::Key(e)))?,
+        ),
+        _ => None,
+    };
+    let limit = p.limit.unwrap_or(200).clamp(1, MAX_LISTED);
+    let resource = match &prefix {
+        Some(pre) => Resource::Prefix(pre.clone()),
+        None => Resource::Environment,
+    };
+    g.allow_rechecked(Action::Read, resource, None)?;
+    let changes = g
+        .shared()
+        .env
+        .diff(&g.shared().actor, &from, &to, prefix.as_ref())
+        .map_err(env_error)?;
+    Ok(json!({
+        "from": from.to_string(),
+        "to": to.to_string(),
+        "total": changes.len(),
+        "truncated": changes.len() > limit,
+        "changes": changes.iter().take(limit).map(change_json).collect::<Vec<_>>(),
+    }))
+}
+
+pub(super) fn change_json(c: &KeyChange) -> Value {
+    let change = match (&c.before, &c.after) {
+        (None, Some(_)) => "added",
+        (Some(_), None) => "removed",
+        _ => "modified",
+    };
+    let meta = c.after.as_ref().or(c.before.as_ref()).map(|v| &v.meta);
+    json!({
+        "key": key_text(&c.key),
+        "change": change,
+        "kind": meta.map(|m| format!("{:?}", m.kind).to_lowercase()),
+        "size": c.after.as_ref().map(|v| v.meta.size),
+    })
+}
+
+pub(super) fn key_text(k: &Key) -> String {
+    match k.namespace() {
+        Namespace::Fs => k.display_path(),
+        ns => format!("{}:{}", ns.as_str(), k.display_path()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MarkParams {
+    name: String,
+    #[serde(default)]
+    version: Option<String>,
+}
+
+pub(super) fn mark(g: &Gate<'_>, p: MarkParams) -> Result<Value, RpcError> {
+    g.allow_rechecked(Action::Write, Resource::Environment, Some("mark"))?;
+    let version = match &p.version {
+        Some(v) => resolve(g.shared(), v)?,
+        None => {
+            // The mark names what is on disk now, not the last debounced capture.
+            g.shared()
+                .capture("capture before a mark")
+                .map_err(sandbox_error)?;
+            g.shared().env.head(g.branch()).map_err(env_error)?
+        }
+    };
+    g.shared()
+        .env
+        .mark(&g.shared().actor, &p.name, &version)
+        .map_err(env_error)?;
+    Ok(json!({ "name": p.name, "version": version.to_string() }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RestoreParams {
+    version: String,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    intent: Option<String>,
+}
+
+pub(super) fn steps_json(steps: &[RestoreStep]) -> Value {
+    let (mut write, mut remove) = (Vec::new(), Vec::new());
+    for s in steps {
+        match s {
+            RestoreStep::Write(k) => write.push(key_text(k)),
+            RestoreStep::Remove(k) => remove.push(key_text(k)),
+        }
+    }
+    json!({
+        "writes": write.len(),
+        "removals": remove.len(),
+        "write": write.into_iter().take(MAX_LISTED).collect::<Vec<_>>(),
+        "remove": remove.into_iter().take(MAX_LISTED).collect::<Vec<_>>(),
+    })
+}
+
+pub(super) fn restore(g: &Gate<'_>, p: RestoreParams) -> Result<Value, RpcError> {
+    let action = if p.dry_run {
+        Action::Read
+    } else {
+        Action::Write
+    };
+    // Core asks again for a restore, not for a preview (which reads as the capture actor).
+    let resource = Resource::Branch(g.branch().to_owned());
+    if p.dry_run {
+        g.allow(action, resource, Some("restore"))?;
+    } else {
+        g.allow_rechecked(action, resource, Some("restore"))?;
+    }
+    let target = resolve(g.shared(), &p.version)?;
+    let text = p
+        .intent
+        .unwrap_or_else(|| format!("restore to {} (asked by the agent)", p.version));
+    restore_to(g, target, p.dry_run, text)
+}
+
+pub(super) fn restore_to(
+    g: &Gate<'_>,
+    target: OpId,
+    dry_run: bool,
+    text: String,
+) -> Result<Value, RpcError> {
+    let shared = g.shared();
+    if dry_run {
+        let plan = shared
+            .with_tracker(|t| t.plan_restore(&target))
+            .map_err(sandbox_error)?;
+        return Ok(json!({
+            "dry_run": true,
+            "from": plan.from.to_string(),
+            "to": plan.to.to_string(),
+            "steps": steps_json(&plan.steps),
+        }));
+    }
+    let plan = shared
+        .with_tracker(|t| {
+            t.restore(
+                &shared.actor,
+                &target,
+                Intent::new(IntentKind::Restore, text),
+            )
+        })
+        .map_err(sandbox_error)?;
+    Counters::bump(&shared.counters.rollbacks);
+    let head = shared.env.head(g.branch()).map_err(env_error)?;
+    Ok(json!({
+        "dry_run": false,
+        "version": head.to_string(),
+        "from": plan.from.to_string(),
+        "restored_to": plan.to.to_string(),
+        "steps": steps_json(&plan.steps),
+    }))
+}
+
+pub(super) fn undo(g: &Gate<'_>) -> Result<Value, RpcError> {
+    // Undo is a restore of the live tree, so it is authorized as one (core checks the same).
+    g.allow_rechecked(
+        Action::Write,
+        Resource::Branch(g.branch().to_owned()),
+        Some("restore"),
+    )?;
+    g.shared()
+        .capture("capture before an undo")
+        .map_err(sandbox_error)?;
+    let head = g.shared().env.head(g.branch()).map_err(env_error)?;
+    let op = g.shared().env.op(&head).map_err(env_error)?;
+    let Some(parent) = op.parents.first().copied() else {
+        return Err(env_error(EnvError::NothingToUndo(g.branch().to_owned())));
+    };
+    restore_to(g, parent, false, format!("undo {}", head.short()))
+}
+
+pub(super) fn status(g: &Gate<'_>) -> Result<Value, RpcError> {
+    g.allow(
+        Action::Read,
+        Resource::Branch(g.branch().to_owned()),
+        Some("status"),
+    )?;
+    let s = g.shared();
+    let head = s.env.head(g.branch()).map_err(env_error)?;
+    let captures = s
+        .with_tracker(|t| Ok(t.captures()))
+        .map_err(sandbox_error)?;
+    Ok(json!({
+        "actor": s.actor.as_str(),
+        "branch": g.branch(),
+        "head": head.to_string(),
+        "workspace": s.launcher.workspace_inside().display().to_string(),
+        "sandbox": s.launcher.describe(),
+        "agent_pid": *lock(&s.agent_pid),
+        "captures": captures,
+        "rollbacks": s.counters.rollbacks.load(std::sync::atomic::Ordering::Relaxed),
+        "policy": s.policy.is_some(),
+        "queue": s.bus.is_some(),
+    }))
+}
+
+pub(super) fn gc(g: &Gate<'_>) -> Result<Value, RpcError> {
+    g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
+    let r = g.shared().env.gc(&g.shared().actor).map_err(env_error)?;
+    Ok(json!({
+        "kept": r.kept,
+        "removed": r.removed,
+        "bytes_removed": r.bytes_removed,
+        "temp_removed": r.temp_removed,
+        "nodes_removed": r.nodes_removed,
+    }))
+}
