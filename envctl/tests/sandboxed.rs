@@ -612,3 +612,50 @@ fn a_held_merge_is_retried_with_its_approval() {
     let head = ws.json(&["--actor", "human:alice", "show", "HEAD"]);
     assert_eq!(head["actor"], "agent:bob", "{head}");
 }
+
+#[test]
+fn an_agent_runs_in_the_managed_rootfs() {
+    if !sandboxes("an_agent_runs_in_the_managed_rootfs") {
+        return;
+    }
+    let Some(busybox) = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        eprintln!("SKIPPED an_agent_runs_in_the_managed_rootfs: no busybox to make a rootfs of");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("a.txt"), "alpha\n").unwrap();
+    let ws = Ws {
+        _tmp: tempfile::tempdir().unwrap(),
+        dir: work,
+    };
+    let root_arg = root.to_str().unwrap();
+    ws.ok(&["init", "--rootfs", root_arg]);
+    let out = ws.run(&[
+        "--actor",
+        "agent:rooted",
+        "run",
+        "--isolate",
+        "rootfs",
+        "--",
+        "/bin/sh",
+        "-c",
+        "test \"$PWD\" = /workspace && test -f a.txt && test -x /bin/busybox && echo made > b.txt",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(ws.read("b.txt").as_deref(), Some("made\n"));
+    let log = log_all(&ws);
+    assert!(
+        log.iter().any(|e| e["actor"] == "agent:rooted"),
+        "the agent's changes are its own: {log:?}"
+    );
+    also_unprivileged("an_agent_runs_in_the_managed_rootfs");
+}
