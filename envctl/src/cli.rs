@@ -14,14 +14,16 @@ Exit codes:
   4  denied by the policy, or it needs an approval first
   5  conflict (stale write, name taken, stale receipt, decided approval, merge with conflicts)
   6  no supervisor is listening where one is required
-  7  not available in this build
+  7  not available here (no sandboxes on this host; not through a running supervisor)
 `exec` and `run` exit with the command's own status once it ran.
 
 Versions are named by an op id or any unique prefix (4+ hex digits), a mark, a branch, or
 any of these followed by ~N (N steps back); HEAD is the head of main.
 
 Without a running supervisor every command first captures what changed in the workspace since
-the last capture, so nothing done out of band is lost or overwritten.";
+the last capture, so nothing done out of band is lost or overwritten. While `envctl run` runs,
+log, show, diff, status, mark NAME, restore, undo and exec go through its control socket; the
+other commands exit 7 until it ends.";
 
 /// envctl: put any agent into an environment — automatic capture, rollback, history, marks,
 /// branches, the queue and the policy.
@@ -41,7 +43,8 @@ pub struct Cli {
     /// Who acts (`kind:name`, e.g. human:alice, agent:coder-1).
     #[arg(long, global = true, env = "ENVIRONMENT_ACTOR")]
     pub actor: Option<String>,
-    /// Go through the supervisor listening at this control socket.
+    /// Go through the supervisor listening at this control socket (inside `envctl run
+    /// --self-rollback`, ENVIRONMENT_SOCKET names it).
     #[arg(long, global = true, env = "ENVIRONMENT_SOCKET")]
     pub socket: Option<PathBuf>,
     /// Present this capability token with every request (limits what --actor may do).
@@ -73,9 +76,12 @@ pub enum Command {
         #[arg(long)]
         home: Option<PathBuf>,
     },
-    /// Run an agent in the workspace with automatic capture; a summary at its exit.
+    /// Run an agent under a supervisor: in a sandbox, its changes captured as it works, the
+    /// control socket answering; a final capture and a summary at its exit (or at SIGTERM or
+    /// SIGINT to envctl, which stop the agent first).
     Run(RunArgs),
-    /// Run one command as a recorded operation: its file changes are attributed to it.
+    /// Run one command as a recorded operation (in a sandbox when this host allows): its file
+    /// changes and its output are stored with it, attributed to --actor.
     Exec(ExecArgs),
     /// The history: key nodes with automatic captures squashed (--all: every operation).
     Log {
@@ -156,7 +162,8 @@ pub enum Command {
     /// Serve the environment over MCP on stdin/stdout.
     ///
     /// Every tool call is an action of --actor (default agent:mcp) and passes the policy when
-    /// one is loaded. Configure it in an MCP client as the command `envctl -C DIR mcp`, e.g.
+    /// one is loaded. With --socket, the tools go through that supervisor instead (as its
+    /// agent's actor; read_file, write_file and list_files are not offered there). Configure it in an MCP client as the command `envctl -C DIR mcp`, e.g.
     /// `claude mcp add environment -- envctl -C /path/to/project mcp`.
     Mcp,
     /// A short tour in a throwaway workspace: an agent works, breaks things, is rolled back.

@@ -1,11 +1,12 @@
 //! `envctl exec`, `run`, `tournament`: programs run in the workspace, their changes recorded.
 //!
-//! Programs run through the sandbox's [`Launcher`] port: an [`Isolation`] in host mode (the host
-//! read-only, the workspace writable, secrets and the environment's home masked) when this host
-//! allows unprivileged user namespaces, else [`Unconfined`] (said once on stderr). `exec` runs
-//! through the sandbox's [`Shell`]: one operation of its actor holding the files it changed and
-//! its output (stored as blobs). `run` starts a [`Supervisor`] that captures while the agent
-//! runs and answers on the control socket; `tournament` forks the workspace into overlays.
+//! Programs run through the sandbox's [`Launcher`] port: an [`environment_sandbox::Isolation`]
+//! in host mode (the host read-only, the workspace writable, secrets and the environment's home
+//! masked) when this host allows unprivileged user namespaces, else [`Unconfined`] (said once on
+//! stderr). `exec` runs through the sandbox's [`Shell`]: one operation of its actor holding the
+//! files it changed and its output (stored as blobs). `run` starts a [`Supervisor`] that
+//! captures while the agent runs and answers on the control socket; `tournament` forks the
+//! workspace into overlays, one sandbox each.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
