@@ -659,3 +659,52 @@ fn an_agent_runs_in_the_managed_rootfs() {
     );
     also_unprivileged("an_agent_runs_in_the_managed_rootfs");
 }
+
+#[test]
+fn a_run_whose_changes_the_policy_refuses_loses_nothing() {
+    let ws = Ws::new();
+    std::fs::write(
+        ws.path("../rules.toml"),
+        r#"
+[[rule]]
+id = "bob-reads-and-runs"
+effect = "permit"
+principal = "agent:bob"
+actions = ["read", "execute"]
+resource = "*"
+
+[[rule]]
+id = "bob-writes-src"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { path = "src/**" }
+"#,
+    )
+    .unwrap();
+    ws.ok(&["policy", "load", "../rules.toml"]);
+    let out = ws.run(&[
+        "--actor",
+        "agent:bob",
+        "run",
+        "--isolate",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo a > src/a.rs; echo b > top.txt",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("not recorded:"), "{}", stderr(&out));
+    let log = ws.json(&["--actor", "service:capture", "log", "--all"]);
+    let found = log["entries"][0].clone();
+    assert_eq!(found["actor"], "service:capture", "{log}");
+    // The refused capture is recorded whole by the witness: nothing on disk goes unrecorded.
+    assert!(
+        found["keys"]
+            .as_array()
+            .unwrap()
+            .contains(&"top.txt".into()),
+        "{log}"
+    );
+}

@@ -367,6 +367,11 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
         return Err(f);
     }
     let summary = supervisor.run_until_signal(Duration::from_secs(5))?;
+    // What the policy did not let the agent record is on disk all the same: the witness records
+    // it now, so that nothing is lost, and the summary says so.
+    let found = Session::open(ws.clone(), actor.clone())?;
+    let found_after = found.head()?.to_string() != summary.final_version;
+    drop(found);
     let status = match &summary.agent {
         Some(x) => x.code.unwrap_or_else(|| 128 + x.signal.unwrap_or(0)),
         None => 1,
@@ -383,6 +388,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
             "to": summary.final_version,
             "agent": summary.agent,
             "isolation": described,
+            "recorded_as_found": found_after,
         }));
     } else {
         let short = |v: &str| v.chars().take(12).collect::<String>();
@@ -400,6 +406,13 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
             summary.denied,
             short(&summary.first_version),
         );
+        if found_after {
+            eprintln!(
+                "  not recorded:  some changes {actor} may not record; they were recorded as \
+                 found by {} (envctl log)",
+                witness()
+            );
+        }
     }
     Ok(status)
 }
