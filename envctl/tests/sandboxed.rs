@@ -708,3 +708,52 @@ resource = { path = "src/**" }
         "{log}"
     );
 }
+
+#[test]
+fn a_token_narrows_what_the_actor_may_do() {
+    let ws = Ws::new();
+    std::fs::write(
+        ws.path("../rules.toml"),
+        r#"
+[[rule]]
+id = "everyone-everything"
+effect = "permit"
+principal = "*"
+actions = ["read", "write", "execute"]
+resource = "*"
+"#,
+    )
+    .unwrap();
+    ws.ok(&["policy", "load", "../rules.toml"]);
+    let token = {
+        let policy = environment_policy::Policy::open(
+            &ws.home().join("policy.db"),
+            std::sync::Arc::new(environment_core::SystemClock),
+        )
+        .unwrap();
+        let limits = environment_policy::TokenLimits {
+            actions: Some(vec!["read".into()]),
+            ..Default::default()
+        };
+        policy.issue_token("agent:bob", limits).unwrap().encode()
+    };
+    let head = ws.json(&["show", "HEAD"])["id"].clone();
+    // With the read-only token, bob's own right to run and write is narrowed away.
+    for args in [
+        &["exec", "--", "sh", "-c", "echo x > top.txt"][..],
+        &["mark", "mine"],
+    ] {
+        let mut all = vec!["--actor", "agent:bob", "--token", &token];
+        all.extend_from_slice(args);
+        ws.fails(&all, 4);
+    }
+    assert!(!ws.path("top.txt").exists());
+    ws.fails(
+        &["--actor", "agent:bob", "--token", "ept1.forged", "log"],
+        4,
+    );
+    assert_eq!(ws.json(&["show", "HEAD"])["id"], head);
+    // Reading is within it; without the token, bob's own rights apply.
+    ws.ok(&["--actor", "agent:bob", "--token", &token, "log"]);
+    ws.ok(&["--actor", "agent:bob", "mark", "mine"]);
+}
