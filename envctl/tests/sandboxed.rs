@@ -226,6 +226,15 @@ fn exec_stores_output_and_attributes_changes() {
         .unwrap();
     assert_eq!(env.content(&stored).unwrap(), b"again\n");
 
+    // Started in a subdirectory, it runs there.
+    let out = ws
+        .cmd(&["exec", "--", "sh", "-c", "touch here"])
+        .current_dir(ws.path("src"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(ws.path("src/here").exists());
+
     // A failing command's status comes back, flagged failed.
     let out = ws.run(&["exec", "--", "sh", "-c", "exit 3"]);
     assert_eq!(code(&out), 3);

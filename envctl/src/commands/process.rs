@@ -9,7 +9,7 @@
 //! workspace into overlays, one sandbox each.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
 use environment_core::{
@@ -107,9 +107,13 @@ fn block_on<F: std::future::Future>(f: F) -> Outcome<F::Output> {
     Ok(rt.block_on(f))
 }
 
-/// Whether this host can make sandboxes: `Err` holds the reason it cannot.
+/// Whether this host can make sandboxes: `Err` holds the reason it cannot. Found by trying,
+/// once per process.
 pub fn namespaces() -> Result<(), String> {
-    Sandbox::probe().map(|_| ()).map_err(|e| e.to_string())
+    static PROBED: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBED
+        .get_or_init(|| Sandbox::probe().map(|_| ()).map_err(|e| e.to_string()))
+        .clone()
 }
 
 /// The sandbox of a command in `ws`: host mode with the home masked when namespaces work, else
@@ -189,6 +193,14 @@ pub fn shell_exec(s: &mut Session, argv: &[String], intent: Option<&str>) -> Out
     let mut request = ExecRequest::new(s.actor.clone(), argv.iter().cloned());
     if let Some(i) = intent {
         request = request.intent(i);
+    }
+    // Started in a subdirectory of the workspace, the command runs there.
+    if let Ok(cwd) = std::env::current_dir()
+        && let Ok(rel) = cwd.strip_prefix(&s.ws.dir)
+        && !rel.as_os_str().is_empty()
+        && let Some(rel) = rel.to_str()
+    {
+        request = request.cwd(rel);
     }
     let ran = block_on(shell.exec(request))?;
     drop(shell);
