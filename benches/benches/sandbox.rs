@@ -256,7 +256,7 @@ fn bench_first_capture(c: &mut Criterion) {
 
 fn bench_exec(c: &mut Criterion) {
     use environment_core::{ExecRequest, ShellExec};
-    use environment_sandbox::{Shell, Unconfined};
+    use environment_sandbox::{Isolation, IsolationSpec, Shell, Unconfined};
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().unwrap();
@@ -270,7 +270,12 @@ fn bench_exec(c: &mut Criterion) {
     // As a supervisor runs it: automatic captures on, held off while the command runs.
     let cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
     let tracker = Arc::new(Tracker::open(env, cfg).unwrap());
-    let shell = Shell::new(Arc::new(Unconfined::new(&work)), tracker, None).unwrap();
+    let shell = Shell::new(Arc::new(Unconfined::new(&work)), tracker.clone(), None).unwrap();
+    // The same shell confined: user, mount and pid namespaces, the host read-only.
+    let confined = Isolation::probe().ok().map(|_| {
+        let isolation = Isolation::new(IsolationSpec::host(&work)).unwrap();
+        Shell::new(Arc::new(isolation), tracker, None).unwrap()
+    });
     let agent = ActorId::new("agent:bench").unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -286,6 +291,18 @@ fn bench_exec(c: &mut Criterion) {
             assert!(out.exit.success());
         })
     });
+    if let Some(confined) = &confined {
+        g.bench_function("recorded exec of true in the sandbox", |b| {
+            b.iter(|| {
+                let out = rt
+                    .block_on(confined.exec(ExecRequest::new(agent.clone(), ["true"])))
+                    .unwrap();
+                assert!(out.exit.success());
+            })
+        });
+    } else {
+        eprintln!("exec in the sandbox: skipped, this host refuses user namespaces");
+    }
     g.bench_function("spawn and wait for true alone", |b| {
         b.iter(|| assert!(Command::new("true").status().unwrap().success()))
     });

@@ -206,6 +206,9 @@ pub struct ChangeSummary {
     pub removed: u64,
     /// The first [`ChangeSummary::NAMED`] changed keys, in key order.
     pub keys: Vec<Key>,
+    /// How many of the changed keys are workspace files (`fs` keys); the others are objects
+    /// (a command's output, a task, a review).
+    pub files: u64,
 }
 
 impl ChangeSummary {
@@ -215,6 +218,11 @@ impl ChangeSummary {
     /// All changed keys.
     pub fn total(&self) -> u64 {
         self.added + self.modified + self.removed
+    }
+
+    /// How many of the changed keys are objects rather than files.
+    pub fn objects(&self) -> u64 {
+        self.total().saturating_sub(self.files)
     }
 }
 

@@ -133,3 +133,35 @@ fn fork_points_and_versions_by_name() {
     assert_eq!(env.resolve("first").unwrap(), v1);
     assert_eq!(env.resolve("feature/x~1").unwrap(), v1);
 }
+
+/// A command's operation holds the files it changed and its output objects; the history says
+/// how many files it changed.
+#[test]
+fn a_command_says_how_many_files_it_changed() {
+    let home = tempfile::tempdir().unwrap();
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let agent = ActorId::new("agent:coder").unwrap();
+    let mut req = ActRequest::new(
+        agent.clone(),
+        Intent::new(IntentKind::Command, "pip install x"),
+    )
+    .flags(OpFlags::COMMAND)
+    .put(Key::obj("exec/stdout").unwrap(), Value::file("installed"));
+    for i in 0..312 {
+        req = req.put(
+            Key::fs(format!("site-packages/x/m{i}.py")).unwrap(),
+            Value::file("pass"),
+        );
+    }
+    let obs = env.act_blocking(req).unwrap();
+    let op = env.op(&obs.version).unwrap();
+    assert_eq!((op.summary.files, op.summary.objects()), (312, 1));
+    let history = env
+        .history(&agent, "main", &HistoryOptions::default())
+        .unwrap();
+    let line = history[0].to_string();
+    assert!(
+        line.contains("\"pip install x\"") && line.contains("312 files changed, 1 object"),
+        "{line}"
+    );
+}

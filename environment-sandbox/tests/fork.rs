@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{disk, no_skip, run_unprivileged, unprivileged_entry, view, write};
+use common::{both, disk, no_isolation, no_skip, view, write};
 use environment_core::{ActorId, EnvError, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
 use environment_sandbox::{ForkConfig, Forks, SandboxError, Tracker, TrackerConfig, WorkingTree};
 
@@ -28,8 +28,8 @@ fn workspace(root: &Path) {
 }
 
 /// Runs `script` in the overlay of `tree`, mounted in a fresh user and mount namespace (what
-/// the launcher does for a sandboxed program). `None` when this host refuses user namespaces.
-fn in_overlay(tree: &WorkingTree, mnt: &Path, script: &str) -> Option<()> {
+/// the launcher does for a sandboxed program).
+fn in_overlay(tree: &WorkingTree, mnt: &Path, script: &str) {
     std::fs::create_dir_all(mnt).unwrap();
     let mount = format!(
         "mount -t overlay overlay -o lowerdir={},upperdir={},workdir={},userxattr {} && cd {} && {}",
@@ -44,15 +44,11 @@ fn in_overlay(tree: &WorkingTree, mnt: &Path, script: &str) -> Option<()> {
         .args(["-Urm", "sh", "-c", &mount])
         .output()
         .unwrap();
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        if err.contains("unshare failed") || err.contains("mount") {
-            eprintln!("SKIPPED: no unprivileged user namespaces or overlay here: {err}");
-            return None;
-        }
-        panic!("the edits failed: {err}");
-    }
-    Some(())
+    assert!(
+        out.status.success(),
+        "the edits failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn scenario(dir: &Path) {
@@ -90,9 +86,7 @@ fn scenario(dir: &Path) {
         "{err}"
     );
 
-    if in_overlay(&trees[0], &dir.join("mnt"), EDITS).is_none() {
-        return;
-    }
+    in_overlay(&trees[0], &dir.join("mnt"), EDITS);
     // The same edits on a plain copy say what the fork must now hold.
     let copy = dir.join("copy");
     let cp = Command::new("cp")
@@ -148,17 +142,7 @@ fn scenario(dir: &Path) {
 
 #[test]
 fn fork_and_capture() {
-    scenario(tempfile::tempdir().unwrap().path());
-}
-
-#[test]
-fn fork_unprivileged_entry() {
-    unprivileged_entry(scenario);
-}
-
-#[test]
-fn fork_and_capture_as_an_unprivileged_user() {
-    run_unprivileged("fork_unprivileged_entry", scenario);
+    both("fork_and_capture", no_isolation, scenario);
 }
 
 #[test]

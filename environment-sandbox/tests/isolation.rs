@@ -6,6 +6,8 @@
 //! namespaces skip with the reason printed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -17,56 +19,10 @@ use std::time::{Duration, Instant};
 use environment_sandbox::isolate::{DEFAULT_ENV_ALLOW, default_masked};
 use environment_sandbox::{Bind, Isolation, IsolationSpec, Launcher, SandboxError, Workspace};
 
-const SCENARIO: &str = "ENVIRONMENT_SANDBOX_ISOLATION_SCENARIO";
-const NOBODY: u32 = 65534;
-
 /// Runs `scenario` as this user and, when root, as uid 65534 too.
+/// Runs the scenario as this user and, under root, as uid 65534 too.
 fn both(name: &str, scenario: fn()) {
-    if let Ok(which) = std::env::var(SCENARIO) {
-        if which == name {
-            assert_ne!(rustix::process::geteuid().as_raw(), 0, "must not be root");
-            if let Err(e) = Isolation::probe() {
-                println!("SCENARIO-SKIPPED {e}");
-                return;
-            }
-            scenario();
-            println!("SCENARIO-PASSED {name}");
-        }
-        return;
-    }
-    if let Err(e) = Isolation::probe() {
-        eprintln!("skipped: {e}");
-        return;
-    }
-    scenario();
-    if !rustix::process::geteuid().is_root() {
-        return;
-    }
-    let out = Command::new("setpriv")
-        .args([
-            format!("--reuid={NOBODY}"),
-            format!("--regid={NOBODY}"),
-            "--clear-groups".into(),
-            "--".into(),
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(SCENARIO, name)
-        .output()
-        .expect("setpriv (util-linux) is needed to drop privileges");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if let Some(reason) = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("SCENARIO-SKIPPED "))
-    {
-        eprintln!("skipped as uid {NOBODY}: {reason}");
-        return;
-    }
-    assert!(
-        out.status.success() && stdout.contains(&format!("SCENARIO-PASSED {name}")),
-        "the scenario failed as uid {NOBODY}:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::both(name, common::no_isolation, |_| scenario());
 }
 
 fn sh(iso: &Isolation, script: &str) -> Command {

@@ -18,8 +18,6 @@ use environment_sandbox::{
     Isolation, IsolationSpec, Launcher, Rootfs, SandboxError, Tracker, TrackerConfig,
 };
 
-const SCENARIO: &str = "ENVIRONMENT_SANDBOX_ROOTFS_SCENARIO";
-const NOBODY: u32 = 65534;
 const BUSYBOX: &str = "/bin/busybox";
 
 fn unavailable() -> Option<String> {
@@ -32,52 +30,9 @@ fn unavailable() -> Option<String> {
     None
 }
 
+/// Runs the scenario as this user and, under root, as uid 65534 too.
 fn both(name: &str, scenario: fn()) {
-    if let Ok(which) = std::env::var(SCENARIO) {
-        if which == name {
-            assert_ne!(rustix::process::geteuid().as_raw(), 0, "must not be root");
-            if let Some(reason) = unavailable() {
-                println!("SCENARIO-SKIPPED {reason}");
-                return;
-            }
-            scenario();
-            println!("SCENARIO-PASSED {name}");
-        }
-        return;
-    }
-    if let Some(reason) = unavailable() {
-        eprintln!("skipped: {reason}");
-        return;
-    }
-    scenario();
-    if !rustix::process::geteuid().is_root() {
-        return;
-    }
-    let out = Command::new("setpriv")
-        .args([
-            format!("--reuid={NOBODY}"),
-            format!("--regid={NOBODY}"),
-            "--clear-groups".into(),
-            "--".into(),
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(SCENARIO, name)
-        .output()
-        .expect("setpriv (util-linux) is needed to drop privileges");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if let Some(reason) = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("SCENARIO-SKIPPED "))
-    {
-        eprintln!("skipped as uid {NOBODY}: {reason}");
-        return;
-    }
-    assert!(
-        out.status.success() && stdout.contains(&format!("SCENARIO-PASSED {name}")),
-        "the scenario failed as uid {NOBODY}:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::both(name, unavailable, |_| scenario());
 }
 
 /// A tiny root: busybox, a few /etc files, the usual empty directories.

@@ -4,10 +4,10 @@
 //! binary as uid/gid 65534 with `setpriv`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,6 @@ use environment_core::{
 };
 use environment_sandbox::{Shell, Tracker, TrackerConfig, Unconfined};
 
-const DIR: &str = "ENVIRONMENT_SHELL_UNPRIVILEGED_DIR";
-const NOBODY: u32 = 65534;
 const SECRET: &str = "hunter2-very-secret-value";
 
 fn agent() -> ActorId {
@@ -667,57 +665,10 @@ fn processes_and_sessions_end_with_their_shell() {
 }
 
 #[test]
-fn unprivileged_shell_child_entry() {
-    // Every scenario, when re-executed by `shell_as_an_unprivileged_user`.
-    if let Ok(dir) = std::env::var(DIR) {
-        assert_ne!(
-            rustix::process::geteuid().as_raw(),
-            0,
-            "the child must not be root"
-        );
-        all_scenarios(Path::new(&dir));
-        std::fs::write(
-            Path::new(&dir).join("scenarios-done"),
-            rustix::process::geteuid().as_raw().to_string(),
-        )
-        .unwrap();
-    }
-}
-
-#[test]
 fn shell_as_an_unprivileged_user() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: already unprivileged; the other tests ran every scenario as this user");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    rustix::fs::chown(
-        dir.path(),
-        Some(rustix::fs::Uid::from_raw(NOBODY)),
-        Some(rustix::fs::Gid::from_raw(NOBODY)),
-    )
-    .unwrap();
-    let status = Command::new("setpriv")
-        .args([
-            format!("--reuid={NOBODY}"),
-            format!("--regid={NOBODY}"),
-            "--clear-groups".into(),
-            "--".into(),
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "unprivileged_shell_child_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR, dir.path())
-        .env("HOME", dir.path())
-        .status()
-        .expect("setpriv (util-linux) is needed to drop privileges");
-    assert!(status.success(), "the unprivileged scenarios failed");
-    let uid = std::fs::read_to_string(dir.path().join("scenarios-done"))
-        .expect("the scenarios ran to their end");
-    assert_eq!(uid, NOBODY.to_string());
+    common::as_nobody(
+        "shell_as_an_unprivileged_user",
+        common::always,
+        all_scenarios,
+    );
 }

@@ -9,34 +9,31 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{disk, no_skip, view, write};
+use common::{always, both, disk, no_skip, view, write};
 use environment_bus::{Bus, BusConfig, GroupOptions};
 use environment_core::{
     ActorId, ExecOutcome, ExecRequest, Exit, HistoryOptions, LocalEnvironment, OpFlags, Options,
     ShellExec, StoredOutput, SystemClock,
 };
 use environment_policy::{GrantScope, Policy, TokenLimits};
+use environment_sandbox::isolate::{Bind, IsolationSpec};
 use environment_sandbox::supervisor::rpc;
 use environment_sandbox::supervisor::{
     AgentSpec, Method, RollbackMode, SCHEMA, ShellHandles, Supervisor, SupervisorConfig,
 };
-use environment_sandbox::{ControlClient, Unconfined};
+use environment_sandbox::{ControlClient, Isolation, Unconfined};
 use serde_json::{Value, json};
 
 /// Set in a re-executed copy of this binary: which agent to be.
 const ROLE: &str = "ENVIRONMENT_TEST_AGENT_ROLE";
 /// Where the agent writes its report (outside the workspace).
 const REPORT: &str = "ENVIRONMENT_TEST_AGENT_REPORT";
-/// Set in the copy that runs the scenarios as an unprivileged uid.
-const UNPRIVILEGED: &str = "ENVIRONMENT_SUPERVISOR_UNPRIVILEGED_DIR";
-const NOBODY: u32 = 65534;
 
 fn agent() -> ActorId {
     ActorId::new("agent:coder").unwrap()
@@ -203,8 +200,61 @@ fn self_rollback_scenario(dir: &Path) {
 
 #[test]
 fn an_agent_rolls_itself_back_and_keeps_running() {
-    let dir = tempfile::tempdir().unwrap();
-    self_rollback_scenario(dir.path());
+    both(
+        "an_agent_rolls_itself_back_and_keeps_running",
+        always,
+        self_rollback_scenario,
+    );
+}
+
+/// The same, with the agent confined in namespaces: the socket's directory is bound into the
+/// sandbox and the agent finds it where `socket_inside` says.
+#[test]
+fn a_confined_agent_rolls_itself_back_through_the_socket() {
+    both(
+        "a_confined_agent_rolls_itself_back_through_the_socket",
+        common::no_isolation,
+        confined_self_rollback_scenario,
+    );
+}
+
+fn confined_self_rollback_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let expected = disk(&work, &no_skip);
+    let (run, out) = (home.join("run"), dir.join("out"));
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    let mut spec = IsolationSpec::host(&work);
+    spec.binds.push(Bind {
+        host: run.clone(),
+        inside: "/tmp/environment-control".into(),
+        writable: true,
+    });
+    spec.binds.push(Bind {
+        host: out.clone(),
+        inside: "/tmp/out".into(),
+        writable: true,
+    });
+    let mut cfg = config(&work, &home);
+    cfg.launcher = Arc::new(Isolation::new(spec).unwrap());
+    cfg.socket_inside = Some("/tmp/environment-control/control.sock".into());
+    let sup = Supervisor::open(cfg).unwrap();
+    assert_eq!(sup.socket_path(), run.join("control.sock"));
+    let exit = sup
+        .run_agent(agent_spec(
+            "self-rollback",
+            Path::new("/tmp/out/report.json"),
+        ))
+        .unwrap();
+    assert!(exit.success(), "the confined agent failed: {exit:?}");
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    // Its pid is its namespace's; what matters is that it did not change.
+    assert_eq!(r["pid_before"], r["pid_after"]);
+    assert_eq!(disk(&work, &no_skip), expected);
+    let summary = sup.shutdown().unwrap();
+    assert_eq!((summary.rollbacks, summary.denied), (1, 0));
+    reopen_and_verify(&home, &work);
 }
 
 // ---- authorization -------------------------------------------------------------------------
@@ -474,14 +524,24 @@ fn authorization_scenario(dir: &Path) {
 
 #[test]
 fn the_socket_refuses_what_the_policy_does_not_allow() {
-    let dir = tempfile::tempdir().unwrap();
-    authorization_scenario(dir.path());
+    both(
+        "the_socket_refuses_what_the_policy_does_not_allow",
+        always,
+        authorization_scenario,
+    );
 }
 
 #[test]
 fn a_quota_is_spent_once_per_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, home) = layout(dir.path());
+    both(
+        "a_quota_is_spent_once_per_request",
+        always,
+        a_quota_is_spent_once_per_request_scenario,
+    );
+}
+
+fn a_quota_is_spent_once_per_request_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
     let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
     policy
         .load_rules(&RULES.replace(
@@ -548,8 +608,15 @@ fn code(v: &Value) -> i64 {
 
 #[test]
 fn malformed_requests_get_errors_and_the_connection_survives() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, home) = layout(dir.path());
+    both(
+        "malformed_requests_get_errors_and_the_connection_survives",
+        always,
+        malformed_requests_get_errors_and_the_connection_survives_scenario,
+    );
+}
+
+fn malformed_requests_get_errors_and_the_connection_survives_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
     let sup = Supervisor::open(config(&work, &home)).unwrap();
     let mut c = Raw::connect(sup.socket_path());
     let head = sup.env().head("main").unwrap();
@@ -647,8 +714,15 @@ fn malformed_requests_get_errors_and_the_connection_survives() {
 
 #[test]
 fn an_agent_killed_mid_work_or_mid_request_corrupts_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, home) = layout(dir.path());
+    both(
+        "an_agent_killed_mid_work_or_mid_request_corrupts_nothing",
+        always,
+        an_agent_killed_mid_work_or_mid_request_corrupts_nothing_scenario,
+    );
+}
+
+fn an_agent_killed_mid_work_or_mid_request_corrupts_nothing_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
     let sup = Supervisor::open(config(&work, &home)).unwrap();
     // A busy writer, killed with SIGKILL.
     let pid = sup
@@ -670,7 +744,7 @@ fn an_agent_killed_mid_work_or_mid_request_corrupts_nothing() {
     // An agent that dies right after sending a request.
     sup.capture("before the second agent").unwrap();
     let exit = sup
-        .run_agent(agent_spec("die-mid-request", &dir.path().join("unused")))
+        .run_agent(agent_spec("die-mid-request", &dir.join("unused")))
         .unwrap();
     assert_eq!(exit.signal, Some(6), "{exit:?}");
     // Its request was read whole before it died, so it is carried out all the same.
@@ -768,23 +842,33 @@ fn outside_rollback_scenario(dir: &Path) {
 
 #[test]
 fn a_rollback_from_outside_keeps_or_restarts_the_agent() {
-    let dir = tempfile::tempdir().unwrap();
-    outside_rollback_scenario(dir.path());
+    both(
+        "a_rollback_from_outside_keeps_or_restarts_the_agent",
+        always,
+        outside_rollback_scenario,
+    );
 }
 
 // ---- shutdown ------------------------------------------------------------------------------
 
 #[test]
 fn shutdown_takes_a_final_capture() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, home) = layout(dir.path());
+    both(
+        "shutdown_takes_a_final_capture",
+        always,
+        shutdown_takes_a_final_capture_scenario,
+    );
+}
+
+fn shutdown_takes_a_final_capture_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
     let mut cfg = config(&work, &home);
     // No automatic capture will come before the end.
     cfg.quiet_period = Duration::from_secs(600);
     cfg.max_wait = Duration::from_secs(600);
     let sup = Supervisor::open(cfg).unwrap();
     let before = sup.env().head("main").unwrap();
-    let ready = dir.path().join("ready");
+    let ready = dir.join("ready");
     let script = format!(
         "echo late > late.txt; touch '{}'; exec sleep 1000",
         ready.display()
@@ -830,8 +914,15 @@ fn supervisor_process_entry() {
 
 #[test]
 fn sigterm_stops_the_supervisor_with_a_final_capture() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, home) = layout(dir.path());
+    both(
+        "sigterm_stops_the_supervisor_with_a_final_capture",
+        always,
+        sigterm_stops_the_supervisor_with_a_final_capture_scenario,
+    );
+}
+
+fn sigterm_stops_the_supervisor_with_a_final_capture_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -839,12 +930,10 @@ fn sigterm_stops_the_supervisor_with_a_final_capture() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(SUPERVISOR_DIR, dir.path())
+        .env(SUPERVISOR_DIR, dir)
         .spawn()
         .unwrap();
-    wait_for("the supervised agent", || {
-        dir.path().join("agent-ready").exists()
-    });
+    wait_for("the supervised agent", || dir.join("agent-ready").exists());
     // The handlers are installed right after the agent starts; give them a moment.
     std::thread::sleep(Duration::from_millis(500));
     rustix::process::kill_process(
@@ -858,7 +947,7 @@ fn sigterm_stops_the_supervisor_with_a_final_capture() {
         "the supervisor process failed: {status:?}"
     );
     let summary: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["files_changed"], 1, "{summary}");
     assert_eq!(summary["agent"]["signal"], 15);
     reopen_and_verify(&home, &work);
@@ -873,11 +962,18 @@ fn sigterm_stops_the_supervisor_with_a_final_capture() {
 
 #[test]
 fn the_home_may_not_live_inside_the_workspace() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, _) = layout(dir.path());
+    both(
+        "the_home_may_not_live_inside_the_workspace",
+        always,
+        the_home_may_not_live_inside_the_workspace_scenario,
+    );
+}
+
+fn the_home_may_not_live_inside_the_workspace_scenario(dir: &Path) {
+    let (work, _) = layout(dir);
     let err = Supervisor::open(config(&work, &work.join(".env"))).unwrap_err();
     assert!(err.to_string().contains("inside the workspace"), "{err}");
-    let mut cfg = config(&work, &dir.path().join("home"));
+    let mut cfg = config(&work, &dir.join("home"));
     cfg.socket = Some(work.join("control.sock"));
     assert!(Supervisor::open(cfg).is_err());
     assert!(!work.join("control.sock").exists());
@@ -885,17 +981,24 @@ fn the_home_may_not_live_inside_the_workspace() {
 
 #[test]
 fn a_second_supervisor_on_the_same_socket_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, home) = layout(dir.path());
+    both(
+        "a_second_supervisor_on_the_same_socket_is_refused",
+        always,
+        a_second_supervisor_on_the_same_socket_is_refused_scenario,
+    );
+}
+
+fn a_second_supervisor_on_the_same_socket_is_refused_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
     let sup = Supervisor::open(config(&work, &home)).unwrap();
-    let mut cfg = config(&work, &dir.path().join("home2"));
+    let mut cfg = config(&work, &dir.join("home2"));
     cfg.socket = Some(sup.socket_path().to_owned());
     let err = Supervisor::open(cfg).unwrap_err();
     assert!(err.to_string().contains("in use"), "{err}");
     // Nor is a file that is not a socket replaced.
-    let file = dir.path().join("not-a-socket");
+    let file = dir.join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
-    let mut cfg = config(&work, &dir.path().join("home3"));
+    let mut cfg = config(&work, &dir.join("home3"));
     cfg.socket = Some(file.clone());
     assert!(Supervisor::open(cfg).is_err());
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
@@ -996,8 +1099,15 @@ impl ShellExec for StubShell {
 
 #[test]
 fn exec_is_authorized_as_the_agent_before_the_shell_sees_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, home) = layout(dir.path());
+    both(
+        "exec_is_authorized_as_the_agent_before_the_shell_sees_it",
+        always,
+        exec_is_authorized_as_the_agent_before_the_shell_sees_it_scenario,
+    );
+}
+
+fn exec_is_authorized_as_the_agent_before_the_shell_sees_it_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
     let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
     policy
         .load_rules(&format!(
@@ -1098,8 +1208,15 @@ fn poll(
 
 #[test]
 fn the_agent_runs_commands_through_the_sandbox_shell() {
-    let dir = tempfile::tempdir().unwrap();
-    let (work, home) = layout(dir.path());
+    both(
+        "the_agent_runs_commands_through_the_sandbox_shell",
+        always,
+        the_agent_runs_commands_through_the_sandbox_shell_scenario,
+    );
+}
+
+fn the_agent_runs_commands_through_the_sandbox_shell_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
     let sup = Supervisor::open(config(&work, &home)).unwrap();
     let mut c = ControlClient::connect(sup.socket_path()).unwrap();
 
@@ -1203,80 +1320,4 @@ fn the_agent_runs_commands_through_the_sandbox_shell() {
     let summary = sup.shutdown().unwrap();
     assert!(summary.files_changed >= 1);
     reopen_and_verify(&home, &work);
-}
-
-// ---- as an unprivileged user ---------------------------------------------------------------
-
-#[test]
-fn unprivileged_entry() {
-    // The scenarios, when re-executed by `the_supervisor_works_as_an_unprivileged_user`.
-    let Ok(dir) = std::env::var(UNPRIVILEGED) else {
-        return;
-    };
-    assert_ne!(
-        rustix::process::geteuid().as_raw(),
-        0,
-        "the child must not be root"
-    );
-    let dir = PathBuf::from(dir);
-    for (name, scenario) in [
-        ("self-rollback", self_rollback_scenario as fn(&Path)),
-        ("authorization", authorization_scenario),
-        ("outside-rollback", outside_rollback_scenario),
-    ] {
-        let sub = dir.join(name);
-        std::fs::create_dir(&sub).unwrap();
-        scenario(&sub);
-    }
-    // The rest, each in its own temporary directory.
-    malformed_requests_get_errors_and_the_connection_survives();
-    an_agent_killed_mid_work_or_mid_request_corrupts_nothing();
-    shutdown_takes_a_final_capture();
-    sigterm_stops_the_supervisor_with_a_final_capture();
-    exec_is_authorized_as_the_agent_before_the_shell_sees_it();
-    a_quota_is_spent_once_per_request();
-    the_agent_runs_commands_through_the_sandbox_shell();
-    std::fs::write(
-        dir.join("scenario-done"),
-        rustix::process::geteuid().as_raw().to_string(),
-    )
-    .unwrap();
-}
-
-#[test]
-fn the_supervisor_works_as_an_unprivileged_user() {
-    if !rustix::process::geteuid().is_root() {
-        // Already unprivileged: the scenarios above ran as this user.
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    rustix::fs::chown(
-        dir.path(),
-        Some(rustix::fs::Uid::from_raw(NOBODY)),
-        Some(rustix::fs::Gid::from_raw(NOBODY)),
-    )
-    .unwrap();
-    let status = Command::new("setpriv")
-        .args([
-            format!("--reuid={NOBODY}"),
-            format!("--regid={NOBODY}"),
-            "--clear-groups".into(),
-            "--".into(),
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "unprivileged_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(UNPRIVILEGED, dir.path())
-        .env("HOME", dir.path())
-        .status()
-        .expect("setpriv (util-linux) is needed to drop privileges");
-    assert!(status.success(), "the unprivileged scenarios failed");
-    let uid = std::fs::read_to_string(dir.path().join("scenario-done"))
-        .expect("the scenarios ran to their end");
-    assert_eq!(uid, NOBODY.to_string());
 }

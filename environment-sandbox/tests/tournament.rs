@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{disk, no_skip, run_unprivileged, unprivileged_entry, view, write};
+use common::{both, disk, no_isolation, no_skip, view, write};
 use environment_core::{ActorId, Exit, Key, LocalEnvironment, OpFlags, Options};
 use environment_sandbox::{
     Candidate, ForkConfig, Forks, Isolation, IsolationSpec, Launcher, Pick, Tournament, Tracker,
@@ -31,10 +31,6 @@ fn launcher_for(tree: &WorkingTree) -> environment_sandbox::Result<Box<dyn Launc
 }
 
 fn scenario(dir: &Path) {
-    if let Err(e) = Isolation::probe() {
-        eprintln!("SKIPPED: {e}");
-        return;
-    }
     let work = dir.join("work");
     write(&work, "calc.sh", b"echo $((1 + 2))\n");
     write(&work, "README", b"adds one and one\n");
@@ -123,17 +119,7 @@ fn scenario(dir: &Path) {
 
 #[test]
 fn three_candidates_one_winner() {
-    scenario(tempfile::tempdir().unwrap().path());
-}
-
-#[test]
-fn tournament_unprivileged_entry() {
-    unprivileged_entry(scenario);
-}
-
-#[test]
-fn three_candidates_one_winner_as_an_unprivileged_user() {
-    run_unprivileged("tournament_unprivileged_entry", scenario);
+    both("three_candidates_one_winner", no_isolation, scenario);
 }
 
 /// When main moved on while the candidates ran, the winner is merged into it, not restored

@@ -7,7 +7,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::{disk, no_skip, run_unprivileged, unprivileged_entry, view, write};
+use common::{always, as_nobody, disk, no_skip, view, write};
 use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
 use environment_sandbox::{Tracker, TrackerConfig};
 
@@ -49,12 +49,10 @@ fn scenario(dir: &Path) {
 }
 
 #[test]
-fn unprivileged_child_entry() {
-    // The scenario, when re-executed by `capture_and_restore_as_an_unprivileged_user`.
-    unprivileged_entry(scenario);
-}
-
-#[test]
 fn capture_and_restore_as_an_unprivileged_user() {
-    run_unprivileged("unprivileged_child_entry", scenario);
+    as_nobody(
+        "capture_and_restore_as_an_unprivileged_user",
+        always,
+        scenario,
+    );
 }

@@ -411,6 +411,9 @@ impl Inner {
 pub(crate) fn summarize(applied: &[Applied]) -> ChangeSummary {
     let mut s = ChangeSummary::default();
     for a in applied {
+        if a.key.namespace() == crate::key::Namespace::Fs {
+            s.files += 1;
+        }
         match (&a.before, &a.after) {
             (None, Some(_)) => s.added += 1,
             (Some(_), None) => s.removed += 1,

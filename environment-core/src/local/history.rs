@@ -81,6 +81,19 @@ impl fmt::Display for HistoryEntry {
                 let s = &op.summary;
                 if s.total() > 0 {
                     write!(f, " (+{} ~{} -{}", s.added, s.modified, s.removed)?;
+                    if s.files > 0 && s.objects() > 0 {
+                        // A command's operation holds its files and its output objects: say
+                        // how many files it changed.
+                        let plural = |n: u64| if n == 1 { "" } else { "s" };
+                        write!(
+                            f,
+                            "; {} file{} changed, {} object{}",
+                            s.files,
+                            plural(s.files),
+                            s.objects(),
+                            plural(s.objects())
+                        )?;
+                    }
                     if let Some(k) = s.keys.first() {
                         write!(f, "; {k}")?;
                         if s.total() > 1 {

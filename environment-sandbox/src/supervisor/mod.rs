@@ -104,7 +104,10 @@ pub struct SupervisorConfig {
     /// The socket's path; `<home>/run/control.sock` by default.
     pub socket: Option<PathBuf>,
     /// Where the agent sees the socket, when a launcher mounts its directory elsewhere; the host
-    /// path by default.
+    /// path by default. With [`Isolation`](crate::Isolation), add a [`Bind`](crate::Bind) of
+    /// [`SupervisorConfig::socket_path`]'s directory (writable) to its spec, at a path under a
+    /// directory the sandbox mounts itself (e.g. `/tmp/environment-control`), and name the
+    /// socket there.
     pub socket_inside: Option<PathBuf>,
     /// Whom automatic captures are attributed to (the policy must let it write the workspace).
     pub capture_actor: ActorId,

@@ -116,28 +116,63 @@ pub fn write(root: &Path, rel: &str, content: &[u8]) {
     std::fs::write(p, content).unwrap();
 }
 
-/// Set in a re-executed test binary: the directory its unprivileged scenario runs in.
-const UNPRIVILEGED_DIR: &str = "ENVIRONMENT_SANDBOX_UNPRIVILEGED_DIR";
+/// Set in a test binary re-executed as an unprivileged user: the test whose scenario it runs.
+const SCENARIO: &str = "ENVIRONMENT_SANDBOX_UNPRIVILEGED_SCENARIO";
 pub const NOBODY: u32 = 65534;
 
+/// No requirement beyond the test itself.
+pub fn always() -> Option<String> {
+    None
+}
+
+/// Runs `scenario` in a fresh directory as this process's user, then — when that is root, as
+/// in CI — again as uid/gid 65534 (see [`as_nobody`]). `name` is the calling test's name;
+/// `unavailable` says why the scenario cannot run on this host (it then counts as skipped, and
+/// says so).
+pub fn both(name: &str, unavailable: fn() -> Option<String>, scenario: impl Fn(&Path)) {
+    if std::env::var_os(SCENARIO).is_none() {
+        if let Some(reason) = unavailable() {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+        scenario(tempfile::tempdir().unwrap().path());
+    }
+    as_nobody(name, unavailable, scenario);
+}
+
+/// Why the namespace launcher cannot run here, if it cannot.
+pub fn no_isolation() -> Option<String> {
+    environment_sandbox::Isolation::probe()
+        .err()
+        .map(|e| e.to_string())
+}
+
 /// Runs `scenario` in a fresh directory as an unprivileged user: directly when this process is
-/// not root, otherwise by re-running this test binary's test `entry` (which calls
-/// [`unprivileged_entry`] with the same scenario) under `setpriv` as uid/gid 65534. Fails unless
-/// the scenario ran to its end as that user.
-pub fn run_unprivileged(entry: &str, scenario: fn(&Path)) {
-    let dir = tempfile::tempdir().unwrap();
-    if !rustix::process::geteuid().is_root() {
-        scenario(dir.path());
+/// not root, otherwise by re-running this test binary's test `name` under `setpriv` as uid/gid
+/// 65534 and checking that the scenario passed there.
+pub fn as_nobody(name: &str, unavailable: fn() -> Option<String>, scenario: impl Fn(&Path)) {
+    if let Ok(which) = std::env::var(SCENARIO) {
+        // The re-executed child: only the named test runs its scenario.
+        if which == name {
+            assert_ne!(rustix::process::geteuid().as_raw(), 0, "must not be root");
+            if let Some(reason) = unavailable() {
+                println!("SCENARIO-SKIPPED {reason}");
+                return;
+            }
+            scenario(tempfile::tempdir().unwrap().path());
+            println!("SCENARIO-PASSED {name}");
+        }
         return;
     }
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    rustix::fs::chown(
-        dir.path(),
-        Some(rustix::fs::Uid::from_raw(NOBODY)),
-        Some(rustix::fs::Gid::from_raw(NOBODY)),
-    )
-    .unwrap();
-    let status = std::process::Command::new("setpriv")
+    if !rustix::process::geteuid().is_root() {
+        if let Some(reason) = unavailable() {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+        scenario(tempfile::tempdir().unwrap().path());
+        return;
+    }
+    let out = std::process::Command::new("setpriv")
         .args([
             format!("--reuid={NOBODY}"),
             format!("--regid={NOBODY}"),
@@ -145,32 +180,22 @@ pub fn run_unprivileged(entry: &str, scenario: fn(&Path)) {
             "--".into(),
         ])
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", entry, "--nocapture", "--test-threads=1"])
-        .env(UNPRIVILEGED_DIR, dir.path())
-        .env("HOME", dir.path())
-        .status()
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(SCENARIO, name)
+        .env("HOME", std::env::temp_dir())
+        .output()
         .expect("setpriv (util-linux) is needed to drop privileges");
-    assert!(status.success(), "the unprivileged scenario failed");
-    let uid = std::fs::read_to_string(dir.path().join("scenario-done"))
-        .expect("the scenario ran to its end");
-    assert_eq!(uid, NOBODY.to_string());
-}
-
-/// The body of the entry test named in [`run_unprivileged`]: runs `scenario` when this process
-/// is the re-executed unprivileged child, and does nothing otherwise.
-pub fn unprivileged_entry(scenario: fn(&Path)) {
-    if let Ok(dir) = std::env::var(UNPRIVILEGED_DIR) {
-        assert_ne!(
-            rustix::process::geteuid().as_raw(),
-            0,
-            "the child must not be root"
-        );
-        let dir = Path::new(&dir);
-        scenario(dir);
-        std::fs::write(
-            dir.join("scenario-done"),
-            rustix::process::geteuid().as_raw().to_string(),
-        )
-        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if let Some(reason) = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SCENARIO-SKIPPED "))
+    {
+        eprintln!("SKIPPED as uid {NOBODY}: {reason}");
+        return;
     }
+    assert!(
+        out.status.success() && stdout.contains(&format!("SCENARIO-PASSED {name}")),
+        "the scenario failed as uid {NOBODY}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
