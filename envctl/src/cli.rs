@@ -194,7 +194,8 @@ pub struct RunArgs {
     /// Give the agent the control socket (`ENVIRONMENT_SOCKET`): it may then call history,
     /// show, diff, status, mark, restore, undo, exec and the queue and policy methods (e.g. by
     /// running `envctl restore VERSION` inside), each authorized as --actor. Without it the
-    /// agent cannot reach the socket.
+    /// agent is not given the socket (ENVIRONMENT_SOCKET names a path that cannot exist), and
+    /// in a sandbox it cannot reach it; unconfined (--isolate none) nothing stops it looking.
     #[arg(long)]
     pub self_rollback: bool,
     /// The agent's command.
