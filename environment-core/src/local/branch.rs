@@ -123,6 +123,26 @@ impl LocalEnvironment {
         )
     }
 
+    /// Like [`LocalEnvironment::restore`], for a restore that must also be made real outside
+    /// the log (the files of a live tree): once the restore is authorized, `apply` runs, and the
+    /// rollback operation is recorded only if it succeeds. A refused restore runs nothing, so a
+    /// denied actor never touches the files.
+    pub fn restore_applying<E: From<EnvError>>(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        target: &OpId,
+        intent: Intent,
+        apply: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<OpId, E> {
+        self.authorize_branch_write(actor, branch, "restore")?;
+        apply()?;
+        let target = *target;
+        Ok(self.record_branch_write(actor, branch, move |inner, conn, fx, branch, actor| {
+            inner.restore_in(conn, fx, branch, &target, actor, intent)
+        })?)
+    }
+
     /// Restores `branch` to the version before its last operation.
     pub fn undo(&self, actor: &ActorId, branch: &str) -> Result<OpId> {
         self.write_branch(actor, branch, "undo", |inner, conn, fx, branch, actor| {
@@ -169,6 +189,11 @@ impl LocalEnvironment {
         + Send
         + 'static,
     ) -> Result<R> {
+        self.authorize_branch_write(actor, branch, operation)?;
+        self.record_branch_write(actor, branch, work)
+    }
+
+    fn authorize_branch_write(&self, actor: &ActorId, branch: &str, operation: &str) -> Result<()> {
         self.authorize(
             actor,
             Action::Write,
@@ -176,6 +201,18 @@ impl LocalEnvironment {
             Some(branch),
             Some(operation),
         )?;
+        Ok(())
+    }
+
+    /// Runs `work` in the writer, already authorized.
+    fn record_branch_write<R: Send + 'static>(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        work: impl FnOnce(&Inner, &Connection, &mut TxEffects, &str, ActorId) -> Result<R>
+        + Send
+        + 'static,
+    ) -> Result<R> {
         let (inner, branch, actor) = (self.inner.clone(), branch.to_owned(), actor.clone());
         self.inner.writer.run(false, move |conn, fx| {
             work(&inner, conn, fx, &branch, actor)
