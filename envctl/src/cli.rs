@@ -14,14 +14,16 @@ Exit codes:
   4  denied by the policy, or it needs an approval first
   5  conflict (stale write, name taken, stale receipt, decided approval, merge with conflicts)
   6  no supervisor is listening where one is required
-  7  not available in this build
+  7  not available here (no sandboxes on this host; not through a running supervisor)
 `exec` and `run` exit with the command's own status once it ran.
 
 Versions are named by an op id or any unique prefix (4+ hex digits), a mark, a branch, or
 any of these followed by ~N (N steps back); HEAD is the head of main.
 
 Without a running supervisor every command first captures what changed in the workspace since
-the last capture, so nothing done out of band is lost or overwritten.";
+the last capture, so nothing done out of band is lost or overwritten. While `envctl run` runs,
+log, show, diff, status, mark NAME, restore, undo and exec go through its control socket; the
+other commands exit 7 until it ends.";
 
 /// envctl: put any agent into an environment — automatic capture, rollback, history, marks,
 /// branches, the queue and the policy.
@@ -41,9 +43,17 @@ pub struct Cli {
     /// Who acts (`kind:name`, e.g. human:alice, agent:coder-1).
     #[arg(long, global = true, env = "ENVIRONMENT_ACTOR")]
     pub actor: Option<String>,
-    /// Go through the supervisor listening at this control socket.
+    /// Go through the supervisor listening at this control socket (inside `envctl run
+    /// --self-rollback`, ENVIRONMENT_SOCKET names it).
     #[arg(long, global = true, env = "ENVIRONMENT_SOCKET")]
     pub socket: Option<PathBuf>,
+    /// Present this capability token with every request (limits what --actor may do).
+    #[arg(long, global = true, env = "ENVIRONMENT_TOKEN", value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Present this granted approval with every request: retries an action that was held for
+    /// an approval (`envctl policy approvals` lists them).
+    #[arg(long, global = true, value_name = "ID")]
+    pub approval: Option<String>,
     /// Print one JSON document instead of lines.
     #[arg(long, global = true)]
     pub json: bool,
@@ -66,9 +76,12 @@ pub enum Command {
         #[arg(long)]
         home: Option<PathBuf>,
     },
-    /// Run an agent in the workspace with automatic capture; a summary at its exit.
+    /// Run an agent under a supervisor: in a sandbox, its changes captured as it works, the
+    /// control socket answering; a final capture and a summary at its exit (or at SIGTERM or
+    /// SIGINT to envctl, which stop the agent first).
     Run(RunArgs),
-    /// Run one command as a recorded operation: its file changes are attributed to it.
+    /// Run one command as a recorded operation (in a sandbox when this host allows): its file
+    /// changes and its output are stored with it, attributed to --actor.
     Exec(ExecArgs),
     /// The history: key nodes with automatic captures squashed (--all: every operation).
     Log {
@@ -126,7 +139,7 @@ pub enum Command {
         /// The branch.
         branch: String,
     },
-    /// Fork candidates, test each, adopt the winner (not in this build yet: exits 7).
+    /// Fork candidates from a version, run each in its own sandbox, test each, adopt the winner.
     Tournament(TournamentArgs),
     /// External side effects (--unfinished: in flight or of unknown outcome).
     Effects {
@@ -149,7 +162,8 @@ pub enum Command {
     /// Serve the environment over MCP on stdin/stdout.
     ///
     /// Every tool call is an action of --actor (default agent:mcp) and passes the policy when
-    /// one is loaded. Configure it in an MCP client as the command `envctl -C DIR mcp`, e.g.
+    /// one is loaded. With --socket, the tools go through that supervisor instead (as its
+    /// agent's actor; read_file, write_file and list_files are not offered there). Configure it in an MCP client as the command `envctl -C DIR mcp`, e.g.
     /// `claude mcp add environment -- envctl -C /path/to/project mcp`.
     Mcp,
     /// A short tour in a throwaway workspace: an agent works, breaks things, is rolled back.
@@ -163,7 +177,9 @@ pub enum Command {
 /// Where `run` puts the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Isolation {
-    /// On the host, in the workspace.
+    /// On the host as it is, unconfined, in the workspace.
+    None,
+    /// In namespaces: the host read-only, the workspace writable, secrets masked.
     Host,
     /// In namespaces with the managed rootfs as its root.
     Rootfs,
@@ -172,10 +188,14 @@ pub enum Isolation {
 /// `envctl run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Where the agent runs.
-    #[arg(long, value_enum, default_value = "host")]
-    pub isolate: Isolation,
-    /// Let the agent roll itself back through the control socket.
+    /// Where the agent runs (default: host when this host allows user namespaces, else none).
+    #[arg(long, value_enum)]
+    pub isolate: Option<Isolation>,
+    /// Give the agent the control socket (`ENVIRONMENT_SOCKET`): it may then call history,
+    /// show, diff, status, mark, restore, undo, exec and the queue and policy methods (e.g. by
+    /// running `envctl restore VERSION` inside), each authorized as --actor. Without it the
+    /// agent is not given the socket (ENVIRONMENT_SOCKET names a path that cannot exist), and
+    /// in a sandbox it cannot reach it; unconfined (--isolate none) nothing stops it looking.
     #[arg(long)]
     pub self_rollback: bool,
     /// The agent's command.
@@ -200,12 +220,28 @@ pub struct TournamentArgs {
     /// The version to fork from (default HEAD).
     #[arg(long)]
     pub base: Option<String>,
-    /// The test each candidate must pass.
+    /// The test each candidate must pass (a shell command, exit 0 passes).
     #[arg(long)]
     pub test: String,
-    /// The candidates, one command each.
+    /// first: the first to pass wins; all: every candidate runs to the end, the first passer
+    /// in the order given wins.
+    #[arg(long, value_enum, default_value = "first")]
+    pub pick: PickArg,
+    /// How many candidates run at once.
+    #[arg(long, default_value_t = 4)]
+    pub jobs: usize,
+    /// The candidates, one shell command each (run with /bin/sh -c).
     #[arg(last = true, required = true)]
     pub candidates: Vec<String>,
+}
+
+/// How a tournament picks its winner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PickArg {
+    /// The first to pass.
+    First,
+    /// Every candidate runs; the first passer in the order given.
+    All,
 }
 
 /// `envctl policy ...`.

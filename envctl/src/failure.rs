@@ -29,7 +29,8 @@ pub enum ExitCode {
     Conflict = 5,
     /// 6: a supervisor is required and none is listening.
     NoSupervisor = 6,
-    /// 7: the feature is not available in this build.
+    /// 7: not available here: this host cannot make sandboxes, or the command cannot go
+    /// through the supervisor that holds the workspace.
     Unavailable = 7,
 }
 

@@ -15,7 +15,7 @@
 //! | 4 | denied by the policy, or it needs an approval first |
 //! | 5 | conflict (stale write, name taken, stale receipt, decided approval, merge with conflicts) |
 //! | 6 | no supervisor is listening where one is required |
-//! | 7 | not available in this build |
+//! | 7 | not available here (no sandboxes on this host; not through a running supervisor) |
 //!
 //! `exec` and `run` exit with the command's own status once it ran. Errors go to stderr as one
 //! sentence and a hint; results go to stdout (one JSON document with `--json`).
@@ -23,7 +23,8 @@
 //! # Layout
 //!
 //! [`workspace`] finds and opens an environment (the shared context of every command),
-//! [`target`] decides whether a command goes to the stores or through a supervisor,
+//! [`target`] decides whether a command goes to the stores or through a supervisor (a running
+//! `envctl run`, found at `--socket`/`ENVIRONMENT_SOCKET` or the workspace's own socket),
 //! `commands/` holds one module per command group, [`mcp`] the MCP server.
 
 mod cli;

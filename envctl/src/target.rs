@@ -4,15 +4,16 @@
 //! commands then go through its control socket so that its captures and theirs do not race.
 //! Without one, a command opens the stores itself and first captures what changed.
 //!
-//! This build has no client for the supervisor's control socket: a command that finds one
-//! listening (at `--socket`, or the workspace's `HOME/control.sock`) says so and does nothing
-//! (exit 7), and a `--socket` where nothing listens is exit 6. Going through the supervisor means
-//! answering [`Target::Supervisor`] in each command module with the control client's calls.
+//! A command that finds one listening (at `--socket`, `ENVIRONMENT_SOCKET`, or the workspace's
+//! `HOME/run/control.sock`) goes through its control socket with a [`Remote`]; a `--socket`
+//! where nothing listens is exit 6.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use environment_core::ActorId;
+use environment_core::{ActorId, Credentials};
+use environment_sandbox::{ControlClient, ControlError};
+use serde_json::Value;
 
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::workspace::{SOCKET_FILE, Session, Workspace};
@@ -66,20 +67,107 @@ impl Target {
     pub fn direct(&mut self) -> Outcome<&mut Session> {
         match self {
             Target::Direct(s) => Ok(s),
-            Target::Supervisor(addr) => Err(supervisor_unavailable(addr)),
+            Target::Supervisor(addr) => Err(supervisor_unavailable(addr, "this command")),
         }
     }
 }
 
-/// Talking to a supervisor is not part of this build yet.
-pub fn supervisor_unavailable(addr: &SupervisorAddr) -> Failure {
+/// The one-sentence refusal of a command that cannot go through a running supervisor.
+pub fn supervisor_unavailable(addr: &SupervisorAddr, what: &str) -> Failure {
     Failure::new(
         ExitCode::Unavailable,
         format!(
-            "a supervisor listens at {}, but this build of envctl cannot talk to it; nothing \
+            "{what} cannot go through the supervisor listening at {} while it runs; nothing \
              was done",
             addr.socket.display()
         ),
     )
-    .hint("stop the supervisor, or use an envctl built with supervisor support")
+    .hint("wait for `envctl run` to end (or stop it), then run this again")
+}
+
+/// A connection to a supervisor's control socket, presenting this invocation's credentials.
+pub struct Remote {
+    client: ControlClient,
+    approval: Option<String>,
+    addr: SupervisorAddr,
+}
+
+impl Remote {
+    /// Connects to `addr`.
+    pub fn connect(addr: &SupervisorAddr, credentials: &Credentials) -> Outcome<Remote> {
+        let client = ControlClient::connect(&addr.socket)
+            .map_err(|e| control_failure(addr, e))?
+            .with_token(credentials.token.clone());
+        Ok(Remote {
+            client,
+            approval: credentials.approval.clone(),
+            addr: addr.clone(),
+        })
+    }
+
+    /// Calls `method` with `params` (an object), presenting the approval if one was given.
+    pub fn call(&mut self, method: &str, mut params: Value) -> Outcome<Value> {
+        if let (Some(a), Value::Object(m)) = (&self.approval, &mut params) {
+            m.insert("approval".into(), Value::String(a.clone()));
+        }
+        self.client
+            .call(method, params)
+            .map_err(|e| control_failure(&self.addr, e))
+    }
+}
+
+/// A supervisor's refusal in envctl's terms: the exit code follows the JSON-RPC error code.
+pub fn control_failure(addr: &SupervisorAddr, e: ControlError) -> Failure {
+    use environment_sandbox::supervisor::rpc;
+    let for_agent = e.for_agent();
+    let mut f = match &e {
+        ControlError::Rpc {
+            code,
+            message,
+            data,
+        } => {
+            let exit = match *code {
+                rpc::DENIED => ExitCode::Denied,
+                rpc::UNKNOWN_VERSION => ExitCode::NotFound,
+                rpc::CONFLICT => ExitCode::Conflict,
+                rpc::UNAVAILABLE => ExitCode::Unavailable,
+                rpc::INVALID_PARAMS => ExitCode::Usage,
+                _ => ExitCode::Failure,
+            };
+            let detail = data
+                .get("detail")
+                .or_else(|| data.get("reason"))
+                .and_then(Value::as_str)
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
+            let mut f = Failure::new(
+                exit,
+                format!("the supervisor refused: {message}{detail}; nothing was done"),
+            );
+            if let Some(id) = data.get("approval").and_then(Value::as_str) {
+                f = f.hint(format!(
+                    "approval {id} was requested; once granted, retry with --approval {id}"
+                ));
+            } else if exit == ExitCode::Denied {
+                f = f.hint("`envctl policy explain` shows why");
+            } else if exit == ExitCode::NotFound {
+                f = f.hint("`envctl log` lists the versions");
+            }
+            f
+        }
+        ControlError::Io(io) => Failure::new(
+            ExitCode::NoSupervisor,
+            format!(
+                "no supervisor answers at {}: {io}; nothing was done",
+                addr.socket.display()
+            ),
+        )
+        .hint("start one with `envctl run -- AGENT...`"),
+        other => Failure::other(format!(
+            "the supervisor at {} answered badly: {other}",
+            addr.socket.display()
+        )),
+    };
+    f.for_agent = Some(for_agent);
+    f
 }

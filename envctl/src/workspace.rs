@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use environment_bus::{Bus, BusConfig};
 use environment_core::{
-    AccessRequest, Action, ActorId, Authorizer, Context, Decision, LocalEnvironment, MAIN, Options,
-    Resource, SystemClock,
+    AccessRequest, Action, ActorId, Authorizer, Context, Credentials, Decision, LocalEnvironment,
+    MAIN, Options, Resource, SystemClock,
 };
 use environment_policy::Policy;
 use environment_sandbox::{Noise, NoiseRules, Tracker, TrackerConfig};
@@ -27,7 +27,7 @@ pub const POLICY_FILE: &str = "policy.db";
 /// The queue inside the home.
 pub const BUS_FILE: &str = "bus.db";
 /// Where a supervisor listens, inside the home.
-pub const SOCKET_FILE: &str = "control.sock";
+pub const SOCKET_FILE: &str = "run/control.sock";
 /// The managed rootfs inside the home.
 pub const ROOTFS_DIR: &str = "rootfs";
 
@@ -45,6 +45,8 @@ pub struct Workspace {
     pub dir: PathBuf,
     /// The environment's home (database, blobs, policy, queue).
     pub home: PathBuf,
+    /// What this invocation presents with every request (`--token`, `--approval`).
+    pub credentials: Credentials,
 }
 
 impl Workspace {
@@ -105,7 +107,11 @@ impl Workspace {
         let dir = dir
             .canonicalize()
             .map_err(|e| Failure::io("resolve", dir, e))?;
-        Ok(Some(Workspace { dir, home }))
+        Ok(Some(Workspace {
+            dir,
+            home,
+            credentials: Credentials::default(),
+        }))
     }
 
     /// Whether a policy was loaded into this environment.
@@ -177,7 +183,10 @@ impl Session {
             }),
             ..Options::default()
         };
-        let env = LocalEnvironment::open(&ws.home, options)?;
+        let mut env = LocalEnvironment::open(&ws.home, options)?;
+        if ws.credentials != Credentials::default() {
+            env = env.presenting(ws.credentials.clone());
+        }
         Ok(Session {
             ws,
             env,
@@ -271,6 +280,8 @@ impl Session {
         };
         let mut context = Context {
             branch: Some(MAIN.to_owned()),
+            token: self.ws.credentials.token.clone(),
+            approval: self.ws.credentials.approval.clone(),
             ..Context::default()
         };
         context.attrs.insert(
@@ -285,10 +296,18 @@ impl Session {
         };
         let d = policy.evaluate(&req);
         if d.is_allowed() {
-            Ok(())
-        } else {
-            Err(environment_core::EnvError::NotAllowed(Box::new(d.to_core(&req))).into())
+            return Ok(());
         }
+        let mut d = d.to_core(&req);
+        // Held for an approval: the request is filed (as the action itself would file it), so
+        // a human can grant it and the command be retried with `--approval ID`.
+        if let environment_core::Verdict::NeedsApproval { request, .. } = &mut d.verdict
+            && request.is_none()
+            && let Ok(a) = policy.request_approval(&req)
+        {
+            *request = Some(a.id);
+        }
+        Err(environment_core::EnvError::NotAllowed(Box::new(d)).into())
     }
 
     /// Decides, spending quota and approvals like any action, whether this command's actor may
@@ -303,6 +322,8 @@ impl Session {
             resource,
             context: Context {
                 branch: Some(MAIN.to_owned()),
+                token: self.ws.credentials.token.clone(),
+                approval: self.ws.credentials.approval.clone(),
                 ..Context::default()
             },
         };

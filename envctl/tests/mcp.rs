@@ -370,3 +370,71 @@ async fn a_denied_call_changes_nothing() {
         String::from_utf8(envctl(dir, &["policy", "approvals", "--json"]).stdout).unwrap();
     assert!(approvals.contains("approved/plan.md"), "{approvals}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_go_through_a_supervisor_socket() {
+    let ws = workspace();
+    let dir = ws.path();
+    let socket = dir.join(".environment/run/control.sock");
+    let mut run = Command::new(BIN)
+        .arg("-C")
+        .arg(dir)
+        .args(["--actor", "agent:long", "run", "--isolate", "none", "--"])
+        .args(["sh", "-c", "echo one > one.txt; exec sleep 60"])
+        .env_remove("ENVIRONMENT_DIR")
+        .env_remove("ENVIRONMENT_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..400 {
+        if socket.exists() && dir.join("one.txt").exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(socket.exists(), "the supervisor never came up");
+    let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
+        cmd.arg("mcp")
+            .arg("--socket")
+            .arg(&socket)
+            .env_remove("ENVIRONMENT_DIR")
+            .env_remove("ENVIRONMENT_SOCKET");
+    }))
+    .unwrap();
+    let client = ().serve(transport).await.unwrap();
+
+    let marked = ok(&client, "mark", json!({"name": "start"})).await;
+    assert!(marked.contains("start"), "{marked}");
+    let out = ok(
+        &client,
+        "exec",
+        json!({"command": ["sh", "-c", "echo via; echo two > two.txt"]}),
+    )
+    .await;
+    assert!(out.contains("via") && out.contains("recorded as"), "{out}");
+    assert!(dir.join("two.txt").exists());
+    let history = ok(&client, "history", json!({"all": true})).await;
+    assert!(history.contains("agent:long"), "{history}");
+    let preview = ok(
+        &client,
+        "restore",
+        json!({"version": "start", "dry_run": true}),
+    )
+    .await;
+    assert!(preview.contains("two.txt"), "{preview}");
+    assert!(dir.join("two.txt").exists());
+    ok(&client, "restore", json!({"version": "start"})).await;
+    assert!(!dir.join("two.txt").exists());
+    // What the socket does not offer, and what does not exist, did not happen.
+    refused(&client, "read_file", json!({"path": "a.txt"})).await;
+    refused(&client, "show", json!({"version": "no-such-version"})).await;
+    client.cancel().await.unwrap();
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(run.wait().unwrap().code().is_some());
+}

@@ -57,7 +57,11 @@ pub fn run(
             h
         }
     };
-    let ws = Workspace { dir, home };
+    let ws = Workspace {
+        dir,
+        home,
+        credentials: Default::default(),
+    };
     let session = Session::open(ws.clone(), actor)?;
     let rootfs_at = match rootfs {
         Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),

@@ -8,6 +8,7 @@ mod names;
 pub mod policy;
 pub mod process;
 pub mod queue;
+mod remote;
 mod rollback;
 
 use environment_core::{ActorId, OpId};
@@ -56,6 +57,14 @@ pub fn resolve(s: &Session, spec: &str) -> Outcome<OpId> {
     Ok(s.env.resolve(spec)?)
 }
 
+/// What this invocation presents with every request.
+fn credentials(cli: &Cli) -> environment_core::Credentials {
+    environment_core::Credentials {
+        token: cli.token.clone(),
+        approval: cli.approval.clone(),
+    }
+}
+
 /// Runs a command; returns the exit status.
 pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     let json = cli.json;
@@ -77,13 +86,14 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             let actor = actor_of(&cli, "agent:mcp")?;
             if let Some(sock) = &cli.socket {
                 let addr = crate::target::probe(sock)?;
-                return Err(crate::target::supervisor_unavailable(&addr));
+                crate::mcp::serve_remote(addr, actor, credentials(&cli))?;
+                return Ok(0);
             }
-            let ws = Workspace::find(cli.chdir.as_deref())?;
+            let mut ws = Workspace::find(cli.chdir.as_deref())?;
+            ws.credentials = credentials(&cli);
             crate::mcp::serve(ws, actor)?;
             return Ok(0);
         }
-        Command::Tournament(_) => return Err(process::tournament_unavailable()),
         Command::Demo { keep } => {
             demo::run(keep.as_deref())?;
             return Ok(0);
@@ -91,8 +101,22 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         _ => {}
     }
     let actor = actor_of(&cli, &default_human())?;
-    let ws = Workspace::find(cli.chdir.as_deref())?;
+    // A running supervisor answers while it holds the workspace: the one named, else the
+    // workspace's own.
+    if let Some(sock) = &cli.socket {
+        let addr = crate::target::probe(sock)?;
+        return remote::run(&addr, &cli);
+    }
+    let mut ws = Workspace::find(cli.chdir.as_deref())?;
+    ws.credentials = credentials(&cli);
+    let own = ws.home.join(crate::workspace::SOCKET_FILE);
+    if own.exists()
+        && let Ok(addr) = crate::target::probe(&own)
+    {
+        return remote::run(&addr, &cli);
+    }
     match &cli.command {
+        Command::Run(a) => return process::run(ws, actor, a, json),
         Command::Policy(p) => {
             // The capture first, like every command; the policy is then read and changed
             // through its own store.
@@ -127,11 +151,11 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         Command::Verify => maintain::verify(s, json)?,
         Command::Status => maintain::status(s, json)?,
         Command::Exec(a) => return process::exec(s, a, json),
-        Command::Run(a) => return process::run(s, a, json),
+        Command::Tournament(a) => return process::tournament(s, a, json),
         Command::Init { .. }
+        | Command::Run(_)
         | Command::Mcp
         | Command::Demo { .. }
-        | Command::Tournament(_)
         | Command::Policy(_)
         | Command::Queue(_) => {}
     }

@@ -1,39 +1,86 @@
 //! `envctl exec`, `run`, `tournament`: programs run in the workspace, their changes recorded.
 //!
-//! Both spawn through the sandbox's [`Launcher`] port; this build uses [`Unconfined`] (the
-//! workspace on the host). The changes a command makes are captured at its end and attributed
-//! to its actor and intent; its output is passed through (CLI) or returned (MCP), not stored.
-//! `run` keeps its tracker in this process: a supervisor that owns the tracker and a control
-//! socket, a confining launcher (`--isolate rootfs`) and `--self-rollback` take its place once
-//! they are part of the build.
+//! Programs run through the sandbox's [`Launcher`] port: an [`environment_sandbox::Isolation`]
+//! in host mode (the host read-only, the workspace writable, secrets and the environment's home
+//! masked) when this host allows unprivileged user namespaces, else [`Unconfined`] (said once on
+//! stderr). `exec` runs through the sandbox's [`Shell`]: one operation of its actor holding the
+//! files it changed and its output (stored as blobs). `run` starts a [`Supervisor`] that
+//! captures while the agent runs and answers on the control socket; `tournament` forks the
+//! workspace into overlays, one sandbox each.
 
-use std::process::{Command, ExitStatus, Stdio};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once, OnceLock};
+use std::time::Duration;
 
 use environment_core::{
-    Action, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind, MAIN, Observation, OpFlags,
-    Resource,
+    Action, ActorId, EnvError, ExecOutcome, ExecRequest, Exit, Resource, ShellExec,
 };
-use environment_sandbox::{Launcher, SandboxError, Unconfined};
+use environment_sandbox::supervisor::{AgentSpec, ShellHandles};
+use environment_sandbox::{
+    Bind, Candidate, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec, Launcher, Pick,
+    SandboxError, Shell, Supervisor, SupervisorConfig, Tournament, Unconfined, WorkingTree,
+    Workspace as SandboxWorkspace,
+};
 use serde_json::json;
 
-use crate::cli::{ExecArgs, Isolation, RunArgs};
+use crate::cli::{ExecArgs, Isolation, PickArg, RunArgs, TournamentArgs};
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::output::print_json;
-use crate::workspace::{Session, witness};
+use crate::workspace::{ROOTFS_DIR, SOCKET_FILE, Session, Workspace, witness};
 
-/// What a recorded command did.
-pub struct Executed {
-    /// Its exit status (128 + N when killed by signal N).
-    pub status: i32,
-    /// The operation its changes were recorded as (`None`: it changed nothing).
-    pub recorded: Option<Observation>,
-    /// Its stdout and stderr, when they were captured rather than passed through.
-    pub output: Option<(Vec<u8>, Vec<u8>)>,
+/// Where the control socket appears inside a sandbox that is given it.
+const SOCKET_DIR_INSIDE: &str = "/tmp/.environment-run";
+/// What `ENVIRONMENT_SOCKET` names for an agent not given the socket: a path that cannot exist,
+/// so a client inside fails to connect instead of finding a socket by chance.
+const NO_SOCKET: &str = "/dev/null/no-control-socket";
+
+/// A recorded command: the shell's outcome and its stored output.
+pub struct Recorded {
+    /// What the shell returned.
+    pub outcome: ExecOutcome,
+    /// The stored standard output.
+    pub stdout: Vec<u8>,
+    /// The stored standard error.
+    pub stderr: Vec<u8>,
 }
 
-fn status_code(s: ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+impl Recorded {
+    /// The outcome as JSON (ids as text), with the stored output as text.
+    pub fn to_json(&self) -> serde_json::Value {
+        let o = &self.outcome;
+        let stream = |s: &environment_core::StoredOutput, bytes: &[u8]| {
+            json!({
+                "blob": s.blob.to_string(),
+                "total": s.total,
+                "stored": s.stored,
+                "truncated": s.truncated,
+                "text": String::from_utf8_lossy(bytes),
+            })
+        };
+        json!({
+            "status": self.status(),
+            "exit": o.exit,
+            "success": o.exit.success(),
+            "op": o.op.to_string(),
+            "files_changed": o.files_changed,
+            "duration_ms": o.duration_ms,
+            "stdout": stream(&o.stdout, &self.stdout),
+            "stderr": stream(&o.stderr, &self.stderr),
+        })
+    }
+
+    /// The command's status as a process exit status (128 + N for signal N, 124 timed out).
+    pub fn status(&self) -> i32 {
+        exit_status(self.outcome.exit)
+    }
+}
+
+fn exit_status(e: Exit) -> i32 {
+    match e {
+        Exit::Code(c) => c,
+        Exit::Signal(n) => 128 + n,
+        Exit::TimedOut => 124,
+    }
 }
 
 /// The program resource a command line asks to run.
@@ -47,39 +94,51 @@ fn program_of(argv: &[String]) -> Outcome<Resource> {
     })
 }
 
-/// Builds the command for `argv`, confined by the launcher, in the workspace.
-fn command(s: &Session, launcher: &dyn Launcher, argv: &[String]) -> Outcome<Command> {
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .env("ENVIRONMENT_DIR", &s.ws.dir)
-        .env("ENVIRONMENT_ACTOR", s.actor.as_str());
-    launcher.confine(&mut cmd)?;
-    cmd.current_dir(launcher.workspace_inside());
-    Ok(cmd)
+/// Runs a future to its end from synchronous code (inside a blocking task of a runtime, or
+/// without one).
+fn block_on<F: std::future::Future>(f: F) -> Outcome<F::Output> {
+    if let Ok(h) = tokio::runtime::Handle::try_current() {
+        return Ok(h.block_on(f));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::other(format!("cannot start a runtime: {e}")))?;
+    Ok(rt.block_on(f))
 }
 
-fn spawn_failure(program: &str, e: std::io::Error) -> Failure {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => Failure::not_found(format!(
-            "cannot run {program:?}: no such program; nothing ran"
-        ))
-        .hint("check the name and PATH"),
-        std::io::ErrorKind::PermissionDenied => Failure::other(format!(
-            "cannot run {program:?}: permission denied; nothing ran"
-        ))
-        .hint("check that it is executable by this user"),
-        _ => Failure::other(format!("cannot run {program:?}: {e}; nothing ran")),
+/// Whether this host can make sandboxes: `Err` holds the reason it cannot. Found by trying,
+/// once per process.
+pub fn namespaces() -> Result<(), String> {
+    static PROBED: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBED
+        .get_or_init(|| Sandbox::probe().map(|_| ()).map_err(|e| e.to_string()))
+        .clone()
+}
+
+/// The sandbox of a command in `ws`: host mode with the home masked when namespaces work, else
+/// the host as it is (said once).
+pub fn host_sandbox(ws: &Workspace) -> Outcome<Arc<dyn Launcher>> {
+    static SAID: Once = Once::new();
+    match namespaces() {
+        Ok(()) => {
+            let mut spec = IsolationSpec::host(&ws.dir);
+            spec.masked.push(ws.home.clone());
+            Ok(Arc::new(Sandbox::new(spec)?))
+        }
+        Err(why) => {
+            SAID.call_once(|| {
+                eprintln!(
+                    "envctl: this host refuses unprivileged user namespaces, so commands run \
+                     unconfined on the host: {why}"
+                )
+            });
+            Ok(Arc::new(Unconfined::new(&ws.dir)))
+        }
     }
 }
 
-/// Hands tracking to a tracker that attributes captures to the session's actor.
-fn track_as_actor(s: &mut Session, auto: bool) -> Outcome<environment_sandbox::Tracker> {
-    s.stop_tracker()?;
-    s.start_tracker(s.actor.clone(), auto, "capturing the workspace")
-}
-
-/// Hands tracking back to the witness; when a capture as the actor was refused, the witness
-/// records the changes (they are on disk: refusing to record them would lose them).
+/// Hands tracking back to the witness and lets it record what is on disk.
 fn back_to_witness(s: &mut Session) -> Outcome<()> {
     let t = s.start_tracker(witness(), false, "capturing the workspace")?;
     s.set_tracker(t);
@@ -102,214 +161,376 @@ fn refused_capture(s: &Session, e: EnvError) -> Failure {
     f
 }
 
-/// Runs `argv` in the workspace as one recorded operation of the session's actor. Output is
-/// passed through (`capture_output` false) or returned.
-pub fn exec_recorded(
-    s: &mut Session,
-    argv: &[String],
-    intent: Option<&str>,
-    capture_output: bool,
-) -> Outcome<Executed> {
-    s.authorize(Action::Execute, program_of(argv)?)?;
-    let launcher = Unconfined::new(&s.ws.dir);
-    let mut cmd = command(s, &launcher, argv)?;
-    if capture_output {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-    }
-    let tracker = track_as_actor(s, false)?;
-    let ran = if capture_output {
-        cmd.output().map(|o| (o.status, Some((o.stdout, o.stderr))))
-    } else {
-        cmd.status().map(|st| (st, None))
-    };
-    let (status, output) = match ran {
-        Ok(r) => r,
-        Err(e) => {
-            drop(tracker);
-            back_to_witness(s)?;
-            return Err(spawn_failure(&argv[0], e));
+fn not_run(argv: &[String], e: EnvError) -> Failure {
+    match e {
+        EnvError::Exec { program, detail }
+            if detail.contains("No such file") || detail.contains("not found") =>
+        {
+            Failure::not_found(format!(
+                "cannot run {program:?}: no such program; nothing ran"
+            ))
+            .hint("check the name and PATH")
         }
-    };
-    let code = status_code(status);
-    let mut flags = OpFlags::COMMAND;
-    if code != 0 {
-        flags |= OpFlags::FAILED;
+        EnvError::Exec { program, detail } => Failure::other(format!(
+            "cannot run {program:?}: {detail}; nothing ran ({})",
+            argv.join(" ")
+        )),
+        e => e.into(),
     }
-    let text = intent.map(str::to_owned).unwrap_or_else(|| {
-        let line = argv.join(" ");
-        if code == 0 {
-            line
-        } else {
-            format!("{line} (exit {code})")
-        }
-    });
-    let recorded = tracker.capture_now(Intent::new(IntentKind::Command, text), flags);
+}
+
+/// Runs `argv` in the workspace through the shell as one recorded operation of the session's
+/// actor: its output stored, the files it changed attributed to it.
+pub fn shell_exec(s: &mut Session, argv: &[String], intent: Option<&str>) -> Outcome<Recorded> {
+    program_of(argv)?;
+    let launcher = host_sandbox(&s.ws)?;
+    // Whatever changed before the command is the witness's, captured by now; the shell's
+    // tracker records only the command.
+    s.stop_tracker()?;
+    let tracker = Arc::new(s.start_tracker(witness(), false, "capturing the workspace")?);
+    let before = s.head()?;
+    let shell = Shell::new(launcher, tracker.clone(), None)?;
+    let mut request = ExecRequest::new(s.actor.clone(), argv.iter().cloned());
+    if let Some(i) = intent {
+        request = request.intent(i);
+    }
+    // Started in a subdirectory of the workspace, the command runs there.
+    if let Ok(cwd) = std::env::current_dir()
+        && let Ok(rel) = cwd.strip_prefix(&s.ws.dir)
+        && !rel.as_os_str().is_empty()
+        && let Some(rel) = rel.to_str()
+    {
+        request = request.cwd(rel);
+    }
+    let ran = block_on(shell.exec(request))?;
+    drop(shell);
     drop(tracker);
     back_to_witness(s)?;
-    let recorded = match recorded {
-        Ok(r) => r,
-        Err(SandboxError::Env(e @ EnvError::NotAllowed(_))) => return Err(refused_capture(s, e)),
-        Err(e) => return Err(e.into()),
+    let outcome = match ran {
+        Ok(o) => o,
+        Err(e @ EnvError::NotAllowed(_)) => {
+            // Refused before it ran (nothing changed), or after (its changes are on disk and
+            // are recorded as found, not as the actor's).
+            s.capture_found("changes of a command whose record was refused")?;
+            if s.head()? != before {
+                return Err(refused_capture(s, e));
+            }
+            return Err(e.into());
+        }
+        Err(e) => return Err(not_run(argv, e)),
     };
-    Ok(Executed {
-        status: code,
-        recorded,
-        output,
+    let blobs = s.env.blobs();
+    let stdout = blobs.get(&outcome.stdout.blob).map_err(EnvError::from)?;
+    let stderr = blobs.get(&outcome.stderr.blob).map_err(EnvError::from)?;
+    Ok(Recorded {
+        outcome,
+        stdout,
+        stderr,
     })
 }
 
 /// `envctl exec -- CMD...`.
 pub fn exec(s: &mut Session, a: &ExecArgs, json: bool) -> Outcome<i32> {
-    let done = exec_recorded(s, &a.command, a.intent.as_deref(), false)?;
-    let summary = |o: &Observation| {
-        format!(
-            "+{} ~{} -{}",
-            o.summary.added, o.summary.modified, o.summary.removed
-        )
-    };
+    let done = shell_exec(s, &a.command, a.intent.as_deref())?;
+    let status = done.status();
     if json {
-        print_json(&json!({
-            "status": done.status,
-            "version": done.recorded.as_ref().map(|o| o.version.to_string()),
-            "added": done.recorded.as_ref().map(|o| o.summary.added),
-            "modified": done.recorded.as_ref().map(|o| o.summary.modified),
-            "removed": done.recorded.as_ref().map(|o| o.summary.removed),
-        }));
+        print_json(&done.to_json());
     } else {
-        match &done.recorded {
-            Some(o) => eprintln!(
-                "envctl: recorded as {} ({}), exit {}",
-                o.version.short(),
-                summary(o),
-                done.status
-            ),
-            None => eprintln!("envctl: no file changed, exit {}", done.status),
-        }
-    }
-    Ok(done.status)
-}
-
-/// While the agent runs, an interrupt from the terminal is the agent's to handle (it gets it
-/// too, being in the same process group): envctl keeps going, so that the final capture and
-/// the summary still happen. Holding a registered handler is what keeps the default action
-/// (exit) away; the agent's exec resets handlers, so it is not affected.
-struct InterruptsHeld {
-    _signal: tokio::signal::unix::Signal,
-    _runtime: tokio::runtime::Runtime,
-}
-
-fn hold_interrupts() -> Option<InterruptsHeld> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .ok()?;
-    let signal = runtime
-        .block_on(async {
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        })
-        .ok()?;
-    Some(InterruptsHeld {
-        _signal: signal,
-        _runtime: runtime,
-    })
-}
-
-/// `envctl run -- AGENT...`: the agent runs with automatic capture; a final capture and a
-/// summary at its exit.
-pub fn run(s: &mut Session, a: &RunArgs, json: bool) -> Outcome<i32> {
-    if a.isolate == Isolation::Rootfs {
-        return Err(Failure::new(
-            ExitCode::Unavailable,
-            "--isolate rootfs is not available in this build: the namespace launcher is not \
-             part of it; nothing ran",
-        )
-        .hint("use --isolate host"));
-    }
-    if a.self_rollback {
-        return Err(Failure::new(
-            ExitCode::Unavailable,
-            "--self-rollback is not available in this build: it needs the supervisor's control \
-             socket; nothing ran",
-        )
-        .hint("leave it out; `envctl restore` rolls back from another terminal"));
-    }
-    s.authorize(Action::Execute, program_of(&a.command)?)?;
-    let start = s.head()?;
-    let launcher = Unconfined::new(&s.ws.dir);
-    let mut cmd = command(s, &launcher, &a.command)?;
-    let tracker = track_as_actor(s, true)?;
-    let held = hold_interrupts();
-    let status = match cmd.status() {
-        Ok(st) => status_code(st),
-        Err(e) => {
-            drop(tracker);
-            back_to_witness(s)?;
-            return Err(spawn_failure(&a.command[0], e));
-        }
-    };
-    drop(held);
-    let background = tracker.captures();
-    let last = tracker.close();
-    back_to_witness(s)?;
-    let captures = background + u64::from(matches!(last, Ok(Some(_))));
-    if let Err(e) = last {
-        return Err(match e {
-            SandboxError::Env(e @ EnvError::NotAllowed(_)) => refused_capture(s, e),
-            e => e.into(),
-        });
-    }
-    let end = s.head()?;
-    let changed = s.env.diff(&s.actor, &start, &end, None)?.len();
-    let entries = s.env.history(
-        &s.actor,
-        MAIN,
-        &HistoryOptions {
-            all: true,
-            limit: 100_000,
-        },
-    )?;
-    let mut rollbacks = 0;
-    for e in &entries {
-        if let HistoryEntry::Op { op, .. } = e {
-            if op.id == start {
-                break;
-            }
-            if op.flags.contains(OpFlags::ROLLBACK) {
-                rollbacks += 1;
-            }
-        }
-    }
-    if json {
-        print_json(&json!({
-            "status": status,
-            "captures": captures,
-            "files_changed": changed,
-            "rollbacks": rollbacks,
-            "from": start.to_string(),
-            "to": end.to_string(),
-        }));
-    } else {
+        use std::io::Write;
+        let _ = std::io::stdout().write_all(&done.stdout);
+        let _ = std::io::stderr().write_all(&done.stderr);
+        let cut = if done.outcome.stdout.truncated || done.outcome.stderr.truncated {
+            " (output cut at the limit)"
+        } else {
+            ""
+        };
         eprintln!(
-            "envctl: the agent exited with status {status}.\n  captures:      {captures}\n  \
-             files changed: {changed} ({} → {})\n  rollbacks:     {rollbacks}\n  isolation:     \
-             {}\n  history:       envctl log; back to the start: envctl restore {}",
-            start.short(),
-            end.short(),
-            launcher.describe(),
-            start.short()
+            "envctl: recorded as {} ({} file(s) changed), exit {status}{cut}",
+            done.outcome.op.short(),
+            done.outcome.files_changed
         );
     }
     Ok(status)
 }
 
-/// `envctl tournament` in this build.
-pub fn tournament_unavailable() -> Failure {
-    Failure::new(
-        ExitCode::Unavailable,
-        "tournament is not available in this build: it needs the sandbox's fork support; \
-         nothing was run",
-    )
-    .hint("run each candidate on its own branch with `envctl exec`, then `envctl merge` the winner")
+/// The launcher of `run`, and where the agent finds the socket and the workspace.
+struct Placement {
+    launcher: Arc<dyn Launcher>,
+    socket_inside: PathBuf,
+    workspace_inside: PathBuf,
+}
+
+fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
+    let isolate = match a.isolate {
+        Some(i) => i,
+        None if namespaces().is_ok() => Isolation::Host,
+        None => {
+            if let Err(why) = namespaces() {
+                eprintln!(
+                    "envctl: this host refuses unprivileged user namespaces, so the agent runs \
+                     unconfined on the host: {why}"
+                );
+            }
+            Isolation::None
+        }
+    };
+    let socket_dir = socket.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let inside = PathBuf::from(SOCKET_DIR_INSIDE);
+    let socket_name = socket.file_name().unwrap_or_default();
+    let given = |inside_path: PathBuf| {
+        if a.self_rollback {
+            inside_path
+        } else {
+            PathBuf::from(NO_SOCKET)
+        }
+    };
+    if isolate == Isolation::None {
+        return Ok(Placement {
+            launcher: Arc::new(Unconfined::new(&ws.dir)),
+            socket_inside: given(socket.to_path_buf()),
+            workspace_inside: ws.dir.clone(),
+        });
+    }
+    if let Err(why) = namespaces() {
+        return Err(Failure::new(
+            ExitCode::Unavailable,
+            format!("this host cannot make sandboxes ({why}); nothing ran"),
+        )
+        .hint("use --isolate none to run the agent unconfined"));
+    }
+    let mut spec = match isolate {
+        Isolation::Rootfs => {
+            let rootfs = ws.home.join(ROOTFS_DIR);
+            if !rootfs.is_dir() {
+                return Err(Failure::not_found(format!(
+                    "this environment has no managed rootfs ({} is missing); nothing ran",
+                    rootfs.display()
+                ))
+                .hint("make one with `envctl init --rootfs DIR_OR_TAR`"));
+            }
+            let mut spec = IsolationSpec::rootfs(rootfs);
+            spec.workspace = Some(SandboxWorkspace::Dir(ws.dir.clone()));
+            spec
+        }
+        _ => {
+            let mut spec = IsolationSpec::host(&ws.dir);
+            // The agent gets neither the stores nor, unless given, the socket beneath them.
+            spec.masked.push(ws.home.clone());
+            spec
+        }
+    };
+    if a.self_rollback {
+        // The supervisor makes it too, but the sandbox's plan needs it now.
+        std::fs::create_dir_all(&socket_dir).map_err(|e| Failure::io("create", &socket_dir, e))?;
+        spec.binds.push(Bind {
+            host: socket_dir,
+            inside: inside.clone(),
+            writable: false,
+        });
+    }
+    let sandbox = Sandbox::new(spec)?;
+    let workspace_inside = sandbox.workspace_inside().to_path_buf();
+    Ok(Placement {
+        launcher: Arc::new(sandbox),
+        socket_inside: given(inside.join(socket_name)),
+        workspace_inside,
+    })
+}
+
+/// `envctl run -- AGENT...`: a supervisor runs the agent with automatic capture and the control
+/// socket; a final capture and a summary at its end, or at SIGTERM/SIGINT to envctl.
+pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i32> {
+    // Whatever changed out of band is the witness's, captured before the agent starts.
+    let mut s = Session::open(ws.clone(), actor.clone())?;
+    s.authorize(Action::Execute, program_of(&a.command)?)?;
+    let noise = s.noise_rules();
+    let policy = s.policy.clone();
+    s.stop_tracker()?;
+    drop(s);
+    let socket = ws.home.join(SOCKET_FILE);
+    let place = placement(&ws, a, &socket)?;
+    let mut config =
+        SupervisorConfig::new(&ws.home, &ws.dir, place.launcher.clone(), actor.clone());
+    config.socket = Some(socket);
+    config.socket_inside = Some(place.socket_inside.clone());
+    config.noise = noise;
+    config.policy = policy;
+    config.token = ws.credentials.token.clone();
+    config.capture_actor = actor.clone();
+    if ws.home.join(crate::workspace::BUS_FILE).exists() {
+        config.bus = Some(ws.open_bus()?);
+    }
+    let supervisor = Supervisor::open(config)?;
+    if let Some(tracker) = supervisor.tracker() {
+        let shell = Shell::new(place.launcher.clone(), tracker, None)?;
+        supervisor.attach_shell(ShellHandles {
+            exec: Some(Arc::new(shell.clone())),
+            processes: Some(Arc::new(shell.clone())),
+            pty: Some(Arc::new(shell)),
+        });
+    }
+    let spec = AgentSpec::new(a.command.iter())
+        .env("ENVIRONMENT_DIR", &place.workspace_inside)
+        .env("ENVIRONMENT_ACTOR", actor.as_str());
+    let described = place.launcher.describe();
+    if let Err(e) = supervisor.spawn_agent(spec) {
+        let f = spawn_failure(&a.command[0], e);
+        let _ = supervisor.shutdown_with_grace(Duration::from_secs(1));
+        return Err(f);
+    }
+    let summary = supervisor.run_until_signal(Duration::from_secs(5))?;
+    // What the policy did not let the agent record is on disk all the same: the witness records
+    // it now, so that nothing is lost, and the summary says so.
+    let found = Session::open(ws.clone(), actor.clone())?;
+    let found_after = found.head()?.to_string() != summary.final_version;
+    drop(found);
+    let status = match &summary.agent {
+        Some(x) => x.code.unwrap_or_else(|| 128 + x.signal.unwrap_or(0)),
+        None => 1,
+    };
+    if json {
+        print_json(&json!({
+            "status": status,
+            "captures": summary.captures,
+            "files_changed": summary.files_changed,
+            "rollbacks": summary.rollbacks,
+            "requests": summary.requests,
+            "denied": summary.denied,
+            "from": summary.first_version,
+            "to": summary.final_version,
+            "agent": summary.agent,
+            "isolation": described,
+            "recorded_as_found": found_after,
+        }));
+    } else {
+        let short = |v: &str| v.chars().take(12).collect::<String>();
+        eprintln!(
+            "envctl: the agent exited with status {status}.\n  captures:      {}\n  files \
+             changed: {} ({} → {})\n  rollbacks:     {}\n  requests:      {} ({} denied)\n  \
+             isolation:     {described}\n  history:       envctl log; back to the start: envctl \
+             restore {}",
+            summary.captures,
+            summary.files_changed,
+            short(&summary.first_version),
+            short(&summary.final_version),
+            summary.rollbacks,
+            summary.requests,
+            summary.denied,
+            short(&summary.first_version),
+        );
+        if found_after {
+            eprintln!(
+                "  not recorded:  some changes {actor} may not record; they were recorded as \
+                 found by {} (envctl log)",
+                witness()
+            );
+        }
+    }
+    Ok(status)
+}
+
+fn spawn_failure(program: &str, e: SandboxError) -> Failure {
+    let text = e.to_string();
+    if text.contains("No such file") || text.contains("not found") {
+        Failure::not_found(format!(
+            "cannot run {program:?}: no such program; nothing ran"
+        ))
+        .hint("check the name and PATH")
+    } else if text.contains("ermission denied") {
+        Failure::other(format!(
+            "cannot run {program:?}: permission denied; nothing ran"
+        ))
+        .hint("check that it is executable by this user")
+    } else {
+        Failure::other(format!("cannot start {program:?}: {text}; nothing ran"))
+    }
+}
+
+/// Each fork's sandbox: the host read-only, its workspace the overlay of its changes over the
+/// shared base, no network.
+fn overlay_sandbox(tree: &WorkingTree) -> environment_sandbox::Result<Box<dyn Launcher>> {
+    let mut spec = IsolationSpec::host(&tree.lower);
+    spec.workspace = Some(SandboxWorkspace::Overlay {
+        lower: tree.lower.clone(),
+        upper: tree.upper.clone(),
+        work: tree.work.clone(),
+    });
+    spec.network = false;
+    Ok(Box::new(Sandbox::new(spec)?))
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["/bin/sh".into(), "-c".into(), script.into()]
+}
+
+/// `envctl tournament`: exit 0 when a winner was adopted, 1 when none passed.
+pub fn tournament(s: &mut Session, a: &TournamentArgs, json: bool) -> Outcome<i32> {
+    if let Err(why) = namespaces() {
+        return Err(Failure::new(
+            ExitCode::Unavailable,
+            format!(
+                "tournament runs each candidate in its own sandbox, and this host cannot make \
+                 sandboxes ({why}); nothing ran"
+            ),
+        )
+        .hint("run each candidate on its own branch with `envctl exec`, then `envctl merge` the winner"));
+    }
+    if a.jobs == 0 {
+        return Err(Failure::usage("--jobs must be at least 1").hint("e.g. --jobs 2"));
+    }
+    let base = match &a.base {
+        Some(v) => s.env.resolve(v)?,
+        None => s.head()?,
+    };
+    let candidates = a
+        .candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Candidate {
+            name: format!("c{}", i + 1),
+            argv: sh(c),
+        })
+        .collect();
+    let mut t = Tournament::new(s.actor.clone(), base, candidates, sh(&a.test));
+    t.concurrency = a.jobs;
+    t.pick = match a.pick {
+        PickArg::First => Pick::FirstToPass,
+        PickArg::All => Pick::AllPassers,
+    };
+    let forks = Forks::open(
+        s.env.clone(),
+        ForkConfig {
+            noise: s.noise_rules(),
+            ..ForkConfig::default()
+        },
+    )?;
+    let report = t.run(&forks, &overlay_sandbox, Some(s.tracker()?))?;
+    let status = if report.adopted.is_some() { 0 } else { 1 };
+    if json {
+        print_json(&json!({ "base": base.to_string(), "report": report }));
+        return Ok(status);
+    }
+    println!("{:<4} {:<6} {:<42} command", "", "test", "branch");
+    for (i, c) in report.contestants.iter().enumerate() {
+        let mark = if Some(i) == report.winner {
+            "winner"
+        } else {
+            ""
+        };
+        println!(
+            "{:<4} {:<6} {:<42} {}  {mark}",
+            c.candidate.name,
+            if c.passed { "pass" } else { "fail" },
+            c.branch,
+            a.candidates.get(i).map(String::as_str).unwrap_or_default(),
+        );
+    }
+    match report.adopted {
+        Some(head) => println!(
+            "adopted: main is now {} (written into the workspace)",
+            head.short()
+        ),
+        None => eprintln!("envctl: no candidate passed the test; nothing was adopted"),
+    }
+    Ok(status)
 }

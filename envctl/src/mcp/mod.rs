@@ -17,6 +17,7 @@ use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabiliti
 use rmcp::{ErrorData, ServerHandler, ServiceExt, tool_handler};
 
 use crate::failure::{Failure, Outcome};
+use crate::target::{Remote, SupervisorAddr};
 use crate::workspace::{Session, Workspace};
 
 /// The most output of a command returned to the model, per stream.
@@ -24,14 +25,17 @@ const MAX_OUTPUT: usize = 32 * 1024;
 
 /// Serves MCP on stdio until the client disconnects.
 pub fn serve(ws: Workspace, actor: ActorId) -> Outcome<()> {
+    let session = Session::open(ws, actor)?;
+    stdio(EnvServer::new(session))
+}
+
+fn stdio(server: EnvServer) -> Outcome<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| Failure::other(format!("cannot start the async runtime: {e}")))?;
-    let session = Session::open(ws, actor)?;
     runtime.block_on(async move {
-        let server = EnvServer::new(session);
         let service = server
             .serve(rmcp::transport::stdio())
             .await
@@ -89,10 +93,19 @@ fn truncated(bytes: &[u8]) -> String {
     format!("{}\n[… {} more bytes]", &text[..end], text.len() - end)
 }
 
-/// The MCP server: one open environment, one actor.
+/// What the tools work on.
+#[derive(Clone)]
+enum Backend {
+    /// The stores, opened by this process.
+    Local(Arc<Mutex<Session>>),
+    /// A running supervisor, through its control socket.
+    Supervisor(Arc<Mutex<Remote>>),
+}
+
+/// The MCP server: one open environment (or a supervisor's socket), one actor.
 #[derive(Clone)]
 pub struct EnvServer {
-    session: Arc<Mutex<Session>>,
+    backend: Backend,
     tool_router: ToolRouter<EnvServer>,
 }
 
@@ -100,9 +113,54 @@ impl EnvServer {
     /// A server over an open session.
     pub fn new(session: Session) -> EnvServer {
         EnvServer {
-            session: Arc::new(Mutex::new(session)),
+            backend: Backend::Local(Arc::new(Mutex::new(session))),
             tool_router: Self::tool_router(),
         }
+    }
+
+    /// A server whose tools go through a supervisor's control socket.
+    pub fn through(remote: Remote) -> EnvServer {
+        EnvServer {
+            backend: Backend::Supervisor(Arc::new(Mutex::new(remote))),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// Runs a tool: through the supervisor as `method` with `params` (nulls left out) when
+    /// the server goes through one, else `work` on the stores.
+    async fn routed(
+        &self,
+        tool: &'static str,
+        method: &'static str,
+        params: serde_json::Value,
+        work: impl FnOnce(&mut Session) -> Outcome<String> + Send + 'static,
+    ) -> Result<CallToolResult, ErrorData> {
+        let Backend::Supervisor(remote) = &self.backend else {
+            return self.call(tool, work).await;
+        };
+        let remote = remote.clone();
+        let params = match params {
+            serde_json::Value::Object(m) => {
+                serde_json::Value::Object(m.into_iter().filter(|(_, v)| !v.is_null()).collect())
+            }
+            other => other,
+        };
+        let done = tokio::task::spawn_blocking(move || {
+            let mut r = remote.lock().unwrap_or_else(|p| p.into_inner());
+            r.call(method, params)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(Failure::other(format!(
+                "the tool stopped unexpectedly: {e}"
+            )))
+        });
+        Ok(match done {
+            Ok(answer) => {
+                CallToolResult::success(vec![ContentBlock::text(answer_text(method, &answer))])
+            }
+            Err(f) => CallToolResult::error(vec![ContentBlock::text(for_model(tool, &f))]),
+        })
     }
 
     /// Runs `work` on the blocking pool after capturing what changed since the last call.
@@ -111,7 +169,19 @@ impl EnvServer {
         tool: &'static str,
         work: impl FnOnce(&mut Session) -> Outcome<String> + Send + 'static,
     ) -> Result<CallToolResult, ErrorData> {
-        let session = self.session.clone();
+        let session = match &self.backend {
+            Backend::Local(s) => s.clone(),
+            Backend::Supervisor(_) => {
+                let f = Failure::new(
+                    crate::failure::ExitCode::Unavailable,
+                    format!("the {tool} tool does not go through the supervisor"),
+                )
+                .hint("use exec (e.g. `cat FILE`) for files while the supervisor runs");
+                return Ok(CallToolResult::error(vec![ContentBlock::text(for_model(
+                    tool, &f,
+                ))]));
+            }
+        };
         let done = tokio::task::spawn_blocking(move || {
             let mut s = session.lock().unwrap_or_else(|p| p.into_inner());
             s.capture_found(&format!("changes found before the {tool} tool"))?;
@@ -142,6 +212,34 @@ impl ServerHandler for EnvServer {
                  be refused by a policy; a refused or failed tool call did not happen.",
             )
     }
+}
+
+/// MCP over stdio with the tools going through the supervisor at `addr` (its actor acts:
+/// `actor` only names the server). Tools without a socket method (read_file, write_file,
+/// list_files) answer that they did not execute.
+pub fn serve_remote(
+    addr: SupervisorAddr,
+    _actor: ActorId,
+    credentials: environment_core::Credentials,
+) -> Outcome<()> {
+    let remote = Remote::connect(&addr, &credentials)?;
+    stdio(EnvServer::through(remote))
+}
+
+/// The text of a supervisor's answer for a model.
+fn answer_text(method: &str, answer: &serde_json::Value) -> String {
+    if method == "exec" {
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        return format!(
+            "The command ran and exited with {}; recorded as operation {} ({} file(s) changed).\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            answer["exit"],
+            text(&answer["op"]),
+            answer["files_changed"],
+            truncated(text(&answer["stdout"]["text"]).as_bytes()),
+            truncated(text(&answer["stderr"]["text"]).as_bytes()),
+        );
+    }
+    serde_json::to_string_pretty(answer).unwrap_or_else(|_| answer.to_string())
 }
 
 #[cfg(test)]

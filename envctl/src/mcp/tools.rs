@@ -19,6 +19,30 @@ use crate::failure::{Failure, Outcome};
 use crate::output::{change_json, change_letter, op_json};
 use crate::workspace::Session;
 
+/// A resource as the policy tools name it (`path:GLOB`, `topic:T`, `program:PROG ARGS…`,
+/// `environment`, a bare path) in the shape of the control socket's `resource` parameter.
+fn resource_param(text: &str) -> serde_json::Value {
+    if text == "environment" {
+        return json!({ "environment": true });
+    }
+    match text.split_once(':') {
+        Some(("program", rest)) => {
+            let mut words = rest.split_whitespace().map(str::to_owned);
+            let program = words.next().unwrap_or_default();
+            json!({ "program": program, "args": words.collect::<Vec<_>>() })
+        }
+        Some((kind, rest))
+            if [
+                "path", "prefix", "object", "branch", "topic", "service", "secret",
+            ]
+            .contains(&kind) =>
+        {
+            json!({ kind: rest })
+        }
+        _ => json!({ "path": text }),
+    }
+}
+
 fn version_or_head(s: &Session, v: Option<&str>) -> Outcome<environment_core::OpId> {
     Ok(s.env.resolve(v.unwrap_or("HEAD"))?)
 }
@@ -86,7 +110,7 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<HistoryParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("history", move |s| {
+        self.routed("history", "history", json!({"all": p.all, "branch": p.branch, "limit": p.limit.unwrap_or(30).clamp(1, 1000)}), move |s| {
             let branch = p.branch.unwrap_or_else(|| MAIN.to_owned());
             let opts = HistoryOptions {
                 all: p.all,
@@ -110,7 +134,7 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<VersionParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("show", move |s| {
+        self.routed("show", "show", json!({"version": p.version}), move |s| {
             let id = s.env.resolve(&p.version)?;
             let op = s.env.op(&id)?;
             let mut j = op_json(&op);
@@ -131,22 +155,27 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<DiffParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("diff", move |s| {
-            let a = s.env.resolve(&p.from)?;
-            let b = version_or_head(s, p.to.as_deref())?;
-            let changes = s.env.diff(&s.actor, &a, &b, None)?;
-            let mut lines: Vec<String> = changes
-                .iter()
-                .map(|c| format!("{} {}", change_letter(c), c.key.display_path()))
-                .collect();
-            lines.push(format!(
-                "{} path(s) differ between {} and {}.",
-                changes.len(),
-                a.short(),
-                b.short()
-            ));
-            Ok(lines.join("\n"))
-        })
+        self.routed(
+            "diff",
+            "diff",
+            json!({"from": p.from, "to": p.to}),
+            move |s| {
+                let a = s.env.resolve(&p.from)?;
+                let b = version_or_head(s, p.to.as_deref())?;
+                let changes = s.env.diff(&s.actor, &a, &b, None)?;
+                let mut lines: Vec<String> = changes
+                    .iter()
+                    .map(|c| format!("{} {}", change_letter(c), c.key.display_path()))
+                    .collect();
+                lines.push(format!(
+                    "{} path(s) differ between {} and {}.",
+                    changes.len(),
+                    a.short(),
+                    b.short()
+                ));
+                Ok(lines.join("\n"))
+            },
+        )
         .await
     }
 
@@ -158,11 +187,16 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<MarkParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("mark", move |s| {
-            let v = version_or_head(s, p.version.as_deref())?;
-            s.env.mark(&s.actor, &p.name, &v)?;
-            Ok(format!("Marked {} as {}.", v.short(), p.name))
-        })
+        self.routed(
+            "mark",
+            "mark",
+            json!({"name": p.name, "version": p.version}),
+            move |s| {
+                let v = version_or_head(s, p.version.as_deref())?;
+                s.env.mark(&s.actor, &p.name, &v)?;
+                Ok(format!("Marked {} as {}.", v.short(), p.name))
+            },
+        )
         .await
     }
 
@@ -174,11 +208,16 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<RestoreParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("restore", move |s| {
-            let target = s.env.resolve(&p.version)?;
-            let intent = Intent::new(IntentKind::Restore, format!("restore to {}", p.version));
-            restore_text(s, target, intent, p.dry_run)
-        })
+        self.routed(
+            "restore",
+            "restore",
+            json!({"version": p.version, "dry_run": p.dry_run}),
+            move |s| {
+                let target = s.env.resolve(&p.version)?;
+                let intent = Intent::new(IntentKind::Restore, format!("restore to {}", p.version));
+                restore_text(s, target, intent, p.dry_run)
+            },
+        )
         .await
     }
 
@@ -187,7 +226,7 @@ impl EnvServer {
         description = "Undo the last operation on the workspace (its files go back to the version before it)."
     )]
     async fn undo(&self) -> Result<CallToolResult, ErrorData> {
-        self.call("undo", move |s| {
+        self.routed("undo", "undo", json!({}), move |s| {
             let head = s.head()?;
             let op = s.env.op(&head)?;
             let parent = op.parents.first().copied().ok_or_else(|| {
@@ -208,27 +247,18 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<ExecParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("exec", move |s| {
+        self.routed("exec", "exec", json!({"argv": p.command, "intent": p.intent}), move |s| {
             if p.command.is_empty() {
                 return Err(Failure::usage("the command is empty").hint("pass e.g. [\"ls\", \"-l\"]"));
             }
-            let done = process::exec_recorded(s, &p.command, p.intent.as_deref(), true)?;
-            let (out, err) = done.output.unwrap_or_default();
-            let recorded = match &done.recorded {
-                Some(o) => format!(
-                    "recorded as {} (+{} ~{} -{})",
-                    o.version.short(),
-                    o.summary.added,
-                    o.summary.modified,
-                    o.summary.removed
-                ),
-                None => "no file changed".to_owned(),
-            };
+            let done = process::shell_exec(s, &p.command, p.intent.as_deref())?;
             Ok(format!(
-                "The command ran and exited with status {}; {recorded}.\n--- stdout ---\n{}\n--- stderr ---\n{}",
-                done.status,
-                truncated(&out),
-                truncated(&err)
+                "The command ran and exited with status {}; recorded as operation {} ({} file(s) changed).\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                done.status(),
+                done.outcome.op.short(),
+                done.outcome.files_changed,
+                truncated(&done.stdout),
+                truncated(&done.stderr)
             ))
         })
         .await
@@ -355,7 +385,7 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<PublishParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("queue_publish", move |s| {
+        self.routed("queue_publish", "queue.publish", json!({"topic": p.topic, "payload": p.payload, "ordering_key": p.key, "dedup_id": p.dedup}), move |s| {
             let bus = s.ws.open_bus()?;
             let out = queue::publish(
                 s,
@@ -378,7 +408,7 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<ClaimParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("queue_claim", move |s| {
+        self.routed("queue_claim", "queue.claim", json!({"group": p.group, "max": p.max, "lease_ms": p.lease_secs.map(|s| s.saturating_mul(1000))}), move |s| {
             let bus = s.ws.open_bus()?;
             let lease = Duration::from_secs(p.lease_secs.unwrap_or(60));
             Ok(pretty(&queue::claim(
@@ -400,10 +430,15 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<ReceiptParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("queue_ack", move |s| {
-            let bus = s.ws.open_bus()?;
-            Ok(pretty(&queue::ack(&bus, &p.receipt)?))
-        })
+        self.routed(
+            "queue_ack",
+            "queue.ack",
+            json!({"receipt": p.receipt}),
+            move |s| {
+                let bus = s.ws.open_bus()?;
+                Ok(pretty(&queue::ack(&bus, &p.receipt)?))
+            },
+        )
         .await
     }
 
@@ -415,10 +450,15 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<NackParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("queue_nack", move |s| {
-            let bus = s.ws.open_bus()?;
-            Ok(pretty(&queue::nack(&bus, &p.receipt, p.error.as_deref())?))
-        })
+        self.routed(
+            "queue_nack",
+            "queue.nack",
+            json!({"receipt": p.receipt, "error": p.error}),
+            move |s| {
+                let bus = s.ws.open_bus()?;
+                Ok(pretty(&queue::nack(&bus, &p.receipt, p.error.as_deref())?))
+            },
+        )
         .await
     }
 
@@ -430,18 +470,25 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<AccessParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("policy_explain", move |s| {
-            let req = policy_cmd::request(
-                s.actor.clone(),
-                policy_cmd::parse_action(&p.action)?,
-                policy_cmd::parse_resource(&p.resource)?,
-            );
-            let Some(policy) = &s.policy else {
-                return Ok("Allowed: no policy is loaded, so every action is allowed.".to_owned());
-            };
-            let d = policy.evaluate(&req);
-            Ok(d.explain(&req))
-        })
+        self.routed(
+            "policy_explain",
+            "policy.explain",
+            json!({"action": p.action, "resource": resource_param(&p.resource)}),
+            move |s| {
+                let req = policy_cmd::request(
+                    s.actor.clone(),
+                    policy_cmd::parse_action(&p.action)?,
+                    policy_cmd::parse_resource(&p.resource)?,
+                );
+                let Some(policy) = &s.policy else {
+                    return Ok(
+                        "Allowed: no policy is loaded, so every action is allowed.".to_owned()
+                    );
+                };
+                let d = policy.evaluate(&req);
+                Ok(d.explain(&req))
+            },
+        )
         .await
     }
 
@@ -453,33 +500,38 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<MayParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("what_may_i_do", move |s| {
-            let under = match p.resource.as_deref() {
-                Some(r) => policy_cmd::parse_resource(r)?,
-                None => Resource::Prefix(KeyPrefix::all(Namespace::Fs)),
-            };
-            let Some(policy) = &s.policy else {
-                return Ok("No policy is loaded: every action is allowed.".to_owned());
-            };
-            let perms = policy.what_may(s.actor.as_str(), &under);
-            if perms.is_empty() {
-                return Ok(format!("{} may do nothing there.", s.actor));
-            }
-            Ok(perms
-                .iter()
-                .map(|p| {
-                    let mut line = format!("{} on {} (rule {})", p.action, p.resource, p.rule);
-                    if !p.conditions.is_empty() {
-                        line.push_str(&format!(" when {}", p.conditions));
-                    }
-                    if !p.except.is_empty() {
-                        line.push_str(&format!(" except {}", p.except.join(", ")));
-                    }
-                    line
-                })
-                .collect::<Vec<_>>()
-                .join("\n"))
-        })
+        self.routed(
+            "what_may_i_do",
+            "policy.what_may_i_do",
+            json!({"resource": resource_param(p.resource.as_deref().unwrap_or("prefix:"))}),
+            move |s| {
+                let under = match p.resource.as_deref() {
+                    Some(r) => policy_cmd::parse_resource(r)?,
+                    None => Resource::Prefix(KeyPrefix::all(Namespace::Fs)),
+                };
+                let Some(policy) = &s.policy else {
+                    return Ok("No policy is loaded: every action is allowed.".to_owned());
+                };
+                let perms = policy.what_may(s.actor.as_str(), &under);
+                if perms.is_empty() {
+                    return Ok(format!("{} may do nothing there.", s.actor));
+                }
+                Ok(perms
+                    .iter()
+                    .map(|p| {
+                        let mut line = format!("{} on {} (rule {})", p.action, p.resource, p.rule);
+                        if !p.conditions.is_empty() {
+                            line.push_str(&format!(" when {}", p.conditions));
+                        }
+                        if !p.except.is_empty() {
+                            line.push_str(&format!(" except {}", p.except.join(", ")));
+                        }
+                        line
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"))
+            },
+        )
         .await
     }
 
@@ -491,7 +543,7 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<AccessParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("request_approval", move |s| {
+        self.routed("request_approval", "approval.request", json!({"action": p.action, "resource": resource_param(&p.resource)}), move |s| {
             let req = policy_cmd::request(
                 s.actor.clone(),
                 policy_cmd::parse_action(&p.action)?,

@@ -358,9 +358,18 @@ impl LocalEnvironment {
 
     /// Asks the environment's authorizer about an action the environment does not perform
     /// itself (running a program, for a shell): anything but an allow is
-    /// [`EnvError::NotAllowed`] carrying the decision.
+    /// [`EnvError::NotAllowed`] carrying the decision. The handle's credentials (see
+    /// [`LocalEnvironment::presenting`]) apply where the request presents none.
     pub fn check_access(&self, request: &AccessRequest) -> Result<Decision> {
-        self.inner.check(request)
+        match &self.credentials {
+            Some(c) if request.context.token.is_none() && request.context.approval.is_none() => {
+                let mut request = request.clone();
+                request.context.token.clone_from(&c.token);
+                request.context.approval.clone_from(&c.approval);
+                self.inner.check(&request)
+            }
+            _ => self.inner.check(request),
+        }
     }
 
     /// Asks the authorizer; anything but an allow is an error carrying the decision.

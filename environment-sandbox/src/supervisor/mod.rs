@@ -288,9 +288,13 @@ impl Supervisor {
             }
             _ => PathBuf::from("."),
         };
-        // The supervisor's own files must survive a rollback of the workspace.
+        // The supervisor's own files must survive a rollback of the workspace: outside it, or
+        // in a part of it that is never captured (and so never restored).
+        let noise = crate::noise::Noise::new(&workspace, &config.noise)?;
         for (what, p) in [("home", &home), ("socket", &socket_dir)] {
-            if p.starts_with(&workspace) {
+            if let Ok(rel) = p.strip_prefix(&workspace)
+                && (rel.as_os_str().is_empty() || !noise.is_ignored(rel, true))
+            {
                 return Err(SandboxError::Supervisor(format!(
                     "the {what} ({}) is inside the workspace ({}); a rollback would touch it",
                     p.display(),

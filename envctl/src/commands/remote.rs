@@ -1,0 +1,248 @@
+//! Commands answered by a running supervisor, through its control socket: while `envctl run`
+//! holds the workspace, its captures and a command's changes must not race, so log, show,
+//! diff, status, mark, restore, undo and exec go through it. The others say they cannot
+//! (exit 7) and do nothing.
+
+use serde_json::{Value, json};
+
+use crate::cli::{Cli, Command};
+use crate::failure::{Failure, Outcome};
+use crate::output::print_json;
+use crate::target::{Remote, SupervisorAddr, supervisor_unavailable};
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn short(v: &Value) -> String {
+    text(v).chars().take(12).collect()
+}
+
+/// Runs `cli`'s command through the supervisor at `addr`; returns the exit status.
+pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
+    let json = cli.json;
+    let credentials = environment_core::Credentials {
+        token: cli.token.clone(),
+        approval: cli.approval.clone(),
+    };
+    match &cli.command {
+        // Answered by the supervisor.
+        Command::Log { .. }
+        | Command::Show { .. }
+        | Command::Diff { .. }
+        | Command::Status
+        | Command::Mark { name: Some(_), .. }
+        | Command::Restore { .. }
+        | Command::Undo
+        | Command::Exec(_) => {}
+        Command::Mark { name: None, .. } => {
+            return Err(supervisor_unavailable(addr, "listing marks"));
+        }
+        Command::Run(_) => {
+            return Err(supervisor_unavailable(addr, "another `run`")
+                .hint("one supervisor per workspace: this one already runs an agent"));
+        }
+        Command::Branch { .. } => return Err(supervisor_unavailable(addr, "branch")),
+        Command::Merge { .. } => return Err(supervisor_unavailable(addr, "merge")),
+        Command::Tournament(_) => return Err(supervisor_unavailable(addr, "tournament")),
+        Command::Effects { .. } => return Err(supervisor_unavailable(addr, "effects")),
+        Command::Policy(_) => return Err(supervisor_unavailable(addr, "policy")),
+        Command::Queue(_) => return Err(supervisor_unavailable(addr, "queue")),
+        Command::Gc => return Err(supervisor_unavailable(addr, "gc")),
+        Command::Verify => return Err(supervisor_unavailable(addr, "verify")),
+        Command::Init { .. } | Command::Mcp | Command::Demo { .. } => {
+            return Err(supervisor_unavailable(addr, "this command"));
+        }
+    }
+    let mut remote = Remote::connect(addr, &credentials)?;
+    match &cli.command {
+        Command::Log { all, branch, limit } => {
+            let limit = (*limit).clamp(1, 1000);
+            let r = remote.call(
+                "history",
+                json!({ "all": all, "branch": branch, "limit": limit }),
+            )?;
+            let r = remote_history(r);
+            if json {
+                print_json(&r);
+            } else {
+                for e in r["entries"].as_array().into_iter().flatten() {
+                    println!("{}", text(&e["text"]));
+                }
+            }
+        }
+        Command::Show { version } => {
+            let r = remote.call("show", json!({ "version": version }))?;
+            if json {
+                print_json(&r);
+            } else {
+                println!(
+                    "{} {} {}: {}",
+                    short(&r["id"]),
+                    text(&r["actor"]),
+                    text(&r["intent"]["kind"]),
+                    text(&r["intent"]["text"])
+                );
+                for k in r["summary"]["keys"].as_array().into_iter().flatten() {
+                    println!("  {}", text(k));
+                }
+            }
+        }
+        Command::Diff { from, to, stat } => {
+            let mut p = json!({ "from": from });
+            if let Some(t) = to {
+                p["to"] = json!(t);
+            }
+            let r = remote.call("diff", p)?;
+            let mut changes = r["changes"].as_array().cloned().unwrap_or_default();
+            for c in &mut changes {
+                c["path"] = c["key"].clone();
+            }
+            let count = |c: &str| changes.iter().filter(|x| x["change"] == c).count();
+            let (a, m, d) = (count("added"), count("modified"), count("removed"));
+            if json {
+                let mut out = json!({
+                    "from": r["from"], "to": r["to"],
+                    "added": a, "modified": m, "removed": d,
+                });
+                if !stat {
+                    out["changes"] = Value::Array(changes);
+                }
+                print_json(&out);
+            } else {
+                if !stat {
+                    for c in &changes {
+                        let letter = match c["change"].as_str() {
+                            Some("added") => 'A',
+                            Some("removed") => 'D',
+                            _ => 'M',
+                        };
+                        println!("{letter} {}", text(&c["key"]));
+                    }
+                }
+                println!("{a} added, {m} modified, {d} removed");
+            }
+        }
+        Command::Status => {
+            let r = remote.call("status", Value::Null)?;
+            if json {
+                print_json(&json!({ "supervisor": r, "socket": addr.socket }));
+            } else {
+                println!("supervisor: {}", addr.socket.display());
+                for k in [
+                    "workspace",
+                    "sandbox",
+                    "actor",
+                    "branch",
+                    "head",
+                    "agent_pid",
+                ] {
+                    println!("  {k:<10} {}", text(&r[k]));
+                }
+                println!(
+                    "  captures {} · rollbacks {}",
+                    text(&r["captures"]),
+                    text(&r["rollbacks"])
+                );
+            }
+        }
+        Command::Mark { name, version } => {
+            let mut p = json!({ "name": name });
+            if let Some(v) = version {
+                p["version"] = json!(v);
+            }
+            let r = remote.call("mark", p)?;
+            if json {
+                print_json(&r);
+            } else {
+                println!("marked {} at {}", text(&r["name"]), short(&r["version"]));
+            }
+        }
+        Command::Restore { version, dry_run } => {
+            let r = remote.call("restore", json!({ "version": version, "dry_run": dry_run }))?;
+            print_restore(&r, json);
+        }
+        Command::Undo => {
+            let r = remote.call("undo", Value::Null)?;
+            print_restore(&r, json);
+        }
+        Command::Exec(a) => {
+            let mut p = json!({ "argv": a.command });
+            if let Some(i) = &a.intent {
+                p["intent"] = json!(i);
+            }
+            let r = remote.call("exec", p)?;
+            return Ok(print_exec(&r, json));
+        }
+        _ => return Err(Failure::other("unreachable command routing")),
+    }
+    Ok(0)
+}
+
+/// The supervisor's history entries with the field names of `envctl log --json`.
+fn remote_history(mut r: Value) -> Value {
+    r["via"] = json!("supervisor");
+    r
+}
+
+fn print_restore(r: &Value, json: bool) {
+    if json {
+        // The same shape as a direct restore's: `write`/`remove` at the top.
+        let mut out = r.clone();
+        out["write"] = r["steps"]["write"].clone();
+        out["remove"] = r["steps"]["remove"].clone();
+        print_json(&out);
+        return;
+    }
+    let steps = &r["steps"];
+    if r["dry_run"] == true {
+        println!(
+            "would restore {}: {} write(s), {} removal(s)",
+            short(&r["to"]),
+            text(&steps["writes"]),
+            text(&steps["removals"])
+        );
+        for p in steps["write"].as_array().into_iter().flatten() {
+            println!("  write  {}", text(p));
+        }
+        for p in steps["remove"].as_array().into_iter().flatten() {
+            println!("  remove {}", text(p));
+        }
+    } else {
+        println!(
+            "restored {} ({} write(s), {} removal(s)); the head is now {}",
+            short(&r["restored_to"]),
+            text(&steps["writes"]),
+            text(&steps["removals"]),
+            short(&r["version"])
+        );
+    }
+}
+
+/// Prints an `exec` answer; returns the command's exit status.
+fn print_exec(r: &Value, json: bool) -> i32 {
+    let status = match &r["exit"] {
+        e if e["code"].is_i64() => e["code"].as_i64().unwrap_or(1) as i32,
+        e if e["signal"].is_i64() => 128 + e["signal"].as_i64().unwrap_or(0) as i32,
+        _ => 124,
+    };
+    if json {
+        print_json(r);
+        return status;
+    }
+    use std::io::Write;
+    let out = text(&r["stdout"]["text"]);
+    let err = text(&r["stderr"]["text"]);
+    let _ = std::io::stdout().write_all(out.as_bytes());
+    let _ = std::io::stderr().write_all(err.as_bytes());
+    eprintln!(
+        "envctl: recorded as {} ({} file(s) changed), exit {status} (through the supervisor)",
+        short(&r["op"]),
+        text(&r["files_changed"])
+    );
+    status
+}

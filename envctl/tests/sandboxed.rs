@@ -1,0 +1,768 @@
+//! envctl with the sandbox: recorded commands through the shell, tournaments over overlays,
+//! agents under a supervisor (rolling themselves back through its socket), commands routed
+//! through a running supervisor, and held actions retried with their approval.
+//!
+//! Tests that need user namespaces say SKIPPED and why when the host refuses them; run as root
+//! (as CI does), they also run again as an unprivileged uid.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use environment_core::{ActRequest, ActorId, Intent, Key, LocalEnvironment, Options, Value};
+use environment_sandbox::Isolation;
+use serde_json::Value as Json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_envctl");
+const UNPRIVILEGED: &str = "ENVCTL_SANDBOXED_UNPRIVILEGED";
+
+struct Ws {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl Ws {
+    fn new() -> Ws {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("work");
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        std::fs::write(dir.join("README.md"), "# demo\n").unwrap();
+        std::fs::write(dir.join("src/main.rs"), "fn main() {}\n").unwrap();
+        let ws = Ws { _tmp: tmp, dir };
+        ws.ok(&["init"]);
+        ws
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    fn read(&self, rel: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(rel)).ok()
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .current_dir(&self.dir)
+            .env_remove("ENVIRONMENT_DIR")
+            .env_remove("ENVIRONMENT_SOCKET")
+            .env_remove("ENVIRONMENT_TOKEN")
+            .env("ENVIRONMENT_ACTOR", "human:test");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert_eq!(code(&out), 0, "envctl {args:?}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Json {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(&self.ok(&all)).unwrap()
+    }
+
+    fn fails(&self, args: &[&str], expected: i32) -> String {
+        let out = self.run(args);
+        assert_eq!(code(&out), expected, "envctl {args:?}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "a failure prints no result");
+        stderr(&out)
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.join(".environment")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.home().join("run/control.sock")
+    }
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Whether this host makes sandboxes; says SKIPPED and why when not.
+fn sandboxes(test: &str) -> bool {
+    match Isolation::probe() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("SKIPPED {test}: this host refuses unprivileged user namespaces: {e}");
+            false
+        }
+    }
+}
+
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Run as root (as CI does), a sandboxed test runs once more as uid/gid 65534.
+fn also_unprivileged(test: &str) {
+    if std::env::var_os(UNPRIVILEGED).is_some() || !running_as_root() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(UNPRIVILEGED, "1")
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .current_dir("/")
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIPPED the unprivileged run of {test}: setpriv is unavailable ({e})");
+            return;
+        }
+    };
+    let text = format!("{}{}", stderr(&out), stdout(&out));
+    if !out.status.success() && text.contains("Permission denied") && text.contains(BIN) {
+        eprintln!("SKIPPED the unprivileged run of {test}: uid 65534 cannot reach the binaries");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "unprivileged run of {test} failed: {text}"
+    );
+    assert!(
+        text.contains("1 passed"),
+        "the unprivileged run ran nothing: {text}"
+    );
+}
+
+fn log_all(ws: &Ws) -> Vec<Json> {
+    ws.json(&["log", "--all"])["entries"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn exec_stores_output_and_attributes_changes() {
+    let ws = Ws::new();
+    let out = ws.run(&[
+        "--actor",
+        "agent:builder",
+        "exec",
+        "--intent",
+        "make the config",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; echo debug=true > config.toml",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "out\n");
+    assert!(stderr(&out).starts_with("err\n"), "{}", stderr(&out));
+    let head = ws.json(&["show", "HEAD"]);
+    let short = &head["id"].as_str().unwrap()[..12];
+    assert!(
+        stderr(&out).contains(&format!("recorded as {short}")),
+        "the op id is printed: {}",
+        stderr(&out)
+    );
+    assert_eq!(head["actor"], "agent:builder");
+    assert_eq!(head["intent"], "make the config");
+    assert!(
+        head["flags"]
+            .as_array()
+            .unwrap()
+            .contains(&"command".into())
+    );
+    let paths: Vec<&str> = head["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .collect();
+    assert!(paths.contains(&"config.toml"), "{head}");
+
+    // The output is stored with the operation, and --json gives the outcome.
+    let done = ws.json(&[
+        "--actor",
+        "agent:builder",
+        "exec",
+        "--",
+        "sh",
+        "-c",
+        "echo again",
+    ]);
+    assert_eq!(done["status"], 0);
+    assert_eq!(done["stdout"]["text"], "again\n");
+    assert_eq!(done["stdout"]["stored"], 6);
+    assert_eq!(done["files_changed"], 0);
+    let op = done["op"].as_str().unwrap();
+    // A command that changed no file is recorded all the same.
+    assert_eq!(log_all(&ws)[0]["id"], op);
+    let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+    let reader = ActorId::new("human:test").unwrap();
+    let stored = env
+        .read(
+            &reader,
+            &Key::obj("exec/stdout").unwrap(),
+            &env.resolve(op).unwrap(),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(env.content(&stored).unwrap(), b"again\n");
+
+    // Started in a subdirectory, it runs there.
+    let out = ws
+        .cmd(&["exec", "--", "sh", "-c", "touch here"])
+        .current_dir(ws.path("src"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(ws.path("src/here").exists());
+
+    // A failing command's status comes back, flagged failed.
+    let out = ws.run(&["exec", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(code(&out), 3);
+    assert!(
+        log_all(&ws)[0]["flags"]
+            .as_array()
+            .unwrap()
+            .contains(&"failed".into())
+    );
+
+    if sandboxes("exec_stores_output_and_attributes_changes (confinement)") {
+        // The host is read-only around the workspace, and the stores are out of reach.
+        let out = ws.run(&[
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "touch /usr/envctl-must-not-exist; ls .environment | wc -l",
+        ]);
+        assert!(!Path::new("/usr/envctl-must-not-exist").exists());
+        assert_eq!(
+            stdout(&out).trim(),
+            "0",
+            "the home is masked: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn tournament_adopts_the_one_that_passes() {
+    if !sandboxes("tournament_adopts_the_one_that_passes") {
+        let ws = Ws::new();
+        let err = ws.fails(&["tournament", "--test", "true", "--", "true"], 7);
+        assert!(err.contains("sandbox"), "{err}");
+        return;
+    }
+    let ws = Ws::new();
+    std::fs::write(ws.path("total.sh"), "echo $((2 + 2 + 2))\n").unwrap();
+    let out = ws.run(&[
+        "tournament",
+        "--pick",
+        "all",
+        "--jobs",
+        "2",
+        "--test",
+        "test \"$(sh total.sh)\" = 4",
+        "--",
+        "echo 'echo $((2 + 2 - 2))' > total.sh",
+        "echo 'echo $((2 + 2))' > total.sh && echo fixed > CHANGES",
+        "echo 'echo five' > total.sh",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let table = stdout(&out);
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with('c')).collect();
+    assert_eq!(rows.len(), 3, "{table}");
+    assert!(
+        rows[0].contains("fail") && !rows[0].contains("winner"),
+        "{table}"
+    );
+    assert!(
+        rows[1].contains("pass") && rows[1].contains("winner"),
+        "{table}"
+    );
+    assert!(rows[2].contains("fail"), "{table}");
+    assert!(table.contains("adopted: main is now"), "{table}");
+    // The winner is on disk and in the log; the losers stay as branches.
+    assert_eq!(ws.read("total.sh").as_deref(), Some("echo $((2 + 2))\n"));
+    assert_eq!(ws.read("CHANGES").as_deref(), Some("fixed\n"));
+    let head = ws.json(&["show", "HEAD"]);
+    assert!(head["intent"].as_str().unwrap().contains("c2"), "{head}");
+    let branches = ws.json(&["branch"]);
+    let names: Vec<String> = branches["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect();
+    for c in ["c1", "c2", "c3"] {
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("tournament/") && n.ends_with(c)),
+            "{names:?}"
+        );
+    }
+
+    // None passes: exit 1, nothing adopted, the report in JSON.
+    let before = ws.json(&["show", "HEAD"])["id"].clone();
+    let out = ws.run(&[
+        "--json",
+        "tournament",
+        "--test",
+        "false",
+        "--",
+        "touch x",
+        "touch y",
+    ]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let report: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["report"]["winner"].is_null(), "{report}");
+    assert_eq!(report["report"]["contestants"].as_array().unwrap().len(), 2);
+    assert_eq!(ws.json(&["show", "HEAD"])["id"], before);
+    assert!(!ws.path("x").exists());
+    also_unprivileged("tournament_adopts_the_one_that_passes");
+}
+
+#[test]
+fn an_agent_rolls_itself_back_through_the_socket() {
+    if !sandboxes("an_agent_rolls_itself_back_through_the_socket") {
+        return;
+    }
+    let ws = Ws::new();
+    // The agent: a script that marks, breaks its files, and restores through the socket by
+    // running envctl inside the sandbox; the supervisor's pid for it must not change.
+    let script = format!(
+        "set -e
+         pid() {{ {BIN} --json status | tr -d ' \\n' | sed -n 's/.*\"agent_pid\":\\([0-9][0-9]*\\).*/\\1/p'; }}
+         before=$(pid)
+         n=0
+         while [ -z \"$before\" ] && [ $n -lt 100 ]; do sleep 0.05; before=$(pid); n=$((n+1)); done
+         {BIN} mark good
+         rm src/main.rs
+         echo broken > README.md
+         {BIN} restore good
+         test -f src/main.rs
+         grep -q demo README.md
+         echo \"pids $before $(pid)\"
+         echo after > after.txt"
+    );
+    let out = ws.run(&[
+        "--actor",
+        "agent:self",
+        "run",
+        "--isolate",
+        "host",
+        "--self-rollback",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let said = stdout(&out);
+    assert_eq!(code(&out), 0, "{said}{}", stderr(&out));
+    let pids: Vec<&str> = said
+        .lines()
+        .find_map(|l| l.strip_prefix("pids "))
+        .unwrap_or_else(|| panic!("{said}"))
+        .split(' ')
+        .collect();
+    assert!(
+        !pids[0].is_empty() && pids[0] == pids[1],
+        "same agent: {said}"
+    );
+    assert!(
+        stderr(&out).contains("rollbacks:     1"),
+        "{}",
+        stderr(&out)
+    );
+    // After the rollback it carried on; the files are back.
+    assert_eq!(ws.read("README.md").as_deref(), Some("# demo\n"));
+    assert!(ws.path("src/main.rs").exists());
+    assert_eq!(ws.read("after.txt").as_deref(), Some("after\n"));
+    let log = log_all(&ws);
+    assert!(
+        log.iter().any(|e| e["actor"] == "agent:self"
+            && e["flags"].as_array().unwrap().contains(&"rollback".into())),
+        "{log:?}"
+    );
+
+    // Without --self-rollback the agent cannot reach the socket.
+    let out = ws.run(&[
+        "run",
+        "--isolate",
+        "host",
+        "--",
+        "sh",
+        "-c",
+        &format!("{BIN} status; echo \"status exit $?\""),
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("status exit 6"), "{}", stdout(&out));
+    also_unprivileged("an_agent_rolls_itself_back_through_the_socket");
+}
+
+/// Starts `envctl run` with a long agent and waits for its socket and the agent's first file.
+fn supervised(ws: &Ws, isolate: &str) -> Child {
+    let child = ws
+        .cmd(&[
+            "--actor",
+            "agent:long",
+            "run",
+            "--isolate",
+            isolate,
+            "--",
+            "sh",
+            "-c",
+            "echo one > one.txt; exec sleep 60",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..400 {
+        if ws.socket().exists() && ws.path("one.txt").exists() {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let out = stop(child);
+    panic!("the supervisor never came up: {}", stderr(&out));
+}
+
+fn stop(child: Child) -> Output {
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn commands_go_through_a_running_supervisor() {
+    let ws = Ws::new();
+    let child = supervised(&ws, "none");
+    let log = ws.json(&["log"]);
+    assert_eq!(log["via"], "supervisor", "{log}");
+    let status = ws.json(&["status"]);
+    assert_eq!(status["supervisor"]["actor"], "agent:long", "{status}");
+    assert!(status["supervisor"]["agent_pid"].is_u64(), "{status}");
+    let marked = ws.json(&["mark", "m1"]);
+    assert_eq!(marked["name"], "m1");
+    let shown = ws.json(&["show", "m1"]);
+    assert!(shown["id"].is_string(), "{shown}");
+    // An exec through the supervisor: recorded, its output printed.
+    let out = ws.run(&["exec", "--", "sh", "-c", "echo via; echo two > two.txt"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "via\n");
+    assert!(
+        stderr(&out).contains("through the supervisor"),
+        "{}",
+        stderr(&out)
+    );
+    let diff = ws.json(&["diff", "m1"]);
+    assert!(
+        diff["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["path"] == "two.txt" && c["change"] == "added"),
+        "{diff}"
+    );
+    // A dry run changes nothing; the restore does, under the running agent.
+    let plan = ws.json(&["restore", "m1", "--dry-run"]);
+    assert_eq!(plan["remove"][0], "two.txt", "{plan}");
+    assert!(ws.path("two.txt").exists());
+    let done = ws.json(&["restore", "m1"]);
+    assert!(done["version"].is_string(), "{done}");
+    assert!(!ws.path("two.txt").exists());
+    ws.ok(&["undo"]);
+    assert!(ws.path("two.txt").exists());
+    // The rest waits for the supervisor, and says so.
+    for args in [
+        &["branch", "b"][..],
+        &["gc"],
+        &["verify"],
+        &["queue", "stats"],
+    ] {
+        let err = ws.fails(args, 7);
+        assert!(err.contains("supervisor"), "{args:?}: {err}");
+    }
+    ws.fails(&["show", "no-such-version"], 3);
+    ws.fails(&["run", "--", "true"], 7);
+    let out = stop(child);
+    let summary = stderr(&out);
+    assert!(summary.contains("rollbacks:     2"), "{summary}");
+    // Direct again once it is gone.
+    assert!(ws.json(&["log"]).get("via").is_none());
+}
+
+const RULES: &str = r#"
+[[rule]]
+id = "alice-everything"
+effect = "permit"
+principal = "human:alice"
+actions = ["read", "write", "delete", "execute", "publish", "consume", "approve"]
+resource = "*"
+
+[[rule]]
+id = "bob-reads"
+effect = "permit"
+principal = "agent:bob"
+actions = ["read"]
+resource = "*"
+
+[[rule]]
+id = "bob-writes-files"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { path = "**" }
+
+[[rule]]
+id = "bob-merges-into-main-with-approval"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { branch = "main" }
+approval_from = ["human:alice"]
+"#;
+
+#[test]
+fn a_held_merge_is_retried_with_its_approval() {
+    let ws = Ws::new();
+    std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
+    ws.ok(&["policy", "load", "../rules.toml"]);
+    ws.ok(&["--actor", "human:alice", "branch", "feature"]);
+    {
+        let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+        env.act_blocking(
+            ActRequest::new(
+                ActorId::new("human:alice").unwrap(),
+                Intent::edit("feature"),
+            )
+            .on("feature")
+            .put(
+                Key::fs("src/feature.rs").unwrap(),
+                Value::file("pub fn f() {}\n"),
+            ),
+        )
+        .unwrap();
+    }
+    let err = ws.fails(&["--actor", "agent:bob", "merge", "feature"], 4);
+    assert!(!ws.path("src/feature.rs").exists(), "{err}");
+    let pending = ws.json(&["--actor", "human:alice", "policy", "approvals"]);
+    let id = pending["approvals"][0]["id"].as_str().unwrap().to_owned();
+    // Not granted yet: presenting it changes nothing.
+    ws.fails(
+        &[
+            "--actor",
+            "agent:bob",
+            "--approval",
+            &id,
+            "merge",
+            "feature",
+        ],
+        4,
+    );
+    assert!(!ws.path("src/feature.rs").exists());
+    ws.ok(&[
+        "--actor",
+        "human:alice",
+        "policy",
+        "approvals",
+        "grant",
+        &id,
+    ]);
+    // A made-up approval does not help either.
+    ws.fails(
+        &[
+            "--actor",
+            "agent:bob",
+            "--approval",
+            "no-such-approval",
+            "merge",
+            "feature",
+        ],
+        4,
+    );
+    let merged = ws.json(&[
+        "--actor",
+        "agent:bob",
+        "--approval",
+        &id,
+        "merge",
+        "feature",
+    ]);
+    assert_eq!(merged["conflicts"].as_array().unwrap().len(), 0, "{merged}");
+    assert_eq!(
+        ws.read("src/feature.rs").as_deref(),
+        Some("pub fn f() {}\n")
+    );
+    let head = ws.json(&["--actor", "human:alice", "show", "HEAD"]);
+    assert_eq!(head["actor"], "agent:bob", "{head}");
+}
+
+#[test]
+fn an_agent_runs_in_the_managed_rootfs() {
+    if !sandboxes("an_agent_runs_in_the_managed_rootfs") {
+        return;
+    }
+    let Some(busybox) = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        eprintln!("SKIPPED an_agent_runs_in_the_managed_rootfs: no busybox to make a rootfs of");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("a.txt"), "alpha\n").unwrap();
+    let ws = Ws {
+        _tmp: tempfile::tempdir().unwrap(),
+        dir: work,
+    };
+    let root_arg = root.to_str().unwrap();
+    ws.ok(&["init", "--rootfs", root_arg]);
+    let out = ws.run(&[
+        "--actor",
+        "agent:rooted",
+        "run",
+        "--isolate",
+        "rootfs",
+        "--",
+        "/bin/sh",
+        "-c",
+        "test \"$PWD\" = /workspace && test -f a.txt && test -x /bin/busybox && echo made > b.txt",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(ws.read("b.txt").as_deref(), Some("made\n"));
+    let log = log_all(&ws);
+    assert!(
+        log.iter().any(|e| e["actor"] == "agent:rooted"),
+        "the agent's changes are its own: {log:?}"
+    );
+    also_unprivileged("an_agent_runs_in_the_managed_rootfs");
+}
+
+#[test]
+fn a_run_whose_changes_the_policy_refuses_loses_nothing() {
+    let ws = Ws::new();
+    std::fs::write(
+        ws.path("../rules.toml"),
+        r#"
+[[rule]]
+id = "bob-reads-and-runs"
+effect = "permit"
+principal = "agent:bob"
+actions = ["read", "execute"]
+resource = "*"
+
+[[rule]]
+id = "bob-writes-src"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { path = "src/**" }
+"#,
+    )
+    .unwrap();
+    ws.ok(&["policy", "load", "../rules.toml"]);
+    let out = ws.run(&[
+        "--actor",
+        "agent:bob",
+        "run",
+        "--isolate",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo a > src/a.rs; echo b > top.txt",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("not recorded:"), "{}", stderr(&out));
+    let log = ws.json(&["--actor", "service:capture", "log", "--all"]);
+    let found = log["entries"][0].clone();
+    assert_eq!(found["actor"], "service:capture", "{log}");
+    // The refused capture is recorded whole by the witness: nothing on disk goes unrecorded.
+    assert!(
+        found["keys"]
+            .as_array()
+            .unwrap()
+            .contains(&"top.txt".into()),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_token_narrows_what_the_actor_may_do() {
+    let ws = Ws::new();
+    std::fs::write(
+        ws.path("../rules.toml"),
+        r#"
+[[rule]]
+id = "everyone-everything"
+effect = "permit"
+principal = "*"
+actions = ["read", "write", "execute"]
+resource = "*"
+"#,
+    )
+    .unwrap();
+    ws.ok(&["policy", "load", "../rules.toml"]);
+    let token = {
+        let policy = environment_policy::Policy::open(
+            &ws.home().join("policy.db"),
+            std::sync::Arc::new(environment_core::SystemClock),
+        )
+        .unwrap();
+        let limits = environment_policy::TokenLimits {
+            actions: Some(vec!["read".into()]),
+            ..Default::default()
+        };
+        policy.issue_token("agent:bob", limits).unwrap().encode()
+    };
+    let head = ws.json(&["show", "HEAD"])["id"].clone();
+    // With the read-only token, bob's own right to run and write is narrowed away.
+    for args in [
+        &["exec", "--", "sh", "-c", "echo x > top.txt"][..],
+        &["mark", "mine"],
+    ] {
+        let mut all = vec!["--actor", "agent:bob", "--token", &token];
+        all.extend_from_slice(args);
+        ws.fails(&all, 4);
+    }
+    assert!(!ws.path("top.txt").exists());
+    ws.fails(
+        &["--actor", "agent:bob", "--token", "ept1.forged", "log"],
+        4,
+    );
+    assert_eq!(ws.json(&["show", "HEAD"])["id"], head);
+    // Reading is within it; without the token, bob's own rights apply.
+    ws.ok(&["--actor", "agent:bob", "--token", &token, "log"]);
+    ws.ok(&["--actor", "agent:bob", "mark", "mine"]);
+}
