@@ -21,6 +21,16 @@ fn bench_mode() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
+/// Whether a run filtered by name (`cargo bench --bench sandbox -- fork`) measures `group`: a
+/// group left out does not build its tree (minutes for the reference shape).
+fn wanted(group: &str) -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()))
+}
+
 fn gen_tree(dir: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads/gen_tree.py");
     let mut cmd = Command::new("python3");
@@ -127,6 +137,9 @@ fn capture(f: &Fixture) -> Option<OpId> {
 }
 
 fn bench_capture(c: &mut Criterion) {
+    if !wanted("capture after changes") {
+        return;
+    }
     let f = fixture();
     // git keeps its repository outside the tree, so the tracker does not see it.
     let git_dir = f.scratch.join("git");
@@ -164,6 +177,9 @@ fn bench_capture(c: &mut Criterion) {
 }
 
 fn bench_restore(c: &mut Criterion) {
+    if !wanted("restore") {
+        return;
+    }
     let f = fixture();
     let agent = ActorId::new("agent:bench").unwrap();
     let mut g = c.benchmark_group("restore");
@@ -214,6 +230,9 @@ fn bench_restore(c: &mut Criterion) {
 }
 
 fn bench_first_capture(c: &mut Criterion) {
+    if !wanted("first capture of the whole tree") {
+        return;
+    }
     let f = fixture();
     let mut g = c.benchmark_group("first capture of the whole tree");
     g.sample_size(10);
@@ -313,6 +332,9 @@ fn bench_exec(c: &mut Criterion) {
 /// what forking replaces: one full copy with `cp -a`. The base is materialized once per version
 /// before the measurement; its one-off cost is printed.
 fn bench_fork(c: &mut Criterion) {
+    if !wanted("fork") {
+        return;
+    }
     let f = fixture();
     let base = f.env.head("main").unwrap();
     let forks = Forks::open(f.env.clone(), ForkConfig::default()).unwrap();
