@@ -657,7 +657,8 @@ fn an_agent_runs_in_the_managed_rootfs() {
         "--",
         "/bin/sh",
         "-c",
-        "test \"$PWD\" = /workspace && test -f a.txt && test -x /bin/busybox && echo made > b.txt",
+        "test \"$PWD\" = /workspace && test -f a.txt && test -x /bin/busybox && echo made > b.txt \
+         && mkdir -p /etc && echo configured > /etc/motd && test ! -e /workspace/.environment/env.db",
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(ws.read("b.txt").as_deref(), Some("made\n"));
@@ -665,6 +666,13 @@ fn an_agent_runs_in_the_managed_rootfs() {
     assert!(
         log.iter().any(|e| e["actor"] == "agent:rooted"),
         "the agent's changes are its own: {log:?}"
+    );
+    // The rootfs is tracked too: what the agent changed there is in the log.
+    assert!(
+        log.iter().any(|e| e["keys"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == ".environment/rootfs/etc/motd"))),
+        "the rootfs change was captured: {log:?}"
     );
     also_unprivileged("an_agent_runs_in_the_managed_rootfs");
 }

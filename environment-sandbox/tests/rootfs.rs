@@ -172,6 +172,36 @@ fn agent_breaks_rootfs_and_restore_brings_it_back() {
     );
 }
 
+/// A workspace bound into a rootfs: a masked path under it is empty inside, the rest is there.
+fn scenario_mask_under_the_workspace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("rootfs");
+    busybox_tree(&root);
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(work.join("secrets")).unwrap();
+    std::fs::write(work.join("secrets/key"), b"hunter2").unwrap();
+    std::fs::write(work.join("notes"), b"public").unwrap();
+    let mut spec = IsolationSpec::rootfs(&root);
+    spec.workspace = Some(environment_sandbox::Workspace::Dir(work.clone()));
+    spec.masked.push("/workspace/secrets".into());
+    let iso = Isolation::new(spec).unwrap();
+    let out = run(
+        &iso,
+        "cat /workspace/notes; ls -A /workspace/secrets | wc -l",
+    );
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "public0\n");
+    assert_eq!(std::fs::read(work.join("secrets/key")).unwrap(), b"hunter2");
+}
+
+#[test]
+fn a_mask_under_the_workspace_hides_it_in_a_rootfs() {
+    both(
+        "a_mask_under_the_workspace_hides_it_in_a_rootfs",
+        scenario_mask_under_the_workspace,
+    );
+}
+
 /// An archive entry with a raw name (the builder refuses unsafe names, an attacker does not).
 fn raw_entry(b: &mut tar::Builder<std::fs::File>, name: &[u8], kind: tar::EntryType, link: &[u8]) {
     let mut h = tar::Header::new_old();

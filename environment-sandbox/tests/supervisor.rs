@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use common::{always, both, disk, no_skip, view, write};
 use environment_bus::{Bus, BusConfig, GroupOptions};
 use environment_core::{
-    ActorId, ExecOutcome, ExecRequest, Exit, HistoryOptions, LocalEnvironment, OpFlags, Options,
-    ShellExec, StoredOutput, SystemClock,
+    ActorId, ExecOutcome, ExecRequest, Exit, HistoryOptions, Key, LocalEnvironment, OpFlags,
+    Options, ShellExec, StoredOutput, SystemClock,
 };
 use environment_policy::{GrantScope, Policy, TokenLimits};
 use environment_sandbox::isolate::{Bind, IsolationSpec};
@@ -1320,4 +1320,62 @@ fn the_agent_runs_commands_through_the_sandbox_shell_scenario(dir: &Path) {
     let summary = sup.shutdown().unwrap();
     assert!(summary.files_changed >= 1);
     reopen_and_verify(&home, &work);
+}
+
+// ---- further tracked roots -------------------------------------------------------------------
+
+#[test]
+fn a_rollback_restores_every_tracked_root() {
+    both(
+        "a_rollback_restores_every_tracked_root",
+        always,
+        every_tracked_root_scenario,
+    );
+}
+
+/// A managed rootfs tracked beside the workspace: broken together, restored together by one
+/// rollback, and its changes captured at shutdown.
+fn every_tracked_root_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let rootfs = dir.join("rootfs");
+    write(&rootfs, "etc/passwd", b"root:x:0:0::/root:/bin/sh\n");
+    write(&rootfs, "bin/tool", b"#!/bin/sh\necho tool\n");
+    let mut cfg = config(&work, &home);
+    cfg.extra_roots.push(environment_sandbox::TrackedRoot {
+        path: rootfs.clone(),
+        key_prefix: b"rootfs".to_vec(),
+    });
+    let sup = Supervisor::open(cfg).unwrap();
+    let good = sup.capture("all set").unwrap();
+    let good = good.unwrap_or_else(|| sup.env().head("main").unwrap());
+    let (work_before, root_before) = (disk(&work, &no_skip), disk(&rootfs, &no_skip));
+    assert!(
+        sup.env()
+            .read_unchecked(&Key::fs("rootfs/etc/passwd").unwrap(), &good)
+            .unwrap()
+            .is_some(),
+        "the rootfs is tracked under its prefix"
+    );
+
+    std::fs::remove_file(rootfs.join("bin/tool")).unwrap();
+    write(&rootfs, "etc/passwd", b"clobbered\n");
+    write(&work, "config.toml", b"debug = true\n");
+    let rb = sup
+        .rollback(&human(), &good.to_string(), RollbackMode::KeepRunning)
+        .unwrap();
+    assert!(rb.writes >= 3, "{rb:?}");
+    assert_eq!(disk(&work, &no_skip), work_before);
+    assert_eq!(disk(&rootfs, &no_skip), root_before);
+
+    write(&rootfs, "etc/motd", b"hello\n");
+    let summary = sup.shutdown().unwrap();
+    let env = LocalEnvironment::open(&home, Options::default()).unwrap();
+    let last: environment_core::OpId = env.resolve(&summary.final_version).unwrap();
+    assert!(
+        env.read_unchecked(&Key::fs("rootfs/etc/motd").unwrap(), &last)
+            .unwrap()
+            .is_some(),
+        "the final capture takes the rootfs too"
+    );
+    env.verify_deep().unwrap();
 }

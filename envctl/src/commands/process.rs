@@ -18,15 +18,18 @@ use environment_core::{
 use environment_sandbox::supervisor::{AgentSpec, ShellHandles};
 use environment_sandbox::{
     Bind, Candidate, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec, Launcher, Pick,
-    SandboxError, Shell, Supervisor, SupervisorConfig, Tournament, Unconfined, WorkingTree,
-    Workspace as SandboxWorkspace,
+    SandboxError, Shell, Supervisor, SupervisorConfig, Tournament, TrackedRoot, Unconfined,
+    WorkingTree, Workspace as SandboxWorkspace,
 };
 use serde_json::json;
 
 use crate::cli::{ExecArgs, Isolation, PickArg, RunArgs, TournamentArgs};
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::output::print_json;
-use crate::workspace::{ROOTFS_DIR, SOCKET_FILE, Session, Workspace, witness};
+use crate::workspace::{MARKER, ROOTFS_DIR, SOCKET_FILE, Session, Workspace, witness};
+
+/// Where the workspace appears inside a managed rootfs.
+const ROOTFS_WORKSPACE: &str = "/workspace";
 
 /// Where the control socket appears inside a sandbox that is given it.
 const SOCKET_DIR_INSIDE: &str = "/tmp/.environment-run";
@@ -258,6 +261,8 @@ struct Placement {
     launcher: Arc<dyn Launcher>,
     socket_inside: PathBuf,
     workspace_inside: PathBuf,
+    /// The managed rootfs, tracked beside the workspace when the agent runs in it.
+    rootfs: Option<PathBuf>,
 }
 
 fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
@@ -289,6 +294,7 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
             launcher: Arc::new(Unconfined::new(&ws.dir)),
             socket_inside: given(socket.to_path_buf()),
             workspace_inside: ws.dir.clone(),
+            rootfs: None,
         });
     }
     if let Err(why) = namespaces() {
@@ -298,6 +304,7 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
         )
         .hint("use --isolate none to run the agent unconfined"));
     }
+    let mut tracked_rootfs = None;
     let mut spec = match isolate {
         Isolation::Rootfs => {
             let rootfs = ws.home.join(ROOTFS_DIR);
@@ -308,8 +315,15 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
                 ))
                 .hint("make one with `envctl init --rootfs DIR_OR_TAR`"));
             }
-            let mut spec = IsolationSpec::rootfs(rootfs);
+            let mut spec = IsolationSpec::rootfs(&rootfs);
             spec.workspace = Some(SandboxWorkspace::Dir(ws.dir.clone()));
+            spec.workspace_inside = Some(ROOTFS_WORKSPACE.into());
+            // The stores (and the rootfs itself) are not the agent's to see through the
+            // workspace.
+            if let Ok(rel) = ws.home.strip_prefix(&ws.dir) {
+                spec.masked.push(Path::new(ROOTFS_WORKSPACE).join(rel));
+            }
+            tracked_rootfs = Some(rootfs);
             spec
         }
         _ => {
@@ -334,6 +348,7 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
         launcher: Arc::new(sandbox),
         socket_inside: given(inside.join(socket_name)),
         workspace_inside,
+        rootfs: tracked_rootfs,
     })
 }
 
@@ -357,6 +372,14 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
     config.policy = policy;
     config.token = ws.credentials.token.clone();
     config.capture_actor = actor.clone();
+    if let Some(rootfs) = &place.rootfs {
+        // Under the home's own (never captured) path in the workspace, so no tracker of the
+        // workspace alone ever writes or removes the rootfs's keys.
+        config.extra_roots.push(TrackedRoot {
+            path: rootfs.clone(),
+            key_prefix: format!("{MARKER}/{ROOTFS_DIR}").into_bytes(),
+        });
+    }
     if ws.home.join(crate::workspace::BUS_FILE).exists() {
         config.bus = Some(ws.open_bus()?);
     }

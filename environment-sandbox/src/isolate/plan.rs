@@ -285,10 +285,7 @@ impl Plan {
 
         // Masks last, so that a secret under a writable directory is still hidden.
         for m in &spec.masked {
-            let on_host = match &spec.root {
-                Root::Host => m.clone(),
-                Root::Rootfs(dir) => under(&dir.to_string_lossy(), m),
-            };
+            let on_host = host_path(spec, workspace_inside, m);
             // A link inside a rootfs would be followed from the half-built root: not masked.
             let Ok(meta) = std::fs::symlink_metadata(&on_host) else {
                 continue;
@@ -345,5 +342,28 @@ impl Plan {
             network: spec.network,
             limits,
         })
+    }
+}
+
+/// Where an inside path lives on the host: in the workspace or a bind when it is under one
+/// (the last mounted wins, as inside), else in the root.
+fn host_path(spec: &IsolationSpec, workspace_inside: &Path, inside: &Path) -> PathBuf {
+    let mut mounted: Vec<(&Path, &Path)> = Vec::new();
+    if let Some(Workspace::Dir(d)) = &spec.workspace {
+        mounted.push((workspace_inside, d));
+    }
+    mounted.extend(
+        spec.binds
+            .iter()
+            .map(|b| (b.inside.as_path(), b.host.as_path())),
+    );
+    for (at, host) in mounted.into_iter().rev() {
+        if let Ok(rel) = inside.strip_prefix(at) {
+            return host.join(rel);
+        }
+    }
+    match &spec.root {
+        Root::Host => inside.to_path_buf(),
+        Root::Rootfs(dir) => under(&dir.to_string_lossy(), inside),
     }
 }

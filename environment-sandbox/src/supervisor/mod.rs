@@ -125,6 +125,20 @@ pub struct SupervisorConfig {
     pub shell: bool,
     /// Resolves the secret references commands ask for; without one, asking is an error.
     pub secrets: Option<Arc<dyn SecretProvider>>,
+    /// Further trees tracked on the same branch beside the workspace, each under its own key
+    /// prefix (a managed rootfs, the agent's home): captured with it, restored with it.
+    pub extra_roots: Vec<TrackedRoot>,
+}
+
+/// A tree tracked beside the workspace. Its keys live under `key_prefix`, which the
+/// workspace's own keys must never reach: the directory it names in the workspace is ignored
+/// there (or does not exist).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrackedRoot {
+    /// The tree.
+    pub path: PathBuf,
+    /// Where its keys live (`fs:<key_prefix>/<path>`).
+    pub key_prefix: Vec<u8>,
 }
 
 impl SupervisorConfig {
@@ -152,6 +166,7 @@ impl SupervisorConfig {
             branch: MAIN.to_owned(),
             shell: true,
             secrets: None,
+            extra_roots: Vec::new(),
         }
     }
 }
@@ -316,9 +331,33 @@ impl Supervisor {
         let mut tc = TrackerConfig::new(&workspace, config.capture_actor.clone());
         tc.branch = config.branch.clone();
         tc.noise = config.noise.clone();
+        let mut workspace_noise = config.noise.clone();
+        for root in &config.extra_roots {
+            let prefix = std::str::from_utf8(&root.key_prefix)
+                .ok()
+                .filter(|p| !p.is_empty() && !p.starts_with('/'))
+                .ok_or_else(|| {
+                    SandboxError::Supervisor(format!(
+                        "a tracked root's key prefix must be a non-empty relative path, not {:?}",
+                        String::from_utf8_lossy(&root.key_prefix)
+                    ))
+                })?;
+            // The workspace's keys never reach a further root's: its directory there (if any)
+            // is the other root's business.
+            workspace_noise.ignored.push(format!("/{prefix}"));
+        }
         tc.quiet_period = config.quiet_period;
         tc.max_wait = config.max_wait;
-        let tracker = Arc::new(Tracker::open(env.clone(), tc)?);
+        let mut wc = tc.clone();
+        wc.noise = workspace_noise;
+        let tracker = Arc::new(Tracker::open(env.clone(), wc)?);
+        let mut extra = Vec::with_capacity(config.extra_roots.len());
+        for root in &config.extra_roots {
+            let mut rc = tc.clone();
+            rc.root = canonical(&root.path, "open a tracked root")?;
+            rc.key_prefix = root.key_prefix.clone();
+            extra.push(Arc::new(Tracker::open(env.clone(), rc)?));
+        }
         let first = env.head(&config.branch)?;
         let shell = if config.shell {
             let shell = Arc::new(crate::shell::Shell::new(
@@ -337,6 +376,7 @@ impl Supervisor {
         let shared = Arc::new(Shared {
             env,
             tracker: RwLock::new(Some(tracker)),
+            extra: RwLock::new(extra),
             shell: RwLock::new(shell),
             authorizer,
             policy: config.policy.clone(),
@@ -464,10 +504,7 @@ impl Supervisor {
             IntentKind::Restore,
             format!("restore to {version} (asked by {actor})"),
         );
-        let restore = || {
-            self.shared
-                .with_tracker(|t| t.restore(actor, &target, intent.clone()))
-        };
+        let restore = || self.shared.restore(actor, &target, intent.clone());
         let (plan, agent_pid, restarted) = match mode {
             RollbackMode::KeepRunning => (restore()?, self.agent.pid(), false),
             RollbackMode::RestartAgent { grace } => {
@@ -508,8 +545,16 @@ impl Supervisor {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        let extra =
+            std::mem::take(&mut *self.shared.extra.write().unwrap_or_else(|p| p.into_inner()));
         // Shell processes end with the shell, before the final capture takes what they left.
         *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = ShellHandles::default();
+        for t in extra {
+            t.capture_now(
+                Intent::new(IntentKind::Capture, "final capture"),
+                environment_core::OpFlags::AUTO_CAPTURE,
+            )?;
+        }
         let captures = match tracker {
             Some(t) => {
                 let before = t.captures();

@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use environment_bus::Bus;
 use environment_core::{
     ActorId, Authorizer, BackgroundProcesses, Intent, IntentKind, LocalEnvironment, Observation,
-    OpFlags, PtySessions, ShellExec,
+    OpFlags, OpId, PtySessions, ShellExec,
 };
 use environment_policy::Policy;
 
 use crate::error::{Result, SandboxError};
 use crate::launch::Launcher;
+use crate::restore::RestorePlan;
 use crate::tracker::Tracker;
 
 /// Counters for the closing summary.
@@ -55,6 +56,8 @@ pub(crate) struct Shared {
     pub env: LocalEnvironment,
     /// `None` once shut down. Shared with the shell, whose commands take their own captures.
     pub tracker: RwLock<Option<Arc<Tracker>>>,
+    /// The trackers of the further roots (empty once shut down).
+    pub extra: RwLock<Vec<Arc<Tracker>>>,
     /// The shell capabilities behind `exec`, `process.*` and `pty.*`, once attached.
     pub shell: RwLock<ShellHandles>,
     pub authorizer: Arc<dyn Authorizer>,
@@ -92,14 +95,47 @@ impl Shared {
         }
     }
 
-    /// A capture barrier: everything changed up to now, attributed to `text`.
+    /// A capture barrier: everything changed up to now, attributed to `text` (the workspace's
+    /// capture is returned; the further roots record their own).
     pub fn capture(&self, text: &str) -> Result<Option<Observation>> {
+        self.capture_extra(text)?;
         self.with_tracker(|t| {
             t.capture_now(
                 Intent::new(IntentKind::Capture, text),
                 OpFlags::AUTO_CAPTURE,
             )
         })
+    }
+
+    fn capture_extra(&self, text: &str) -> Result<()> {
+        for t in self.extra.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            t.capture_now(
+                Intent::new(IntentKind::Capture, text),
+                OpFlags::AUTO_CAPTURE,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// What a restore to `target` would write and remove, in every tracked root.
+    pub fn plan_restore(&self, target: &OpId) -> Result<RestorePlan> {
+        let mut plan = self.with_tracker(|t| t.plan_restore(target))?;
+        for t in self.extra.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            plan.steps.extend(t.plan_restore(target)?.steps);
+        }
+        Ok(plan)
+    }
+
+    /// Restores every tracked root to `target` as `actor`: one rollback operation, recorded by
+    /// the workspace's tracker once it is authorized; the further roots are then brought to the
+    /// same version (their uncaptured changes captured first, so nothing is lost).
+    pub fn restore(&self, actor: &ActorId, target: &OpId, intent: Intent) -> Result<RestorePlan> {
+        self.capture_extra("safety capture before a restore")?;
+        let mut plan = self.with_tracker(|t| t.restore(actor, target, intent))?;
+        for t in self.extra.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            plan.steps.extend(t.sync_from(&plan.from)?.steps);
+        }
+        Ok(plan)
     }
 }
 

@@ -282,9 +282,7 @@ pub(super) fn restore_to(
 ) -> Result<Value, RpcError> {
     let shared = g.shared();
     if dry_run {
-        let plan = shared
-            .with_tracker(|t| t.plan_restore(&target))
-            .map_err(sandbox_error)?;
+        let plan = shared.plan_restore(&target).map_err(sandbox_error)?;
         return Ok(json!({
             "dry_run": true,
             "from": plan.from.to_string(),
@@ -293,13 +291,11 @@ pub(super) fn restore_to(
         }));
     }
     let plan = shared
-        .with_tracker(|t| {
-            t.restore(
-                &shared.actor,
-                &target,
-                Intent::new(IntentKind::Restore, text),
-            )
-        })
+        .restore(
+            &shared.actor,
+            &target,
+            Intent::new(IntentKind::Restore, text),
+        )
         .map_err(sandbox_error)?;
     Counters::bump(&shared.counters.rollbacks);
     let head = shared.env.head(g.branch()).map_err(env_error)?;
