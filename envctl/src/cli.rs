@@ -181,7 +181,9 @@ pub enum Isolation {
     None,
     /// In namespaces: the host read-only, the workspace writable, secrets masked.
     Host,
-    /// In namespaces with the managed rootfs as its root.
+    /// In namespaces with the managed rootfs as its root (fully writable, captured beside the
+    /// workspace and rolled back with it while the supervisor runs), the workspace at
+    /// /workspace.
     Rootfs,
 }
 
