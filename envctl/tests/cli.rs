@@ -289,7 +289,7 @@ fn a_signal_to_run_shuts_down_cleanly_with_a_final_capture() {
         );
         let log = ws.full_log("human:test");
         assert!(
-            entries(&log).iter().any(|e| e["keys"]
+            entries(&log).iter().any(|e| e["summary"]["keys"]
                 .as_array()
                 .is_some_and(|k| k.contains(&"early.txt".into()))),
             "SIG{signal}: {log}"
@@ -314,8 +314,8 @@ fn exec_records_one_operation_of_its_actor() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let op = ws.json(&["show", "HEAD"]);
     assert_eq!(op["actor"], "agent:builder");
-    assert_eq!(op["kind"], "command");
-    assert_eq!(op["intent"], "generate the config");
+    assert_eq!(op["intent"]["kind"], "command");
+    assert_eq!(op["intent"]["text"], "generate the config");
     assert_eq!(op["changes"][0]["path"], "config.toml");
     // The command's own status comes back; a failing command is flagged.
     let out = ws.run(&["exec", "--", "sh", "-c", "echo x > fail.txt; exit 3"]);
@@ -535,7 +535,7 @@ fn queue_round_trip() {
     std::fs::write(ws.path("oob.txt"), "x").unwrap();
     ws.ok(&["queue", "stats"]);
     let log = ws.full_log("human:test");
-    assert_eq!(entries(&log)[0]["keys"][0], "oob.txt", "{log}");
+    assert_eq!(entries(&log)[0]["summary"]["keys"][0], "oob.txt", "{log}");
 }
 
 const RULES: &str = r#"

@@ -182,7 +182,7 @@ fn exec_stores_output_and_attributes_changes() {
         stderr(&out)
     );
     assert_eq!(head["actor"], "agent:builder");
-    assert_eq!(head["intent"], "make the config");
+    assert_eq!(head["intent"]["text"], "make the config");
     assert!(
         head["flags"]
             .as_array()
@@ -305,7 +305,7 @@ fn tournament_adopts_the_one_that_passes() {
     assert_eq!(ws.read("total.sh").as_deref(), Some("echo $((2 + 2))\n"));
     assert_eq!(ws.read("CHANGES").as_deref(), Some("fixed\n"));
     let head = ws.json(&["show", "HEAD"]);
-    assert!(head["intent"].as_str().unwrap().contains("c2"), "{head}");
+    assert!(head["intent"]["text"].as_str().unwrap().contains("c2"), "{head}");
     let branches = ws.json(&["branch"]);
     let names: Vec<String> = branches["branches"]
         .as_array()
@@ -669,7 +669,7 @@ fn an_agent_runs_in_the_managed_rootfs() {
     );
     // The rootfs is tracked too: what the agent changed there is in the log.
     assert!(
-        log.iter().any(|e| e["keys"]
+        log.iter().any(|e| e["summary"]["keys"]
             .as_array()
             .is_some_and(|k| k.iter().any(|k| k == ".environment/rootfs/etc/motd"))),
         "the rootfs change was captured: {log:?}"
@@ -718,7 +718,7 @@ resource = { path = "src/**" }
     assert_eq!(found["actor"], "service:capture", "{log}");
     // The refused capture is recorded whole by the witness: nothing on disk goes unrecorded.
     assert!(
-        found["keys"]
+        found["summary"]["keys"]
             .as_array()
             .unwrap()
             .contains(&"top.txt".into()),

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::resolve;
 use crate::failure::Outcome;
-use crate::output::{change_json, change_letter, counts, history_json, op_json, print_json};
+use crate::output::{change_json, change_letter, counts, print_json};
 use crate::workspace::Session;
 
 /// The history of a branch.
@@ -17,7 +17,7 @@ pub fn log(s: &Session, all: bool, branch: &str, limit: usize, json: bool) -> Ou
         print_json(&json!({
             "branch": branch,
             "all": all,
-            "entries": entries.iter().map(history_json).collect::<Vec<_>>(),
+            "entries": entries.iter().map(environment_core::HistoryEntry::to_json).collect::<Vec<_>>(),
         }));
     } else {
         for e in &entries {
@@ -45,7 +45,7 @@ pub fn show(s: &Session, spec: &str, json: bool) -> Outcome<()> {
         .map(|(n, _)| n)
         .collect();
     if json {
-        let mut j = op_json(&op);
+        let mut j = op.to_json();
         j["marks"] = json!(marks);
         j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
         print_json(&j);

@@ -16,7 +16,7 @@ use super::params::*;
 use super::{EnvServer, truncated};
 use crate::commands::{policy as policy_cmd, process, queue};
 use crate::failure::{Failure, Outcome};
-use crate::output::{change_json, change_letter, op_json};
+use crate::output::{change_json, change_letter};
 use crate::workspace::Session;
 
 /// A resource as the policy tools name it (`path:GLOB`, `topic:T`, `program:PROG ARGS…`,
@@ -137,7 +137,7 @@ impl EnvServer {
         self.routed("show", "show", json!({"version": p.version}), move |s| {
             let id = s.env.resolve(&p.version)?;
             let op = s.env.op(&id)?;
-            let mut j = op_json(&op);
+            let mut j = op.to_json();
             if let Some(parent) = op.parents.first() {
                 let changes = s.env.diff(&s.actor, parent, &id, None)?;
                 j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());

@@ -3,7 +3,7 @@
 
 use environment_core::{
     Action, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind, Key, KeyChange, KeyPrefix,
-    Namespace, OpId, Operation, Resource,
+    Namespace, OpId, Resource,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -52,67 +52,8 @@ pub(super) fn history(g: &Gate<'_>, p: HistoryParams) -> Result<Value, RpcError>
     Ok(json!({
         "branch": branch,
         "head": head.to_string(),
-        "entries": entries.iter().map(history_entry).collect::<Vec<_>>(),
+        "entries": entries.iter().map(HistoryEntry::to_json).collect::<Vec<_>>(),
     }))
-}
-
-pub(super) fn history_entry(e: &HistoryEntry) -> Value {
-    match e {
-        HistoryEntry::Op {
-            op,
-            marks,
-            fork_point,
-        } => {
-            let mut v = op_json(op);
-            if let Value::Object(m) = &mut v {
-                m.insert("type".into(), json!("op"));
-                m.insert("marks".into(), json!(marks));
-                m.insert("fork_point".into(), json!(fork_point));
-                m.insert("text".into(), json!(e.to_string()));
-            }
-            v
-        }
-        HistoryEntry::Captures {
-            count,
-            newest,
-            oldest,
-            changed,
-            quiet,
-            from_ms,
-            to_ms,
-        } => json!({
-            "type": "captures",
-            "count": count,
-            "newest": newest.to_string(),
-            "oldest": oldest.to_string(),
-            "changed": changed,
-            "quiet": quiet,
-            "from_ms": from_ms,
-            "to_ms": to_ms,
-            "text": e.to_string(),
-        }),
-    }
-}
-
-pub(super) fn op_json(op: &Operation) -> Value {
-    json!({
-        "id": op.id.to_string(),
-        "seq": op.seq,
-        "parents": op.parents.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "branch": op.branch,
-        "actor": op.actor.as_str(),
-        "intent": { "kind": op.intent.kind.to_string(), "text": op.intent.text },
-        "base_version": op.base_version.map(|v| v.to_string()),
-        "summary": {
-            "added": op.summary.added,
-            "modified": op.summary.modified,
-            "removed": op.summary.removed,
-            "keys": op.summary.keys.iter().map(|k| k.display_path()).collect::<Vec<_>>(),
-        },
-        "flags": op.flags.names(),
-        "time_ms": op.time_ms,
-        "restored_from": op.restored_from.map(|v| v.to_string()),
-    })
 }
 
 #[derive(Deserialize)]
@@ -129,7 +70,7 @@ pub(super) fn show(g: &Gate<'_>, p: ShowParams) -> Result<Value, RpcError> {
         Resource::Branch(op.branch.clone()),
         Some("show"),
     )?;
-    Ok(op_json(&op))
+    Ok(op.to_json())
 }
 
 #[derive(Deserialize)]
