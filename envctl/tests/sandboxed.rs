@@ -305,7 +305,10 @@ fn tournament_adopts_the_one_that_passes() {
     assert_eq!(ws.read("total.sh").as_deref(), Some("echo $((2 + 2))\n"));
     assert_eq!(ws.read("CHANGES").as_deref(), Some("fixed\n"));
     let head = ws.json(&["show", "HEAD"]);
-    assert!(head["intent"]["text"].as_str().unwrap().contains("c2"), "{head}");
+    assert!(
+        head["intent"]["text"].as_str().unwrap().contains("c2"),
+        "{head}"
+    );
     let branches = ws.json(&["branch"]);
     let names: Vec<String> = branches["branches"]
         .as_array()
@@ -497,12 +500,17 @@ fn commands_go_through_a_running_supervisor() {
     assert!(!ws.path("two.txt").exists());
     ws.ok(&["undo"]);
     assert!(ws.path("two.txt").exists());
-    // The rest waits for the supervisor, and says so.
+    // What touches only the stores runs beside it.
+    ws.ok(&["branch", "b"]);
+    ws.ok(&["verify"]);
+    ws.ok(&["gc"]);
+    ws.ok(&["queue", "stats"]);
+    let marks = ws.json(&["mark"]);
+    assert!(marks.to_string().contains("m1"), "{marks}");
+    // What would move the workspace's branch under it waits for the supervisor, and says so.
     for args in [
-        &["branch", "b"][..],
-        &["gc"],
-        &["verify"],
-        &["queue", "stats"],
+        &["merge", "b"][..],
+        &["tournament", "--test", "true", "--", "true"],
     ] {
         let err = ws.fails(args, 7);
         assert!(err.contains("supervisor"), "{args:?}: {err}");

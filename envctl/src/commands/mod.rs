@@ -65,6 +65,40 @@ fn credentials(cli: &Cli) -> environment_core::Credentials {
     }
 }
 
+/// Whether a command touches only the stores, never the workspace tree or the branch it is
+/// captured to: it can run beside a supervisor that holds the workspace.
+fn stores_only(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Mark { name: None, .. }
+            | Command::Branch { .. }
+            | Command::Effects { .. }
+            | Command::Policy(_)
+            | Command::Queue(_)
+            | Command::Gc
+            | Command::Verify
+    )
+}
+
+/// Runs a [`stores_only`] command on the stores alone.
+fn stores_command(s: &mut Session, command: &Command, json: bool) -> Outcome<i32> {
+    match command {
+        Command::Mark { name, version } => {
+            names::mark(s, name.as_deref(), version.as_deref(), json)?
+        }
+        Command::Branch { name, version } => {
+            names::branch(s, name.as_deref(), version.as_deref(), json)?
+        }
+        Command::Effects { unfinished } => maintain::effects(s, *unfinished, json)?,
+        Command::Policy(p) => policy::run(&s.ws, &s.actor, p, json)?,
+        Command::Queue(q) => queue::run(s, q, json)?,
+        Command::Gc => maintain::gc(s, json)?,
+        Command::Verify => maintain::verify(s, json)?,
+        _ => return Err(Failure::other("this command needs the workspace")),
+    }
+    Ok(ExitCode::Ok.status())
+}
+
 /// Runs a command; returns the exit status.
 pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     let json = cli.json;
@@ -113,6 +147,12 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     if own.exists()
         && let Ok(addr) = crate::target::probe(&own)
     {
+        if stores_only(&cli.command) {
+            // The supervisor captures the tree; these read or change only the stores, which
+            // several processes share safely.
+            let mut s = Session::open_stores(ws, actor)?;
+            return stores_command(&mut s, &cli.command, json);
+        }
         return remote::run(&addr, &cli);
     }
     match &cli.command {
