@@ -2,120 +2,15 @@
 //! files on disk.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
 
 use environment_core::{ActRequest, ActorId, Intent, Key, LocalEnvironment, Options, Value};
 use serde_json::Value as Json;
-
-const BIN: &str = env!("CARGO_BIN_EXE_envctl");
-
-struct Ws {
-    _tmp: tempfile::TempDir,
-    dir: PathBuf,
-}
-
-impl Ws {
-    /// A workspace with two files, made an environment.
-    fn new() -> Ws {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("work");
-        std::fs::create_dir_all(dir.join("src")).unwrap();
-        std::fs::write(dir.join("README.md"), "# demo\n").unwrap();
-        std::fs::write(dir.join("src/main.rs"), "fn main() {}\n").unwrap();
-        let ws = Ws { _tmp: tmp, dir };
-        let out = ws.run(&["init"]);
-        assert_eq!(code(&out), 0, "{}", stderr(&out));
-        assert!(
-            out.stderr.is_empty(),
-            "nothing on stderr off a terminal: {}",
-            stderr(&out)
-        );
-        ws
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.join(rel)
-    }
-
-    fn read(&self, rel: &str) -> Option<String> {
-        std::fs::read_to_string(self.path(rel)).ok()
-    }
-
-    /// envctl in the workspace.
-    fn run(&self, args: &[&str]) -> Output {
-        envctl_in(&self.dir, args)
-    }
-
-    /// envctl that must succeed.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert_eq!(code(&out), 0, "envctl {args:?}: {}", stderr(&out));
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// envctl --json that must succeed.
-    fn json(&self, args: &[&str]) -> Json {
-        let mut all = args.to_vec();
-        all.push("--json");
-        serde_json::from_str(&self.ok(&all)).unwrap()
-    }
-
-    /// envctl that must fail with `expected`, saying so in one sentence and a hint.
-    fn fails(&self, args: &[&str], expected: i32) -> String {
-        let out = self.run(args);
-        assert_eq!(code(&out), expected, "envctl {args:?}: {}", stderr(&out));
-        let err = stderr(&out);
-        assert_one_sentence(&err);
-        err
-    }
-
-    /// Every operation of main, as JSON.
-    fn full_log(&self, actor: &str) -> Json {
-        self.json(&["--actor", actor, "log", "--all", "--limit", "1000"])
-    }
-
-    fn head(&self, actor: &str) -> String {
-        self.json(&["--actor", actor, "status"])["head"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    }
-
-    fn home(&self) -> PathBuf {
-        self.path(".environment")
-    }
-}
-
-fn envctl_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .current_dir(dir)
-        .env_remove("ENVIRONMENT_DIR")
-        .env_remove("ENVIRONMENT_ACTOR")
-        .env_remove("ENVIRONMENT_SOCKET")
-        .output()
-        .unwrap()
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// `envctl: <one sentence>.` then `hint: ...`.
-fn assert_one_sentence(err: &str) {
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 2, "one sentence and a hint: {err:?}");
-    assert!(
-        lines[0].starts_with("envctl: ") && lines[0].ends_with('.'),
-        "{err:?}"
-    );
-    assert!(lines[1].starts_with("hint: "), "{err:?}");
-}
 
 fn entries(log: &Json) -> &Vec<Json> {
     log["entries"].as_array().unwrap()
@@ -849,8 +744,12 @@ fn a_home_that_cannot_be_written_is_refused() {
     set_mode(&ws.home(), 0o500);
     let privileged = std::fs::write(&probe, "x").is_ok();
     if privileged {
+        assert!(
+            !in_unprivileged_run(),
+            "permissions are ignored even for the unprivileged run"
+        );
         set_mode(&ws.home(), 0o755);
-        rerun_unprivileged("a_home_that_cannot_be_written_is_refused");
+        also_unprivileged("a_home_that_cannot_be_written_is_refused");
         return;
     }
     set_mode(&db, 0o400);
@@ -860,40 +759,6 @@ fn a_home_that_cannot_be_written_is_refused() {
     assert!(matches!(code(&out), 1), "{}", stderr(&out));
     assert_one_sentence(&stderr(&out));
     assert!(ws.json(&["mark"])["marks"].as_array().unwrap().is_empty());
-}
-
-const UNPRIVILEGED: &str = "ENVCTL_TEST_UNPRIVILEGED";
-
-/// Permissions do not bind root (as CI runs): re-runs `test` of this binary as uid/gid 65534.
-fn rerun_unprivileged(test: &str) {
-    if std::env::var_os(UNPRIVILEGED).is_some() {
-        panic!("permissions are ignored even for the unprivileged child");
-    }
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(&exe)
-        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env(UNPRIVILEGED, "1")
-        .current_dir("/")
-        .output();
-    let out = match out {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("skipped: running privileged and setpriv is unavailable ({e})");
-            return;
-        }
-    };
-    let text = format!("{}{}", stderr(&out), String::from_utf8_lossy(&out.stdout));
-    if !out.status.success() && text.contains("Permission denied") && text.contains(BIN) {
-        eprintln!("skipped: the unprivileged user cannot reach the test binaries: {text}");
-        return;
-    }
-    assert!(out.status.success(), "unprivileged run failed: {text}");
-    assert!(
-        text.contains("1 passed"),
-        "the unprivileged run ran nothing: {text}"
-    );
 }
 
 fn set_mode(p: &Path, mode: u32) {

@@ -6,96 +6,17 @@
 //! (as CI does), they also run again as an unprivileged uid.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+
+use common::*;
 use std::time::Duration;
 
 use environment_core::{ActRequest, ActorId, Intent, Key, LocalEnvironment, Options, Value};
 use environment_sandbox::Isolation;
 use serde_json::Value as Json;
-
-const BIN: &str = env!("CARGO_BIN_EXE_envctl");
-const UNPRIVILEGED: &str = "ENVCTL_SANDBOXED_UNPRIVILEGED";
-
-struct Ws {
-    _tmp: tempfile::TempDir,
-    dir: PathBuf,
-}
-
-impl Ws {
-    fn new() -> Ws {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("work");
-        std::fs::create_dir_all(dir.join("src")).unwrap();
-        std::fs::write(dir.join("README.md"), "# demo\n").unwrap();
-        std::fs::write(dir.join("src/main.rs"), "fn main() {}\n").unwrap();
-        let ws = Ws { _tmp: tmp, dir };
-        ws.ok(&["init"]);
-        ws
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.join(rel)
-    }
-
-    fn read(&self, rel: &str) -> Option<String> {
-        std::fs::read_to_string(self.path(rel)).ok()
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.args(args)
-            .current_dir(&self.dir)
-            .env_remove("ENVIRONMENT_DIR")
-            .env_remove("ENVIRONMENT_SOCKET")
-            .env_remove("ENVIRONMENT_TOKEN")
-            .env("ENVIRONMENT_ACTOR", "human:test");
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert_eq!(code(&out), 0, "envctl {args:?}: {}", stderr(&out));
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn json(&self, args: &[&str]) -> Json {
-        let mut all = vec!["--json"];
-        all.extend_from_slice(args);
-        serde_json::from_str(&self.ok(&all)).unwrap()
-    }
-
-    fn fails(&self, args: &[&str], expected: i32) -> String {
-        let out = self.run(args);
-        assert_eq!(code(&out), expected, "envctl {args:?}: {}", stderr(&out));
-        assert!(out.stdout.is_empty(), "a failure prints no result");
-        stderr(&out)
-    }
-
-    fn home(&self) -> PathBuf {
-        self.dir.join(".environment")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.home().join("run/control.sock")
-    }
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// Whether this host makes sandboxes; says SKIPPED and why when not.
 fn sandboxes(test: &str) -> bool {
@@ -108,48 +29,6 @@ fn sandboxes(test: &str) -> bool {
     }
 }
 
-fn running_as_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-/// Run as root (as CI does), a sandboxed test runs once more as uid/gid 65534.
-fn also_unprivileged(test: &str) {
-    if std::env::var_os(UNPRIVILEGED).is_some() || !running_as_root() {
-        return;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(&exe)
-        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env(UNPRIVILEGED, "1")
-        .env("HOME", "/tmp")
-        .env("TMPDIR", "/tmp")
-        .current_dir("/")
-        .output();
-    let out = match out {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("SKIPPED the unprivileged run of {test}: setpriv is unavailable ({e})");
-            return;
-        }
-    };
-    let text = format!("{}{}", stderr(&out), stdout(&out));
-    if !out.status.success() && text.contains("Permission denied") && text.contains(BIN) {
-        eprintln!("SKIPPED the unprivileged run of {test}: uid 65534 cannot reach the binaries");
-        return;
-    }
-    assert!(
-        out.status.success(),
-        "unprivileged run of {test} failed: {text}"
-    );
-    assert!(
-        text.contains("1 passed"),
-        "the unprivileged run ran nothing: {text}"
-    );
-}
-
 fn log_all(ws: &Ws) -> Vec<Json> {
     ws.json(&["log", "--all"])["entries"]
         .as_array()
@@ -159,7 +38,7 @@ fn log_all(ws: &Ws) -> Vec<Json> {
 
 #[test]
 fn exec_stores_output_and_attributes_changes() {
-    let ws = Ws::new();
+    let ws = Ws::acting_as(Some("human:test"));
     let out = ws.run(&[
         "--actor",
         "agent:builder",
@@ -267,12 +146,12 @@ fn exec_stores_output_and_attributes_changes() {
 #[test]
 fn tournament_adopts_the_one_that_passes() {
     if !sandboxes("tournament_adopts_the_one_that_passes") {
-        let ws = Ws::new();
+        let ws = Ws::acting_as(Some("human:test"));
         let err = ws.fails(&["tournament", "--test", "true", "--", "true"], 7);
         assert!(err.contains("sandbox"), "{err}");
         return;
     }
-    let ws = Ws::new();
+    let ws = Ws::acting_as(Some("human:test"));
     std::fs::write(ws.path("total.sh"), "echo $((2 + 2 + 2))\n").unwrap();
     let out = ws.run(&[
         "tournament",
@@ -350,7 +229,7 @@ fn an_agent_rolls_itself_back_through_the_socket() {
     if !sandboxes("an_agent_rolls_itself_back_through_the_socket") {
         return;
     }
-    let ws = Ws::new();
+    let ws = Ws::acting_as(Some("human:test"));
     // The agent: a script that marks, breaks its files, and restores through the socket by
     // running envctl inside the sandbox; the supervisor's pid for it must not change.
     let script = format!(
@@ -462,7 +341,7 @@ fn stop(child: Child) -> Output {
 
 #[test]
 fn commands_go_through_a_running_supervisor() {
-    let ws = Ws::new();
+    let ws = Ws::acting_as(Some("human:test"));
     let child = supervised(&ws, "none");
     let log = ws.json(&["log"]);
     assert_eq!(log["via"], "supervisor", "{log}");
@@ -557,7 +436,7 @@ approval_from = ["human:alice"]
 
 #[test]
 fn a_held_merge_is_retried_with_its_approval() {
-    let ws = Ws::new();
+    let ws = Ws::acting_as(Some("human:test"));
     std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
     ws.ok(&["policy", "load", "../rules.toml"]);
     ws.ok(&["--actor", "human:alice", "branch", "feature"]);
@@ -653,6 +532,7 @@ fn an_agent_runs_in_the_managed_rootfs() {
     let ws = Ws {
         _tmp: tempfile::tempdir().unwrap(),
         dir: work,
+        actor: Some("human:test"),
     };
     let root_arg = root.to_str().unwrap();
     ws.ok(&["init", "--rootfs", root_arg]);
@@ -687,7 +567,7 @@ fn an_agent_runs_in_the_managed_rootfs() {
 
 #[test]
 fn a_run_whose_changes_the_policy_refuses_loses_nothing() {
-    let ws = Ws::new();
+    let ws = Ws::acting_as(Some("human:test"));
     std::fs::write(
         ws.path("../rules.toml"),
         r#"
@@ -736,7 +616,7 @@ resource = { path = "src/**" }
 
 #[test]
 fn a_token_narrows_what_the_actor_may_do() {
-    let ws = Ws::new();
+    let ws = Ws::acting_as(Some("human:test"));
     std::fs::write(
         ws.path("../rules.toml"),
         r#"
