@@ -22,7 +22,7 @@ use crate::error::{Result, SandboxError};
 use crate::fsops::Root;
 use crate::noise::{Noise, NoiseRules};
 use crate::restore::RestorePlan;
-use crate::statcache::StatCache;
+use crate::statcache::{StatCache, StatEntry};
 use crate::watch::Watcher;
 
 /// How a root is tracked.
@@ -261,15 +261,32 @@ impl Tracker {
     /// What a restore to `target` would change, without changing the tree. Uncaptured changes
     /// are captured first, so the plan is exact.
     pub fn plan_restore(&self, target: &OpId) -> Result<RestorePlan> {
+        let capturer = self.captured("capture before a restore plan")?;
+        Ok(capturer.plan(target)?.0)
+    }
+
+    /// The capturer, once everything changed so far is captured (attributed to `why`).
+    fn captured(&self, why: &str) -> Result<MutexGuard<'_, Capturer>> {
         drain(&self.shared);
         let mut capturer = lock(&self.shared.capturer);
         capture_pending(
             &self.shared,
             &mut capturer,
-            intent("capture before a restore plan"),
+            intent(why),
             OpFlags::AUTO_CAPTURE,
         )?;
-        Ok(capturer.plan(target)?.0)
+        Ok(capturer)
+    }
+
+    /// Drops the events of what was just `written` (still as written) from the dirty set: the
+    /// head holds those paths already. Returns the capturer for what comes next.
+    fn forget_written(&self, written: &[(Vec<u8>, Option<StatEntry>)]) -> MutexGuard<'_, Capturer> {
+        drain(&self.shared);
+        let capturer = lock(&self.shared.capturer);
+        let mut pending = lock(&self.shared.pending);
+        capturer.forget_own_writes(&mut pending.dirty, written);
+        drop(pending);
+        capturer
     }
 
     /// Restores the live tree to `target`: a safety capture of anything not yet captured, then
@@ -277,14 +294,7 @@ impl Tracker {
     /// working in the tree keep running; a file descriptor they already hold keeps the old inode
     /// (a replaced file is a new file at the same path).
     pub fn restore(&self, actor: &ActorId, target: &OpId, intent_: Intent) -> Result<RestorePlan> {
-        drain(&self.shared);
-        let mut capturer = lock(&self.shared.capturer);
-        capture_pending(
-            &self.shared,
-            &mut capturer,
-            intent("safety capture before a restore"),
-            OpFlags::AUTO_CAPTURE,
-        )?;
+        let mut capturer = self.captured("safety capture before a restore")?;
         let (plan, changes) = capturer.plan(target)?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -303,12 +313,7 @@ impl Tracker {
         // The restore's own events: a path still exactly as the restore left it needs no
         // reading (the head holds it already); anything else is captured as usual.
         drop(capturer);
-        drain(&self.shared);
-        let mut capturer = lock(&self.shared.capturer);
-        {
-            let mut pending = lock(&self.shared.pending);
-            capturer.forget_own_writes(&mut pending.dirty, &written);
-        }
+        let mut capturer = self.forget_written(&written);
         capture_pending(
             &self.shared,
             &mut capturer,
@@ -323,23 +328,13 @@ impl Tracker {
     /// `from`. Records no operation: the head holds it already. Paths changed in the tree since
     /// the last capture are captured first.
     pub fn sync_from(&self, from: &OpId) -> Result<RestorePlan> {
-        drain(&self.shared);
-        let mut capturer = lock(&self.shared.capturer);
-        capture_pending(
-            &self.shared,
-            &mut capturer,
-            intent("capture before writing the head into the tree"),
-            OpFlags::AUTO_CAPTURE,
-        )?;
+        let mut capturer = self.captured("capture before writing the head into the tree")?;
         let head = capturer.head()?;
         let (plan, changes) = capturer.plan_between(*from, &head)?;
         let written = capturer.apply(&changes)?;
         capturer.cache.update(written.clone())?;
         drop(capturer);
-        drain(&self.shared);
-        let capturer = lock(&self.shared.capturer);
-        let mut pending = lock(&self.shared.pending);
-        capturer.forget_own_writes(&mut pending.dirty, &written);
+        drop(self.forget_written(&written));
         Ok(plan)
     }
 
