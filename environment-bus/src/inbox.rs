@@ -17,9 +17,8 @@ pub(crate) struct Inbox {
 struct State {
     queue: Vec<Box<dyn Work>>,
     closed: bool,
-    /// While the writer sleeps: the queue length that wakes it (0 while it is awake, so
-    /// clients skip the notify syscall).
-    wake_at: usize,
+    /// The writer sleeps on `ready`: only then does a client pay for a notify syscall.
+    writer_asleep: bool,
 }
 
 /// What [`Inbox::take`] found.
@@ -38,7 +37,7 @@ impl Inbox {
             state: Mutex::new(State {
                 queue: Vec::new(),
                 closed: false,
-                wake_at: 0,
+                writer_asleep: false,
             }),
             ready: Condvar::new(),
             count: AtomicUsize::new(0),
@@ -59,11 +58,7 @@ impl Inbox {
             }
             st.queue.push(work);
             self.count.store(st.queue.len(), Ordering::Release);
-            let due = st.wake_at != 0 && st.queue.len() >= st.wake_at;
-            if due {
-                st.wake_at = 0;
-            }
-            due
+            std::mem::replace(&mut st.writer_asleep, false)
         };
         if notify {
             self.ready.notify_one();
@@ -75,7 +70,7 @@ impl Inbox {
     pub(crate) fn close(&self) {
         let mut st = self.lock();
         st.closed = true;
-        st.wake_at = 0;
+        st.writer_asleep = false;
         drop(st);
         self.ready.notify_one();
     }
@@ -112,18 +107,18 @@ impl Inbox {
                 let n = st.queue.len().min(max.max(1));
                 batch.extend(st.queue.drain(..n));
                 self.count.store(st.queue.len(), Ordering::Release);
-                st.wake_at = 0;
+                st.writer_asleep = false;
                 return Taken::Work;
             }
             if st.closed {
                 return Taken::Closed;
             }
-            st.wake_at = 1;
+            st.writer_asleep = true;
             st = match idle_until {
                 Some(until) => {
                     let now = Instant::now();
                     if now >= until {
-                        st.wake_at = 0;
+                        st.writer_asleep = false;
                         return Taken::Idle;
                     }
                     self.ready
