@@ -2,7 +2,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicI64;
-use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -14,6 +13,7 @@ use rusqlite::{Connection, OpenFlags, Transaction};
 use crate::config::BusConfig;
 use crate::consumer::Consumer;
 use crate::error::{BusError, Result, SqlContext};
+use crate::inbox::Inbox;
 use crate::ops::{self, Claimed, Ctx, Settle};
 use crate::pending::{self, Pending};
 use crate::schema::{self, ACKED, DEAD, LEASED, READY, WAITING};
@@ -40,7 +40,7 @@ pub enum DeliveryStatus {
 }
 
 struct Inner {
-    tx: Option<Sender<Box<dyn Work>>>,
+    inbox: Arc<Inbox>,
     writer: Option<JoinHandle<()>>,
     path: PathBuf,
     config: BusConfig,
@@ -55,7 +55,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Closing the channel stops the writer after it drained its queue; joining makes the
         // close of its connection happen before a reopen.
-        self.tx.take();
+        self.inbox.close();
         if let Some(h) = self.writer.take() {
             let _ = h.join();
         }
@@ -105,7 +105,7 @@ impl Bus {
             None => None,
         };
         let wakers = Arc::new(Wakers::default());
-        let (tx, rx) = mpsc::channel::<Box<dyn Work>>();
+        let inbox = Arc::new(Inbox::new());
         let purge_cursor = Arc::new(AtomicI64::new(0));
         let writer = Writer {
             conn,
@@ -120,11 +120,14 @@ impl Bus {
         };
         let handle = std::thread::Builder::new()
             .name("bus-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn({
+                let inbox = inbox.clone();
+                move || writer.run(inbox)
+            })
             .map_err(|e| open_err(format!("cannot start the writer thread: {e}")))?;
         Ok(Bus {
             inner: Arc::new(Inner {
-                tx: Some(tx),
+                inbox,
                 writer: Some(handle),
                 path,
                 config,
@@ -161,13 +164,8 @@ impl Bus {
             answer,
             needs_savepoint,
         });
-        match &self.inner.tx {
-            // A failed send drops the work, whose answer then reports WriterStopped.
-            Some(tx) => {
-                let _ = tx.send(work);
-            }
-            None => drop(work),
-        }
+        // A refused send drops the work, whose answer then reports WriterStopped.
+        let _ = self.inner.inbox.send(work);
         pending
     }
 
@@ -203,7 +201,10 @@ impl Bus {
     /// Creates a topic; creating an existing one is a no-op.
     pub fn create_topic(&self, topic: &str) -> Pending<()> {
         let topic = topic.to_owned();
-        self.submit(move |ctx| ops::create_topic(ctx.conn, &topic))
+        self.submit(move |ctx| {
+            ctx.names.clear();
+            ops::create_topic(ctx.conn, &topic)
+        })
     }
 
     /// Creates a consumer group subscribed to `topics` (which must exist), or adds
@@ -212,7 +213,10 @@ impl Bus {
     pub fn create_group(&self, group: &str, topics: &[&str], options: GroupOptions) -> Pending<()> {
         let group = group.to_owned();
         let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
-        self.submit(move |ctx| ops::create_group(ctx.conn, &group, &topics, options.max_attempts))
+        self.submit(move |ctx| {
+            ctx.names.clear();
+            ops::create_group(ctx.conn, &group, &topics, options.max_attempts)
+        })
     }
 
     /// Publishes one message to every group subscribed to `topic`.
@@ -555,8 +559,10 @@ impl Bus {
         tx.prepare_cached("SAVEPOINT bus_in")
             .and_then(|mut s| s.execute([]))
             .ctx("savepoint")?;
+        let mut names = ops::Names::default();
         let mut ctx = Ctx {
             conn: tx,
+            names: &mut names,
             now: self.inner.config.clock.now_ms(),
             backoff: self.inner.config.backoff,
             rng: &mut rng,

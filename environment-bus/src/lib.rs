@@ -80,6 +80,7 @@ mod bus;
 mod config;
 mod consumer;
 mod error;
+mod inbox;
 mod ops;
 mod pending;
 mod publisher;

@@ -15,6 +15,10 @@ struct State<T> {
     waker: Option<Waker>,
     /// A thread sleeps on the condvar; only then is a (syscall-costing) notify needed.
     sleeping: bool,
+    /// Other callers of the same group commit that this one wakes once it has its answer.
+    relay: Vec<Bell>,
+    /// The `Pending` was dropped: nobody will pick up a relay here.
+    gone: bool,
 }
 
 struct Slot<T> {
@@ -22,6 +26,9 @@ struct Slot<T> {
     ready: Condvar,
     /// Set with the value; lets a waiter spin briefly without taking the lock.
     answered: AtomicBool,
+    /// A thread is inside [`Pending::wait`]: it will take its answer (and any relay) soon,
+    /// so it may carry the relay of its group commit.
+    waiting: AtomicBool,
 }
 
 /// How long [`Pending::wait`] yields before sleeping on the condvar. A command's round trip
@@ -45,6 +52,8 @@ impl<T> Slot<T> {
 #[must_use = "the operation's outcome (and any error) is in the Pending"]
 pub struct Pending<T> {
     slot: Arc<Slot<T>>,
+    /// Dropping it abandons the slot; off once the slot moved into a [`PendingFuture`].
+    owns_slot: bool,
 }
 
 /// The writer's end. Dropping it unanswered (the writer died) answers `WriterStopped`, so no
@@ -59,15 +68,21 @@ pub(crate) fn pair<T>() -> (Answer<T>, Pending<T>) {
             value: None,
             waker: None,
             sleeping: false,
+            relay: Vec::new(),
+            gone: false,
         }),
         ready: Condvar::new(),
         answered: AtomicBool::new(false),
+        waiting: AtomicBool::new(false),
     });
     (
         Answer {
             slot: Some(slot.clone()),
         },
-        Pending { slot },
+        Pending {
+            slot,
+            owns_slot: true,
+        },
     )
 }
 
@@ -82,6 +97,7 @@ impl<T> Pending<T> {
     /// Blocks the calling thread until the writer answers. Do not call it on an async
     /// executor's thread; `.await` instead.
     pub fn wait(self) -> Result<T> {
+        self.slot.waiting.store(true, Ordering::Release);
         if SPINNING.fetch_add(1, Ordering::AcqRel) == 0 {
             let start = Instant::now();
             while !self.slot.answered.load(Ordering::Acquire) && start.elapsed() < SPIN {
@@ -92,12 +108,120 @@ impl<T> Pending<T> {
         let mut st = self.slot.lock();
         loop {
             if let Some(v) = st.value.take() {
+                let relay = std::mem::take(&mut st.relay);
+                drop(st);
+                ring_each(relay);
                 return v;
             }
             st.sleeping = true;
             st = self.slot.ready.wait(st).unwrap_or_else(|e| e.into_inner());
             st.sleeping = false;
         }
+    }
+}
+
+/// The wake-up owed to one answered caller of a group commit. The writer wakes one caller per
+/// group and hands it the others' bells: waking a sleeping thread costs the waker several
+/// microseconds, and the writer's time is what bounds the bus's throughput.
+pub(crate) struct Bell {
+    ring: Arc<dyn Ring>,
+    caller: Caller,
+}
+
+/// How the caller behind a bell waits for its answer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// In [`Pending::wait`] and not asleep (yet): the cheapest relay carrier.
+    Spinning,
+    /// Asleep in [`Pending::wait`].
+    Sleeping,
+    /// An async task; it is not made a carrier, since it may be woken and not poll this
+    /// future for a while.
+    Task,
+}
+
+trait Ring: Send + Sync {
+    /// Wakes the caller and leaves it `relay` to ring; gives `relay` back if the caller
+    /// dropped its `Pending`.
+    fn ring(&self, relay: Vec<Bell>) -> std::result::Result<(), Vec<Bell>>;
+}
+
+impl<T: Send> Ring for Slot<T> {
+    fn ring(&self, relay: Vec<Bell>) -> std::result::Result<(), Vec<Bell>> {
+        let (waker, sleeping) = {
+            let mut st = self.lock();
+            if st.gone {
+                return Err(relay);
+            }
+            st.relay.extend(relay);
+            (st.waker.take(), st.sleeping)
+        };
+        if sleeping {
+            self.ready.notify_one();
+        }
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+}
+
+/// Wakes the callers of a group commit: one thread in [`Pending::wait`] directly (a spinning
+/// one if there is, which costs no syscall), and that one wakes the rest. Only a caller that
+/// is waiting for this very answer may carry the relay: a thread holding several `Pending`s
+/// may be asleep on another one.
+pub(crate) fn ring_group(mut bells: Vec<Bell>) {
+    loop {
+        let at = bells
+            .iter()
+            .position(|b| b.caller == Caller::Spinning)
+            .or_else(|| bells.iter().position(|b| b.caller == Caller::Sleeping));
+        let Some(at) = at else {
+            // Only tasks: wake each here.
+            return ring_each(bells);
+        };
+        let carrier = bells.swap_remove(at);
+        match carrier.ring.ring(bells) {
+            Ok(()) => return,
+            Err(rest) => bells = rest,
+        }
+    }
+}
+
+/// A relay carrier's duty, done as soon as it has its own answer.
+fn ring_each(relay: Vec<Bell>) {
+    for b in relay {
+        // A caller that dropped its `Pending` needs no wake-up.
+        let _ = b.ring.ring(Vec::new());
+    }
+}
+
+impl<T: Send + 'static> Answer<T> {
+    /// Stores the answer without waking the caller; the returned bell does that. A caller
+    /// that is not waiting yet finds the answer when it looks, and needs no bell.
+    pub(crate) fn set(mut self, value: Result<T>) -> Option<Bell> {
+        let slot = self.slot.take()?;
+        let caller = {
+            let mut st = slot.lock();
+            st.value = Some(value);
+            slot.answered.store(true, Ordering::Release);
+            if st.gone {
+                return None;
+            }
+            // A thread goes to sleep only after checking for the value under this lock, so
+            // `sleeping` is exact here; `waiting` may be missed by a thread just entering
+            // `wait`, which then finds the answer itself.
+            if st.sleeping {
+                Caller::Sleeping
+            } else if slot.waiting.load(Ordering::Acquire) {
+                Caller::Spinning
+            } else if st.waker.is_some() {
+                Caller::Task
+            } else {
+                return None;
+            }
+        };
+        Some(Bell { ring: slot, caller })
     }
 }
 
@@ -128,6 +252,32 @@ impl<T> Drop for Answer<T> {
     }
 }
 
+impl<T> Slot<T> {
+    /// The caller is gone: any relay left here is rung now.
+    fn abandon(&self) {
+        let relay = {
+            let mut st = self.lock();
+            st.gone = true;
+            std::mem::take(&mut st.relay)
+        };
+        ring_each(relay);
+    }
+}
+
+impl<T> Drop for Pending<T> {
+    fn drop(&mut self) {
+        if self.owns_slot {
+            self.slot.abandon();
+        }
+    }
+}
+
+impl<T> Drop for PendingFuture<T> {
+    fn drop(&mut self) {
+        self.slot.abandon();
+    }
+}
+
 /// The future of a [`Pending`].
 pub struct PendingFuture<T> {
     slot: Arc<Slot<T>>,
@@ -138,7 +288,12 @@ impl<T> Future for PendingFuture<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let mut st = self.slot.lock();
         match st.value.take() {
-            Some(v) => Poll::Ready(v),
+            Some(v) => {
+                let relay = std::mem::take(&mut st.relay);
+                drop(st);
+                ring_each(relay);
+                Poll::Ready(v)
+            }
             None => {
                 st.waker = Some(cx.waker().clone());
                 Poll::Pending
@@ -150,8 +305,11 @@ impl<T> Future for PendingFuture<T> {
 impl<T> IntoFuture for Pending<T> {
     type Output = Result<T>;
     type IntoFuture = PendingFuture<T>;
-    fn into_future(self) -> PendingFuture<T> {
-        PendingFuture { slot: self.slot }
+    fn into_future(mut self) -> PendingFuture<T> {
+        self.owns_slot = false;
+        PendingFuture {
+            slot: self.slot.clone(),
+        }
     }
 }
 

@@ -4,11 +4,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicI64;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long the writer yields for the next command before sleeping on the channel.
+/// How long the writer yields for the next command before sleeping on its inbox.
 const SPIN: Duration = Duration::from_micros(200);
 
 use environment_core::Clock;
@@ -18,8 +17,9 @@ use rusqlite::Connection;
 use tokio::sync::Notify;
 
 use crate::error::{BusError, Result, SqlContext};
-use crate::ops::{self, Ctx};
-use crate::pending::Answer;
+use crate::inbox::{Inbox, Taken};
+use crate::ops::{self, Ctx, Names};
+use crate::pending::{self, Answer, Bell};
 use crate::types::Backoff;
 
 /// Wakes consumers waiting on a group (in this process).
@@ -79,7 +79,8 @@ pub(crate) trait Finish: Send {
     fn succeeded(&self) -> bool;
     /// A database error (possibly after partial writes), as opposed to a refusal.
     fn database_error(&self) -> Option<BusError>;
-    fn finish(self: Box<Self>, commit: Option<&BusError>);
+    /// Stores the answer; the bell wakes the caller.
+    fn finish(self: Box<Self>, commit: Option<&BusError>) -> Option<Bell>;
 }
 
 pub(crate) struct Op<T, F> {
@@ -109,7 +110,7 @@ impl<T: Send + 'static, F: FnOnce(&mut Ctx<'_>) -> Result<T> + Send> Work for Op
     }
 }
 
-impl<T: Send> Finish for Done<T> {
+impl<T: Send + 'static> Finish for Done<T> {
     fn succeeded(&self) -> bool {
         self.result.is_ok()
     }
@@ -119,12 +120,12 @@ impl<T: Send> Finish for Done<T> {
             _ => None,
         }
     }
-    fn finish(self: Box<Self>, commit: Option<&BusError>) {
+    fn finish(self: Box<Self>, commit: Option<&BusError>) -> Option<Bell> {
         let result = match (commit, self.result) {
             (Some(e), Ok(_)) => Err(e.clone()),
             (_, r) => r,
         };
-        self.answer.send(result);
+        self.answer.set(result)
     }
 }
 
@@ -145,56 +146,35 @@ impl Writer {
         self.conn.prepare_cached(sql)?.execute([]).map(|_| ())
     }
 
-    pub(crate) fn run(self, rx: Receiver<Box<dyn Work>>) {
+    pub(crate) fn run(self, inbox: Arc<Inbox>) {
+        // If this thread dies, queued and later commands answer `WriterStopped` instead of
+        // waiting forever.
+        struct Stop(Arc<Inbox>);
+        impl Drop for Stop {
+            fn drop(&mut self) {
+                drop(self.0.close_and_drain());
+            }
+        }
+        let _stop = Stop(inbox.clone());
         let mut rng = StdRng::from_os_rng();
+        let mut names = Names::default();
         let mut wake = Vec::new();
         let mut batch: Vec<Box<dyn Work>> = Vec::with_capacity(self.max_batch);
         // Purge steps are due by the wall clock whether or not the bus is idle, so a bus under
         // constant load still purges; each step is small and runs between group commits.
         let mut next_purge = self.auto_purge.map(|(every, _)| Instant::now() + every);
-        let mut next: Option<Box<dyn Work>> = None;
         loop {
             if let Some(at) = next_purge
                 && Instant::now() >= at
             {
                 next_purge = self.purge_step().map(|wait| Instant::now() + wait);
             }
-            let first = match next.take() {
-                Some(w) => w,
-                None => match next_purge {
-                    None => match rx.recv() {
-                        Ok(w) => w,
-                        Err(_) => return,
-                    },
-                    Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now()))
-                    {
-                        Ok(w) => w,
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => return,
-                    },
-                },
-            };
-            batch.push(first);
-            while batch.len() < self.max_batch {
-                match rx.try_recv() {
-                    Ok(w) => batch.push(w),
-                    Err(_) => break,
-                }
+            match inbox.take(&mut batch, self.max_batch, SPIN, next_purge) {
+                Taken::Work => {}
+                Taken::Idle => continue,
+                Taken::Closed => return,
             }
-            self.commit_batch(&mut batch, &mut rng, &mut wake);
-            // A caller working one command at a time sends its next one right after our
-            // answer; catching it by yielding briefly saves a sleep and a wake-up per command.
-            let start = Instant::now();
-            while start.elapsed() < SPIN {
-                match rx.try_recv() {
-                    Ok(w) => {
-                        next = Some(w);
-                        break;
-                    }
-                    Err(TryRecvError::Empty) => std::thread::yield_now(),
-                    Err(TryRecvError::Disconnected) => return,
-                }
-            }
+            self.commit_batch(&mut batch, &mut names, &mut rng, &mut wake);
         }
     }
 
@@ -227,12 +207,22 @@ impl Writer {
         }
     }
 
-    fn commit_batch(&self, batch: &mut Vec<Box<dyn Work>>, rng: &mut StdRng, wake: &mut Vec<i64>) {
+    fn commit_batch(
+        &self,
+        batch: &mut Vec<Box<dyn Work>>,
+        names: &mut Names,
+        rng: &mut StdRng,
+        wake: &mut Vec<i64>,
+    ) {
         if let Err(e) = self.exec("BEGIN IMMEDIATE").ctx("beginning a transaction") {
             for w in batch.drain(..) {
                 w.fail(e.clone());
             }
             return;
+        }
+        if names.check_version(&self.conn).is_err() {
+            // Without the version, nothing cached can be trusted; the commands read afresh.
+            names.clear();
         }
         // With one command the transaction itself is the unit of rollback. With several, a
         // command that may refuse half-way gets a savepoint so its refusal does not undo its
@@ -252,6 +242,7 @@ impl Writer {
             let mark = wake.len();
             let mut ctx = Ctx {
                 conn: &self.conn,
+                names,
                 now: self.clock.now_ms(),
                 backoff: self.backoff,
                 rng,
@@ -260,6 +251,8 @@ impl Writer {
             let f = w.run(&mut ctx);
             if !f.succeeded() {
                 wake.truncate(mark);
+                // What it cached may be rolled back with it.
+                names.clear();
                 if guarded {
                     if let Err(e) = self
                         .exec("ROLLBACK TO cmd")
@@ -288,6 +281,9 @@ impl Writer {
         } else {
             self.exec("COMMIT").ctx("committing").err()
         };
+        if commit_err.is_some() || single_failed {
+            names.clear();
+        }
         if let Some(e) = &commit_err {
             let _ = self.exec("ROLLBACK");
             tracing::error!(error = %e, "bus: group commit failed");
@@ -299,8 +295,10 @@ impl Writer {
             self.wakers.wake(run[0], run.len());
         }
         wake.clear();
-        for f in finishes {
-            f.finish(commit_err.as_ref());
-        }
+        let bells = finishes
+            .into_iter()
+            .filter_map(|f| f.finish(commit_err.as_ref()))
+            .collect();
+        pending::ring_group(bells);
     }
 }

@@ -183,3 +183,70 @@ fn refusals_inside_a_group_commit_spare_their_neighbours() {
     }
     assert_eq!(seen.len(), 400);
 }
+
+/// The writer wakes one waiting caller per group commit and leaves it to wake the others:
+/// every caller must still get its answer however it waits — several commands outstanding on
+/// one thread and waited for out of order, commands dropped unanswered, awaited ones.
+#[test]
+fn every_caller_of_a_group_commit_gets_its_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = BusConfig {
+        auto_purge: None,
+        ..BusConfig::default()
+    };
+    let bus = Bus::open(dir.path().join("bus.db"), config).unwrap();
+    bus.create_topic("t").wait().unwrap();
+    bus.create_group("g", &["t"], GroupOptions::default())
+        .wait()
+        .unwrap();
+    let threads = 6u8;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for t in 0..threads {
+        let bus = bus.clone();
+        let done = done_tx.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            for i in 0..200u8 {
+                let a = bus.publish("t", vec![t, i], PublishOptions::default());
+                let b = bus.publish("t", vec![t, i, 1], PublishOptions::default());
+                let c = bus.claim("g", "c", 1, Duration::from_secs(60));
+                match (t + i) % 4 {
+                    0 => {
+                        c.wait().unwrap();
+                        b.wait().unwrap();
+                        a.wait().unwrap();
+                    }
+                    1 => {
+                        drop(a);
+                        b.wait().unwrap();
+                        drop(c);
+                    }
+                    2 => rt.block_on(async {
+                        b.await.unwrap();
+                        a.await.unwrap();
+                        c.await.unwrap();
+                    }),
+                    _ => {
+                        drop(b);
+                        drop(c);
+                        a.wait().unwrap();
+                    }
+                }
+            }
+            done.send(()).unwrap();
+        });
+    }
+    for _ in 0..threads {
+        done_rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a caller was never answered");
+    }
+    // Dropped or not, every publish was carried out.
+    assert_eq!(
+        bus.metrics().unwrap()[0].retained,
+        2 * 200 * u64::from(threads)
+    );
+}

@@ -5,6 +5,8 @@
 //! `check` validates input before anything is written; `publish`, `lease` (claim, settle,
 //! redrive) and `upkeep` (purge, metrics, dead letters) do the work.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -35,11 +37,83 @@ pub(crate) use upkeep::{dead_letters, delivery_state, metrics, purge_step};
 /// What an operation needs besides the connection.
 pub(crate) struct Ctx<'a> {
     pub conn: &'a Connection,
+    pub names: &'a mut Names,
     pub now: i64,
     pub backoff: Backoff,
     pub rng: &'a mut StdRng,
     /// Groups that gained claimable messages; woken after the commit.
     pub wake: &'a mut Vec<i64>,
+}
+
+/// Topic and group rows looked up before, so a publish or claim does not read them again.
+/// Committed topics and groups are never deleted or changed, but a group may subscribe to a
+/// topic later and a rolled-back transaction may have created either: the cache is cleared on
+/// the bus's own creates, on any rollback, and when another connection committed.
+#[derive(Default)]
+pub(crate) struct Names {
+    /// topic name → (id, subscribed groups)
+    topics: HashMap<String, (i64, Arc<[i64]>)>,
+    /// group name → (id, max_attempts)
+    groups: HashMap<String, (i64, u32)>,
+    data_version: Option<i64>,
+}
+
+/// Beyond this many entries the cache starts over (names come from callers).
+const NAMES_MAX: usize = 4096;
+
+impl Names {
+    pub(crate) fn clear(&mut self) {
+        self.topics.clear();
+        self.groups.clear();
+    }
+
+    /// Clears the cache if another connection committed since the last call; call it inside
+    /// each transaction, after it began.
+    pub(crate) fn check_version(&mut self, conn: &Connection) -> Result<()> {
+        let v: i64 = conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+            .ctx("reading data_version")?;
+        if self.data_version != Some(v) {
+            self.clear();
+            self.data_version = Some(v);
+        }
+        Ok(())
+    }
+
+    /// (id, subscribed groups) of a topic.
+    pub(crate) fn topic(&mut self, conn: &Connection, topic: &str) -> Result<(i64, Arc<[i64]>)> {
+        if let Some((id, groups)) = self.topics.get(topic) {
+            return Ok((*id, groups.clone()));
+        }
+        let id = topic_id(conn, topic)?;
+        let groups: Arc<[i64]> = conn
+            .prepare_cached("SELECT group_id FROM bus_subscriptions WHERE topic_id = ?1")
+            .and_then(|mut s| {
+                s.query_map([id], |r| r.get(0))?
+                    .collect::<rusqlite::Result<Vec<i64>>>()
+            })
+            .ctx("listing subscriptions")?
+            .into();
+        if self.topics.len() >= NAMES_MAX {
+            self.topics.clear();
+        }
+        self.topics.insert(topic.to_owned(), (id, groups.clone()));
+        Ok((id, groups))
+    }
+
+    /// (id, max_attempts) of a group.
+    pub(crate) fn group(&mut self, conn: &Connection, group: &str) -> Result<(i64, u32)> {
+        if let Some(row) = self.groups.get(group) {
+            return Ok(*row);
+        }
+        let row = group_row(conn, group)?;
+        if self.groups.len() >= NAMES_MAX {
+            self.groups.clear();
+        }
+        self.groups.insert(group.to_owned(), row);
+        Ok(row)
+    }
 }
 
 /// How a receipt's holder settles its lease.

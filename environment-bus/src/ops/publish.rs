@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{Ctx, ms, topic_id};
+use super::{Ctx, ms};
 use crate::error::{Result, SqlContext};
 use crate::schema::{READY, WAITING};
 use crate::types::{MessageId, NewMessage, Published};
@@ -20,7 +20,7 @@ pub(super) fn key_busy(conn: &Connection, group_id: i64, key: &str) -> Result<bo
 pub(crate) fn publish(ctx: &mut Ctx<'_>, m: &NewMessage, default_window: i64) -> Result<Published> {
     let conn = ctx.conn;
     let now = ctx.now;
-    let tid = topic_id(conn, &m.topic)?;
+    let (tid, groups) = ctx.names.topic(conn, &m.topic)?;
     let o = &m.options;
     if let Some(dedup) = &o.dedup_id {
         let hit: Option<(i64, i64)> = conn
@@ -70,14 +70,7 @@ pub(crate) fn publish(ctx: &mut Ctx<'_>, m: &NewMessage, default_window: i64) ->
         .and_then(|mut s| s.execute(params![tid, dedup, id, now.saturating_add(window)]))
         .ctx("recording a dedup id")?;
     }
-    let groups: Vec<i64> = conn
-        .prepare_cached("SELECT group_id FROM bus_subscriptions WHERE topic_id = ?1")
-        .and_then(|mut s| {
-            s.query_map([tid], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<i64>>>()
-        })
-        .ctx("listing subscriptions")?;
-    for gid in groups {
+    for &gid in groups.iter() {
         let waiting = match &o.ordering_key {
             Some(k) => key_busy(conn, gid, k)?,
             None => false,
