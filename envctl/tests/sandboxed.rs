@@ -361,6 +361,14 @@ fn commands_go_through_a_running_supervisor() {
         "{}",
         stderr(&out)
     );
+    // Started in a subdirectory, the command runs there.
+    let out = ws
+        .cmd(&["exec", "--", "pwd"])
+        .current_dir(ws.path("src"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).trim_end().ends_with("/src"), "{}", stdout(&out));
     let diff = ws.json(&["diff", "m1"]);
     assert!(
         diff["changes"]

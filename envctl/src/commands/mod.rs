@@ -139,7 +139,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     // workspace's own.
     if let Some(sock) = &cli.socket {
         let addr = crate::target::probe(sock)?;
-        return remote::run(&addr, &cli);
+        return remote::run(&addr, &cli, None);
     }
     let mut ws = Workspace::find(cli.chdir.as_deref())?;
     ws.credentials = credentials(&cli);
@@ -153,7 +153,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             let mut s = Session::open_stores(ws, actor)?;
             return stores_command(&mut s, &cli.command, json);
         }
-        return remote::run(&addr, &cli);
+        return remote::run(&addr, &cli, Some(&ws.dir));
     }
     match &cli.command {
         Command::Run(a) => return process::run(ws, actor, a, json),

@@ -197,12 +197,7 @@ pub fn shell_exec(s: &mut Session, argv: &[String], intent: Option<&str>) -> Out
     if let Some(i) = intent {
         request = request.intent(i);
     }
-    // Started in a subdirectory of the workspace, the command runs there.
-    if let Ok(cwd) = std::env::current_dir()
-        && let Ok(rel) = cwd.strip_prefix(&s.ws.dir)
-        && !rel.as_os_str().is_empty()
-        && let Some(rel) = rel.to_str()
-    {
+    if let Some(rel) = cwd_in(&s.ws.dir) {
         request = request.cwd(rel);
     }
     let ran = block_on(shell.exec(request))?;
@@ -556,4 +551,15 @@ pub fn tournament(s: &mut Session, a: &TournamentArgs, json: bool) -> Outcome<i3
         None => eprintln!("envctl: no candidate passed the test; nothing was adopted"),
     }
     Ok(status)
+}
+
+/// Where in the workspace `dir` envctl was started, when in a subdirectory of it: a command it
+/// runs runs there.
+pub fn cwd_in(dir: &Path) -> Option<String> {
+    let cwd = std::env::current_dir().ok()?;
+    let rel = cwd.strip_prefix(dir).ok()?;
+    if rel.as_os_str().is_empty() {
+        return None;
+    }
+    rel.to_str().map(str::to_owned)
 }

@@ -23,7 +23,9 @@ fn short(v: &Value) -> String {
 }
 
 /// Runs `cli`'s command through the supervisor at `addr`; returns the exit status.
-pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
+/// `workspace`, when known, is the workspace the supervisor holds (a command's working
+/// directory is given relative to it).
+pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>) -> Outcome<i32> {
     let json = cli.json;
     let credentials = environment_core::Credentials {
         token: cli.token.clone(),
@@ -174,6 +176,9 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
             let mut p = json!({ "argv": a.command });
             if let Some(i) = &a.intent {
                 p["intent"] = json!(i);
+            }
+            if let Some(rel) = workspace.and_then(super::process::cwd_in) {
+                p["cwd"] = json!(rel);
             }
             let r = remote.call("exec", p)?;
             return Ok(print_exec(&r, json));
