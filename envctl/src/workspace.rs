@@ -30,6 +30,9 @@ pub const BUS_FILE: &str = "bus.db";
 pub const SOCKET_FILE: &str = "run/control.sock";
 /// The managed rootfs inside the home.
 pub const ROOTFS_DIR: &str = "rootfs";
+/// Where the managed rootfs's keys live: under the home's own path in the workspace, which no
+/// tracker of the workspace alone captures, writes or removes.
+pub const ROOTFS_KEY_PREFIX: &str = ".environment/rootfs";
 
 /// The actor that records changes found in the tree: it witnesses what happened, it does not
 /// decide anything, so the policy does not gate it (refusing to record a change already on disk
@@ -167,6 +170,8 @@ pub struct Session {
     /// Who this command acts as.
     pub actor: ActorId,
     tracker: Option<Tracker>,
+    /// The managed rootfs's tracker, when there is one: restored with the workspace.
+    rootfs: Option<Tracker>,
 }
 
 impl Session {
@@ -193,6 +198,7 @@ impl Session {
             policy,
             actor,
             tracker: None,
+            rootfs: None,
         })
     }
 
@@ -202,7 +208,23 @@ impl Session {
     pub fn open(ws: Workspace, actor: ActorId) -> Outcome<Session> {
         let mut s = Session::open_stores(ws, actor)?;
         s.tracker = Some(s.start_tracker(witness(), false, "capturing the workspace")?);
+        let rootfs = s.ws.home.join(ROOTFS_DIR);
+        if rootfs.is_dir() {
+            let mut config = TrackerConfig::new(&rootfs, witness());
+            config.auto = false;
+            config.noise = s.noise_rules();
+            config.key_prefix = ROOTFS_KEY_PREFIX.as_bytes().to_vec();
+            let progress = Progress::spinner("capturing the managed rootfs");
+            let t = Tracker::open(s.env.clone(), config);
+            progress.finish();
+            s.rootfs = Some(t?);
+        }
         Ok(s)
+    }
+
+    /// The trees tracked beside the workspace (the managed rootfs), restored with it.
+    pub fn others(&self) -> Vec<&Tracker> {
+        self.rootfs.iter().collect()
     }
 
     /// Starts a tracker on the workspace attributing captures to `actor`; `auto` captures in
@@ -247,6 +269,9 @@ impl Session {
     /// a command's actor).
     pub fn stop_tracker(&mut self) -> Outcome<()> {
         if let Some(t) = self.tracker.take() {
+            t.close()?;
+        }
+        if let Some(t) = self.rootfs.take() {
             t.close()?;
         }
         Ok(())

@@ -368,7 +368,11 @@ fn commands_go_through_a_running_supervisor() {
         .output()
         .unwrap();
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(stdout(&out).trim_end().ends_with("/src"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).trim_end().ends_with("/src"),
+        "{}",
+        stdout(&out)
+    );
     let diff = ws.json(&["diff", "m1"]);
     assert!(
         diff["changes"]
@@ -544,6 +548,7 @@ fn an_agent_runs_in_the_managed_rootfs() {
     };
     let root_arg = root.to_str().unwrap();
     ws.ok(&["init", "--rootfs", root_arg]);
+    let before = ws.json(&["status"])["head"].as_str().unwrap().to_owned();
     let out = ws.run(&[
         "--actor",
         "agent:rooted",
@@ -570,6 +575,13 @@ fn an_agent_runs_in_the_managed_rootfs() {
             .is_some_and(|k| k.iter().any(|k| k == ".environment/rootfs/etc/motd"))),
         "the rootfs change was captured: {log:?}"
     );
+    // A restore brings the rootfs back with the workspace.
+    let motd = ws.home().join("rootfs/etc/motd");
+    assert!(motd.exists());
+    ws.ok(&["restore", &before]);
+    assert!(!motd.exists(), "the rootfs was restored too");
+    assert!(ws.home().join("rootfs/bin/busybox").exists());
+    assert_eq!(ws.read("b.txt"), None);
     also_unprivileged("an_agent_runs_in_the_managed_rootfs");
 }
 

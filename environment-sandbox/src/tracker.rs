@@ -323,6 +323,37 @@ impl Tracker {
         Ok(plan)
     }
 
+    /// What a restore to `target` would change in this tree and in `others` (further trees
+    /// tracked on the same branch under their own key prefixes), without changing them.
+    pub fn plan_restore_with(&self, others: &[&Tracker], target: &OpId) -> Result<RestorePlan> {
+        let mut plan = self.plan_restore(target)?;
+        for t in others {
+            plan.steps.extend(t.plan_restore(target)?.steps);
+        }
+        Ok(plan)
+    }
+
+    /// Restores this tree and `others` (further trees tracked on the same branch under their own
+    /// key prefixes, such as a managed rootfs) to `target` together: their uncaptured changes
+    /// are captured first, this tracker records the one rollback operation once it is
+    /// authorized, and the others are then brought to the same version.
+    pub fn restore_with(
+        &self,
+        others: &[&Tracker],
+        actor: &ActorId,
+        target: &OpId,
+        intent_: Intent,
+    ) -> Result<RestorePlan> {
+        for t in others {
+            drop(t.captured("safety capture before a restore")?);
+        }
+        let mut plan = self.restore(actor, target, intent_)?;
+        for t in others {
+            plan.steps.extend(t.sync_from(&plan.from)?.steps);
+        }
+        Ok(plan)
+    }
+
     /// Writes into the live tree what changed on the branch from `from` to its head, when the
     /// head moved through the environment's API (a merge, an act) while the tree still held
     /// `from`. Records no operation: the head holds it already. Paths changed in the tree since

@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::cli::{ExecArgs, Isolation, PickArg, RunArgs, TournamentArgs};
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::output::print_json;
-use crate::workspace::{MARKER, ROOTFS_DIR, SOCKET_FILE, Session, Workspace, witness};
+use crate::workspace::{ROOTFS_DIR, ROOTFS_KEY_PREFIX, SOCKET_FILE, Session, Workspace, witness};
 
 /// Where the workspace appears inside a managed rootfs.
 const ROOTFS_WORKSPACE: &str = "/workspace";
@@ -372,7 +372,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
         // workspace alone ever writes or removes the rootfs's keys.
         config.extra_roots.push(TrackedRoot {
             path: rootfs.clone(),
-            key_prefix: format!("{MARKER}/{ROOTFS_DIR}").into_bytes(),
+            key_prefix: ROOTFS_KEY_PREFIX.as_bytes().to_vec(),
         });
     }
     if ws.home.join(crate::workspace::BUS_FILE).exists() {

@@ -54,10 +54,10 @@ pub fn restore_to(
     }
     let tracker = s.tracker()?;
     let plan = if dry_run {
-        tracker.plan_restore(&target)?
+        tracker.plan_restore_with(&s.others(), &target)?
     } else {
         let progress = Progress::spinner("restoring the workspace");
-        let plan = tracker.restore(&s.actor, &target, intent);
+        let plan = tracker.restore_with(&s.others(), &s.actor, &target, intent);
         progress.finish();
         plan?
     };

@@ -119,23 +119,17 @@ impl Shared {
 
     /// What a restore to `target` would write and remove, in every tracked root.
     pub fn plan_restore(&self, target: &OpId) -> Result<RestorePlan> {
-        let mut plan = self.with_tracker(|t| t.plan_restore(target))?;
-        for t in self.extra.read().unwrap_or_else(|p| p.into_inner()).iter() {
-            plan.steps.extend(t.plan_restore(target)?.steps);
-        }
-        Ok(plan)
+        let extra = self.extra.read().unwrap_or_else(|p| p.into_inner());
+        let others: Vec<&Tracker> = extra.iter().map(|t| &**t).collect();
+        self.with_tracker(|t| t.plan_restore_with(&others, target))
     }
 
-    /// Restores every tracked root to `target` as `actor`: one rollback operation, recorded by
-    /// the workspace's tracker once it is authorized; the further roots are then brought to the
-    /// same version (their uncaptured changes captured first, so nothing is lost).
+    /// Restores every tracked root to `target` as `actor`, in one rollback operation (see
+    /// [`Tracker::restore_with`]).
     pub fn restore(&self, actor: &ActorId, target: &OpId, intent: Intent) -> Result<RestorePlan> {
-        self.capture_extra("safety capture before a restore")?;
-        let mut plan = self.with_tracker(|t| t.restore(actor, target, intent))?;
-        for t in self.extra.read().unwrap_or_else(|p| p.into_inner()).iter() {
-            plan.steps.extend(t.sync_from(&plan.from)?.steps);
-        }
-        Ok(plan)
+        let extra = self.extra.read().unwrap_or_else(|p| p.into_inner());
+        let others: Vec<&Tracker> = extra.iter().map(|t| &**t).collect();
+        self.with_tracker(|t| t.restore_with(&others, actor, target, intent))
     }
 }
 
