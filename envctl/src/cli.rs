@@ -22,9 +22,9 @@ any of these followed by ~N (N steps back); HEAD is the head of main.
 
 Without a running supervisor every command first captures what changed in the workspace since
 the last capture, so nothing done out of band is lost or overwritten. While `envctl run` runs,
-log, show, diff, status, mark NAME, restore, undo and exec go through its control socket;
-listing marks, branch, effects, policy, queue, gc and verify work on the stores beside it;
-merge and tournament (which would move the workspace's branch under it) exit 7 until it ends.";
+log, show, diff, status, mark NAME, restore, undo, merge and exec go through its control
+socket; listing marks, branch, effects, policy, queue, gc and verify work on the stores beside
+it; tournament (which adopts its winner into the live tree) exits 7 until it ends.";
 
 /// envctl: put any agent into an environment — automatic capture, rollback, history, marks,
 /// branches, the queue and the policy.

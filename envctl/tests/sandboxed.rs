@@ -398,14 +398,22 @@ fn commands_go_through_a_running_supervisor() {
     ws.ok(&["queue", "stats"]);
     let marks = ws.json(&["mark"]);
     assert!(marks.to_string().contains("m1"), "{marks}");
-    // What would move the workspace's branch under it waits for the supervisor, and says so.
-    for args in [
-        &["merge", "b"][..],
-        &["tournament", "--test", "true", "--", "true"],
-    ] {
-        let err = ws.fails(args, 7);
-        assert!(err.contains("supervisor"), "{args:?}: {err}");
-    }
+    // A merge goes through it, and lands in the tree.
+    let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
+    env.act_blocking(
+        ActRequest::new(ActorId::new("human:test").unwrap(), Intent::edit("on b"))
+            .on("b")
+            .put(Key::fs("from-b.txt").unwrap(), Value::file("b\n")),
+    )
+    .unwrap();
+    drop(env);
+    let merged = ws.json(&["merge", "b"]);
+    assert_eq!(merged["branch"], "b", "{merged}");
+    assert_eq!(merged["noop"], false, "{merged}");
+    assert_eq!(ws.read("from-b.txt").as_deref(), Some("b\n"));
+    // A tournament waits for the supervisor, and says so.
+    let err = ws.fails(&["tournament", "--test", "true", "--", "true"], 7);
+    assert!(err.contains("supervisor"), "{err}");
     ws.fails(&["show", "no-such-version"], 3);
     ws.fails(&["run", "--", "true"], 7);
     let out = stop(child);

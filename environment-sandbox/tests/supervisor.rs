@@ -1379,3 +1379,52 @@ fn every_tracked_root_scenario(dir: &Path) {
     );
     env.verify_deep().unwrap();
 }
+
+// ---- merge through the socket ------------------------------------------------------------------
+
+#[test]
+fn a_merge_through_the_socket_lands_in_the_tree() {
+    both(
+        "a_merge_through_the_socket_lands_in_the_tree",
+        always,
+        merge_scenario,
+    );
+}
+
+fn merge_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    let env = sup.env().clone();
+    let head = env.head("main").unwrap();
+    env.create_branch(&human(), "feature", &head).unwrap();
+    env.act_blocking(
+        environment_core::ActRequest::new(human(), environment_core::Intent::edit("feature"))
+            .on("feature")
+            .put(
+                Key::fs("src/feature.rs").unwrap(),
+                environment_core::Value::file("pub fn feature() {}\n"),
+            ),
+    )
+    .unwrap();
+    let mut client = ControlClient::connect(sup.socket_path()).unwrap();
+    let merged = client
+        .call("merge", serde_json::json!({ "source": "feature" }))
+        .unwrap();
+    assert_eq!(merged["noop"], false, "{merged}");
+    assert_eq!(
+        std::fs::read_to_string(work.join("src/feature.rs")).unwrap(),
+        "pub fn feature() {}\n"
+    );
+    assert_eq!(merged["version"], env.head("main").unwrap().to_string());
+    // An unknown branch is refused and nothing changes.
+    let before = env.head("main").unwrap();
+    assert!(
+        client
+            .call("merge", serde_json::json!({ "source": "no-such" }))
+            .is_err()
+    );
+    assert_eq!(env.head("main").unwrap(), before);
+    drop(client);
+    sup.shutdown().unwrap();
+    reopen_and_verify(&home, &work);
+}

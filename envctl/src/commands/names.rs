@@ -66,7 +66,10 @@ pub fn merge(s: &Session, branch: &str, json: bool) -> Outcome<i32> {
         MAIN,
         Intent::new(IntentKind::Merge, format!("merge {branch} into {MAIN}")),
     )?;
-    let plan = s.tracker()?.sync_from(&before)?;
+    let mut plan = s.tracker()?.sync_from(&before)?;
+    for t in s.others() {
+        plan.steps.extend(t.sync_from(&before)?.steps);
+    }
     let mut conflicts = Vec::new();
     for key in &outcome.conflicts {
         let c = s

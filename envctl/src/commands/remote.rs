@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use crate::cli::{Cli, Command};
-use crate::failure::{Failure, Outcome};
+use crate::failure::{ExitCode, Failure, Outcome};
 use crate::output::print_json;
 use crate::target::{Remote, SupervisorAddr, supervisor_unavailable};
 
@@ -40,6 +40,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         | Command::Mark { name: Some(_), .. }
         | Command::Restore { .. }
         | Command::Undo
+        | Command::Merge { .. }
         | Command::Exec(_) => {}
         Command::Mark { name: None, .. } => {
             return Err(supervisor_unavailable(addr, "listing marks"));
@@ -49,7 +50,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
                 .hint("one supervisor per workspace: this one already runs an agent"));
         }
         Command::Branch { .. } => return Err(supervisor_unavailable(addr, "branch")),
-        Command::Merge { .. } => return Err(supervisor_unavailable(addr, "merge")),
         Command::Tournament(_) => return Err(supervisor_unavailable(addr, "tournament")),
         Command::Effects { .. } => return Err(supervisor_unavailable(addr, "effects")),
         Command::Policy(_) => return Err(supervisor_unavailable(addr, "policy")),
@@ -172,6 +172,10 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
             let r = remote.call("undo", Value::Null)?;
             print_restore(&r, json);
         }
+        Command::Merge { branch } => {
+            let r = remote.call("merge", json!({ "source": branch }))?;
+            return Ok(print_merge(&r, branch, json));
+        }
         Command::Exec(a) => {
             let mut p = json!({ "argv": a.command });
             if let Some(i) = &a.intent {
@@ -192,6 +196,38 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
 fn remote_history(mut r: Value) -> Value {
     r["via"] = json!("supervisor");
     r
+}
+
+/// Prints a merge's result; its exit status (a conflict is one).
+fn print_merge(r: &Value, branch: &str, json: bool) -> i32 {
+    let conflicts = r["conflicts"].as_array().cloned().unwrap_or_default();
+    if json {
+        let mut out = r.clone();
+        out["branch"] = json!(branch);
+        print_json(&out);
+    } else if r["noop"] == true {
+        println!("Nothing to merge: main already contains {branch}.");
+    } else {
+        println!(
+            "Merged {branch} into main as {} ({} path(s) written, {} removed).",
+            short(&r["version"]),
+            text(&r["steps"]["writes"]),
+            text(&r["steps"]["removals"])
+        );
+        for c in &conflicts {
+            println!("conflict {}: the workspace keeps main's version", text(c));
+        }
+    }
+    if conflicts.is_empty() {
+        ExitCode::Ok.status()
+    } else {
+        eprintln!(
+            "envctl: the merge is recorded with {} conflict object(s).\nhint: edit each \
+             conflicting path into its resolved form; the next capture resolves the conflict",
+            conflicts.len()
+        );
+        ExitCode::Conflict.status()
+    }
 }
 
 fn print_restore(r: &Value, json: bool) {

@@ -54,6 +54,8 @@ pub enum Method {
     Restore,
     /// Restores the workspace to the version before the last operation.
     Undo,
+    /// Merges a branch into the workspace's branch and writes the result into the tree.
+    Merge,
     /// The supervisor's state.
     Status,
     /// Publishes a message to a queue topic.
@@ -111,6 +113,7 @@ impl Method {
         Method::Mark,
         Method::Restore,
         Method::Undo,
+        Method::Merge,
         Method::Status,
         Method::QueuePublish,
         Method::QueueClaim,
@@ -145,6 +148,7 @@ impl Method {
             Method::Mark => "mark",
             Method::Restore => "restore",
             Method::Undo => "undo",
+            Method::Merge => "merge",
             Method::Status => "status",
             Method::QueuePublish => "queue.publish",
             Method::QueueClaim => "queue.claim",
@@ -235,6 +239,7 @@ pub(crate) fn call(
             let _: Empty = parse(p)?;
             versions::undo(&gate)
         }
+        Method::Merge => versions::merge(&gate, parse(p)?),
         Method::Status => {
             let _: Empty = parse(p)?;
             versions::status(&gate)

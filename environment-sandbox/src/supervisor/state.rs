@@ -124,6 +124,16 @@ impl Shared {
         self.with_tracker(|t| t.plan_restore_with(&others, target))
     }
 
+    /// Writes into every tracked tree what changed on the branch since `from`, after the head
+    /// moved through the environment's API (a merge).
+    pub fn sync_from(&self, from: &OpId) -> Result<RestorePlan> {
+        let mut plan = self.with_tracker(|t| t.sync_from(from))?;
+        for t in self.extra.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            plan.steps.extend(t.sync_from(from)?.steps);
+        }
+        Ok(plan)
+    }
+
     /// Restores every tracked root to `target` as `actor`, in one rollback operation (see
     /// [`Tracker::restore_with`]).
     pub fn restore(&self, actor: &ActorId, target: &OpId, intent: Intent) -> Result<RestorePlan> {

@@ -267,6 +267,42 @@ pub(super) fn undo(g: &Gate<'_>) -> Result<Value, RpcError> {
     restore_to(g, parent, false, format!("undo {}", head.short()))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MergeParams {
+    source: String,
+}
+
+/// Merges a branch into the workspace's and writes the result into every tracked tree.
+pub(super) fn merge(g: &Gate<'_>, p: MergeParams) -> Result<Value, RpcError> {
+    // Core checks the same again when it records the merge.
+    g.allow_rechecked(
+        Action::Write,
+        Resource::Branch(g.branch().to_owned()),
+        Some("merge"),
+    )?;
+    let shared = g.shared();
+    // Automatic captures wait while the head moves under the tree; what changed before is
+    // captured first, so the tree and the head agree on where the merge starts.
+    let _hold = shared.with_tracker(|t| t.hold()).map_err(sandbox_error)?;
+    shared
+        .capture("capture before a merge")
+        .map_err(sandbox_error)?;
+    let before = shared.env.head(g.branch()).map_err(env_error)?;
+    let intent = Intent::new(IntentKind::Merge, format!("merge {}", p.source));
+    let outcome = shared
+        .env
+        .merge(&shared.actor, &p.source, g.branch(), intent)
+        .map_err(env_error)?;
+    let plan = shared.sync_from(&before).map_err(sandbox_error)?;
+    Ok(json!({
+        "version": outcome.version.to_string(),
+        "noop": outcome.noop,
+        "conflicts": outcome.conflicts.iter().map(Key::display_path).collect::<Vec<_>>(),
+        "steps": steps_json(&plan.steps),
+    }))
+}
+
 pub(super) fn status(g: &Gate<'_>) -> Result<Value, RpcError> {
     g.allow(
         Action::Read,
