@@ -163,8 +163,9 @@ pub enum Command {
     /// Serve the environment over MCP on stdin/stdout.
     ///
     /// Every tool call is an action of --actor (default agent:mcp) and passes the policy when
-    /// one is loaded. With --socket, the tools go through that supervisor instead (as its
-    /// agent's actor; read_file, write_file and list_files are not offered there). Configure it in an MCP client as the command `envctl -C DIR mcp`, e.g.
+    /// one is loaded. With --socket, the tools go through that supervisor instead, as its
+    /// agent's actor (a socket's client never chooses whom it acts as). Configure it in an MCP
+    /// client as the command `envctl -C DIR mcp`, e.g.
     /// `claude mcp add environment -- envctl -C /path/to/project mcp`.
     Mcp,
     /// A short tour in a throwaway workspace: an agent works, breaks things, is rolled back.

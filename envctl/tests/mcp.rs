@@ -426,8 +426,24 @@ async fn tools_go_through_a_supervisor_socket() {
     assert!(dir.join("two.txt").exists());
     ok(&client, "restore", json!({"version": "start"})).await;
     assert!(!dir.join("two.txt").exists());
-    // What the socket does not offer, and what does not exist, did not happen.
-    refused(&client, "read_file", json!({"path": "a.txt"})).await;
+    // Files go through the socket too.
+    let written = ok(
+        &client,
+        "write_file",
+        json!({"path": "notes/via.md", "content": "through the socket\n"}),
+    )
+    .await;
+    assert!(written.contains("Wrote notes/via.md"), "{written}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("notes/via.md")).unwrap(),
+        "through the socket\n"
+    );
+    let read = ok(&client, "read_file", json!({"path": "notes/via.md"})).await;
+    assert_eq!(read, "through the socket\n");
+    let listing = ok(&client, "list_files", json!({"prefix": "notes"})).await;
+    assert!(listing.contains("notes/via.md"), "{listing}");
+    // What does not exist did not happen.
+    refused(&client, "read_file", json!({"path": "no/such.txt"})).await;
     refused(&client, "show", json!({"version": "no-such-version"})).await;
     client.cancel().await.unwrap();
 

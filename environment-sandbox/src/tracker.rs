@@ -237,6 +237,12 @@ impl Tracker {
         }
     }
 
+    /// Whether `rel` (relative to the root) is a path this tracker never captures, writes or
+    /// removes.
+    pub fn ignores(&self, rel: &std::path::Path, is_dir: bool) -> bool {
+        lock(&self.shared.capturer).noise.is_ignored(rel, is_dir)
+    }
+
     /// The tracked root (canonical).
     pub fn root(&self) -> &std::path::Path {
         self.shared.config.root.as_path()

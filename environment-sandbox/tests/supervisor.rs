@@ -1428,3 +1428,83 @@ fn merge_scenario(dir: &Path) {
     sup.shutdown().unwrap();
     reopen_and_verify(&home, &work);
 }
+
+// ---- files through the socket ------------------------------------------------------------------
+
+#[test]
+fn files_are_read_listed_and_written_through_the_socket() {
+    both(
+        "files_are_read_listed_and_written_through_the_socket",
+        always,
+        files_scenario,
+    );
+}
+
+fn files_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    let env = sup.env().clone();
+    let mut client = ControlClient::connect(sup.socket_path()).unwrap();
+    // A change made behind the supervisor's back is read at once (captured first).
+    write(&work, "config.toml", b"debug = true\n");
+    let read = client
+        .call("file.read", serde_json::json!({ "path": "config.toml" }))
+        .unwrap();
+    assert_eq!(read["text"], "debug = true\n", "{read}");
+    let listed = client
+        .call("file.list", serde_json::json!({ "prefix": "src" }))
+        .unwrap();
+    let paths: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["src", "src/lib.rs", "src/main.rs"], "{listed}");
+
+    let written = client
+        .call(
+            "file.write",
+            serde_json::json!({ "path": "docs/new/notes.md", "content": "hello\n" }),
+        )
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(work.join("docs/new/notes.md")).unwrap(),
+        "hello\n"
+    );
+    let op = env.op(&env.head("main").unwrap()).unwrap();
+    assert_eq!(written["version"], op.id.to_string());
+    assert_eq!(op.actor, agent(), "the write is the socket actor's");
+    // An older version is still readable.
+    let old = client
+        .call(
+            "file.read",
+            serde_json::json!({ "path": "config.toml", "version": "main~2" }),
+        )
+        .unwrap();
+    assert_eq!(old["text"], "debug = false\n", "{old}");
+
+    // Bad paths change nothing.
+    let head = env.head("main").unwrap();
+    for path in ["../outside", "/etc/passwd", "a/./b"] {
+        assert!(
+            client
+                .call(
+                    "file.write",
+                    serde_json::json!({ "path": path, "content": "x" })
+                )
+                .is_err(),
+            "{path}"
+        );
+    }
+    assert!(
+        client
+            .call("file.read", serde_json::json!({ "path": "no/such/file" }))
+            .is_err()
+    );
+    assert_eq!(env.head("main").unwrap(), head);
+    assert!(!dir.join("outside").exists());
+    drop(client);
+    sup.shutdown().unwrap();
+    reopen_and_verify(&home, &work);
+}

@@ -215,8 +215,7 @@ impl ServerHandler for EnvServer {
 }
 
 /// MCP over stdio with the tools going through the supervisor at `addr` (its actor acts:
-/// `actor` only names the server). Tools without a socket method (read_file, write_file,
-/// list_files) answer that they did not execute.
+/// `actor` only names the server).
 pub fn serve_remote(
     addr: SupervisorAddr,
     _actor: ActorId,
@@ -239,7 +238,44 @@ fn answer_text(method: &str, answer: &serde_json::Value) -> String {
             truncated(text(&answer["stderr"]["text"]).as_bytes()),
         );
     }
-    serde_json::to_string_pretty(answer).unwrap_or_else(|_| answer.to_string())
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    match method {
+        "file.read" => match answer["text"].as_str() {
+            Some(t) => t.to_owned(),
+            None => format!(
+                "{} is not text ({} bytes); base64: {}",
+                text(&answer["path"]),
+                answer["size"],
+                text(&answer["base64"])
+            ),
+        },
+        "file.list" => {
+            let lines: Vec<String> = answer["entries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| match e["kind"].as_str() {
+                    Some("dir") => format!("{}/", text(&e["path"])),
+                    Some("symlink") => format!("{} -> symlink", text(&e["path"])),
+                    _ => format!("{} ({} bytes)", text(&e["path"]), e["size"]),
+                })
+                .collect();
+            if lines.is_empty() {
+                "No files.".to_owned()
+            } else {
+                lines.join("\n")
+            }
+        }
+        "file.write" => format!(
+            "Wrote {}; recorded as {}.",
+            text(&answer["path"]),
+            text(&answer["version"])
+                .chars()
+                .take(12)
+                .collect::<String>()
+        ),
+        _ => serde_json::to_string_pretty(answer).unwrap_or_else(|_| answer.to_string()),
+    }
 }
 
 #[cfg(test)]

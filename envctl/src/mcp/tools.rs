@@ -272,7 +272,8 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<ReadParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("read_file", move |s| {
+        let params = json!({ "path": p.path, "version": p.version });
+        self.routed("read_file", "file.read", params, move |s| {
             let key = fs_key(&p.path)?;
             let v = version_or_head(s, p.version.as_deref())?;
             let value = s.env.read(&s.actor, &key, &v)?.ok_or_else(|| {
@@ -300,7 +301,8 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<WriteParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("write_file", move |s| {
+        let params = json!({ "path": p.path, "content": p.content, "intent": p.intent });
+        self.routed("write_file", "file.write", params, move |s| {
             let key = fs_key(&p.path)?;
             if s.is_ignored(std::path::Path::new(&key.display_path()))? {
                 return Err(Failure::usage(format!(
@@ -352,7 +354,8 @@ impl EnvServer {
         &self,
         Parameters(p): Parameters<ListParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.call("list_files", move |s| {
+        let params = json!({ "prefix": p.prefix, "version": p.version });
+        self.routed("list_files", "file.list", params, move |s| {
             let prefix = match p.prefix.as_deref().map(|x| x.trim_matches('/')) {
                 None | Some("") | Some(".") => KeyPrefix::all(Namespace::Fs),
                 Some(d) => KeyPrefix::new(Namespace::Fs, d)

@@ -75,7 +75,7 @@ fn unavailable<T>(what: &str) -> impl FnOnce() -> Result<T, RpcError> + '_ {
     move || Err(RpcError::unavailable(what))
 }
 
-fn bytes_json(bytes: &[u8]) -> (Option<String>, Option<String>) {
+pub(super) fn bytes_json(bytes: &[u8]) -> (Option<String>, Option<String>) {
     match std::str::from_utf8(bytes) {
         Ok(s) => (Some(s.to_owned()), None),
         Err(_) => (

@@ -36,7 +36,7 @@ use super::commands::{self, PtyOp};
 use super::gate::Gate;
 use super::rpc::{INTERNAL_ERROR, METHOD_NOT_FOUND, RpcError};
 use super::state::{Counters, Shared};
-use super::{permissions, queue, versions};
+use super::{files, permissions, queue, versions};
 
 /// The methods of the control socket, as the schema (`schema/control.json`) lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,6 +58,12 @@ pub enum Method {
     Merge,
     /// The supervisor's state.
     Status,
+    /// Reads a workspace file (at the head, or at a version).
+    FileRead,
+    /// Lists workspace files (at the head, or at a version).
+    FileList,
+    /// Writes a whole workspace file, recorded as one operation.
+    FileWrite,
     /// Publishes a message to a queue topic.
     QueuePublish,
     /// Leases messages of a consumer group.
@@ -115,6 +121,9 @@ impl Method {
         Method::Undo,
         Method::Merge,
         Method::Status,
+        Method::FileRead,
+        Method::FileList,
+        Method::FileWrite,
         Method::QueuePublish,
         Method::QueueClaim,
         Method::QueueAck,
@@ -150,6 +159,9 @@ impl Method {
             Method::Undo => "undo",
             Method::Merge => "merge",
             Method::Status => "status",
+            Method::FileRead => "file.read",
+            Method::FileList => "file.list",
+            Method::FileWrite => "file.write",
             Method::QueuePublish => "queue.publish",
             Method::QueueClaim => "queue.claim",
             Method::QueueAck => "queue.ack",
@@ -240,6 +252,9 @@ pub(crate) fn call(
             versions::undo(&gate)
         }
         Method::Merge => versions::merge(&gate, parse(p)?),
+        Method::FileRead => files::read(&gate, parse(p)?),
+        Method::FileList => files::list(&gate, parse(p)?),
+        Method::FileWrite => files::write(&gate, parse(p)?),
         Method::Status => {
             let _: Empty = parse(p)?;
             versions::status(&gate)

@@ -46,6 +46,7 @@
 
 mod agent;
 mod commands;
+mod files;
 mod gate;
 pub mod methods;
 mod permissions;

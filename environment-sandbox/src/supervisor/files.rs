@@ -1,0 +1,178 @@
+//! The methods on workspace files: read, list and write, at the head (after capturing what
+//! changed) or, for reading, at any version. A write is an operation of the socket's actor,
+//! written into the tree like a merge.
+
+use environment_core::{
+    ActRequest, Action, EntryKind, Intent, Key, KeyPrefix, Namespace, OpId, Resource,
+    Value as Entry,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::commands::bytes_json;
+use super::gate::{Gate, resolve};
+use super::rpc::{INVALID_PARAMS, RpcError, env_error, sandbox_error};
+
+/// At most this many entries are listed.
+const MAX_LISTED: usize = 10_000;
+
+fn fs_key(path: &str) -> Result<Key, RpcError> {
+    Key::fs(path.trim_start_matches("./"))
+        .map_err(|e| RpcError::invalid_params(format!("{path:?} is not a workspace path: {e}")))
+}
+
+/// The version to read: the one named, else the head after a capture of what changed.
+fn version(g: &Gate<'_>, spec: Option<&str>) -> Result<OpId, RpcError> {
+    match spec {
+        Some(v) => resolve(g.shared(), v),
+        None => {
+            g.shared()
+                .capture("capture before a read")
+                .map_err(sandbox_error)?;
+            g.shared().env.head(g.branch()).map_err(env_error)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReadParams {
+    path: String,
+    #[serde(default)]
+    version: Option<String>,
+}
+
+pub(super) fn read(g: &Gate<'_>, p: ReadParams) -> Result<Value, RpcError> {
+    let key = fs_key(&p.path)?;
+    // Core checks the same again when it reads.
+    g.allow_rechecked(Action::Read, Resource::Key(key.clone()), Some("read"))?;
+    let v = version(g, p.version.as_deref())?;
+    let env = &g.shared().env;
+    let value = env
+        .read(&g.shared().actor, &key, &v)
+        .map_err(env_error)?
+        .filter(|value| value.meta.kind == EntryKind::File)
+        .ok_or_else(|| {
+            RpcError::new(
+                INVALID_PARAMS,
+                format!("there is no file {} at version {}", p.path, v.short()),
+                "list the files with file.list.",
+            )
+        })?;
+    let bytes = env.content(&value).map_err(env_error)?;
+    let (text, base64) = bytes_json(&bytes);
+    Ok(json!({
+        "path": key.display_path(),
+        "version": v.to_string(),
+        "size": bytes.len(),
+        "mode": value.meta.mode,
+        "text": text,
+        "base64": base64,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListParams {
+    #[serde(default)]
+    prefix: Option<String>,
+    #[serde(default)]
+    version: Option<String>,
+}
+
+pub(super) fn list(g: &Gate<'_>, p: ListParams) -> Result<Value, RpcError> {
+    let prefix = match p.prefix.as_deref().map(|d| d.trim_matches('/')) {
+        None | Some("") | Some(".") => KeyPrefix::all(Namespace::Fs),
+        Some(d) => KeyPrefix::new(Namespace::Fs, d)
+            .map_err(|e| RpcError::invalid_params(format!("{d:?} is not a workspace path: {e}")))?,
+    };
+    g.allow_rechecked(Action::Read, Resource::Prefix(prefix.clone()), Some("list"))?;
+    let v = version(g, p.version.as_deref())?;
+    let entries = g
+        .shared()
+        .env
+        .list(&g.shared().actor, &prefix, &v)
+        .map_err(env_error)?;
+    let total = entries.len();
+    let listed: Vec<Value> = entries
+        .iter()
+        .take(MAX_LISTED)
+        .map(|(k, value)| {
+            json!({
+                "path": k.display_path(),
+                "kind": format!("{:?}", value.meta.kind).to_lowercase(),
+                "size": value.meta.size,
+            })
+        })
+        .collect();
+    Ok(json!({ "version": v.to_string(), "total": total, "entries": listed }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WriteParams {
+    path: String,
+    content: String,
+    #[serde(default)]
+    intent: Option<String>,
+}
+
+pub(super) fn write(g: &Gate<'_>, p: WriteParams) -> Result<Value, RpcError> {
+    let key = fs_key(&p.path)?;
+    // Core checks the same again when it records the write.
+    g.allow_rechecked(Action::Write, Resource::Key(key.clone()), Some("write"))?;
+    let shared = g.shared();
+    let rel = key.display_path();
+    if shared
+        .with_tracker(|t| Ok(t.ignores(std::path::Path::new(&rel), false)))
+        .map_err(sandbox_error)?
+    {
+        return Err(RpcError::invalid_params(format!(
+            "{} is a path the workspace ignores (caches, editor files, the environment's own)",
+            p.path
+        )));
+    }
+    // Automatic captures wait while the head moves under the tree.
+    let _hold = shared.with_tracker(|t| t.hold()).map_err(sandbox_error)?;
+    shared
+        .capture("capture before a write")
+        .map_err(sandbox_error)?;
+    let before = shared.env.head(g.branch()).map_err(env_error)?;
+    let mode = match shared
+        .env
+        .read_unchecked(&key, &before)
+        .map_err(env_error)?
+    {
+        Some(v) if v.meta.kind == EntryKind::File => v.meta.mode,
+        Some(_) => {
+            return Err(RpcError::invalid_params(format!(
+                "{} exists and is not a regular file",
+                p.path
+            )));
+        }
+        None => 0o644,
+    };
+    let intent = p.intent.unwrap_or_else(|| format!("write {}", p.path));
+    let mut req = ActRequest::new(shared.actor.clone(), Intent::edit(intent))
+        .on(g.branch())
+        .base(before);
+    // Directories the file needs that do not exist yet.
+    let mut parent = key.parent();
+    while let Some(dir) = parent {
+        if dir.path().is_empty()
+            || shared
+                .env
+                .read_unchecked(&dir, &before)
+                .map_err(env_error)?
+                .is_some()
+        {
+            break;
+        }
+        parent = dir.parent();
+        req = req.put(dir, Entry::dir());
+    }
+    req = req.put(key.clone(), Entry::file(p.content.into_bytes()).mode(mode));
+    let obs = shared.env.act_blocking(req).map_err(env_error)?;
+    shared.sync_from(&before).map_err(sandbox_error)?;
+    Ok(json!({ "path": key.display_path(), "version": obs.version.to_string() }))
+}
