@@ -24,7 +24,7 @@ Without a running supervisor every command first captures what changed in the wo
 the last capture, so nothing done out of band is lost or overwritten. While `envctl run` runs,
 log, show, diff, status, mark NAME, restore, undo, merge and exec go through its control
 socket; listing marks, branch, effects, policy, queue, gc and verify work on the stores beside
-it; tournament (which adopts its winner into the live tree) exits 7 until it ends.";
+it; a tournament runs its candidates on forks and has the supervisor merge the winner.";
 
 /// envctl: put any agent into an environment — automatic capture, rollback, history, marks,
 /// branches, the queue and the policy.

@@ -411,9 +411,21 @@ fn commands_go_through_a_running_supervisor() {
     assert_eq!(merged["branch"], "b", "{merged}");
     assert_eq!(merged["noop"], false, "{merged}");
     assert_eq!(ws.read("from-b.txt").as_deref(), Some("b\n"));
-    // A tournament waits for the supervisor, and says so.
-    let err = ws.fails(&["tournament", "--test", "true", "--", "true"], 7);
-    assert!(err.contains("supervisor"), "{err}");
+    // A tournament runs on forks, and the supervisor merges its winner into the tree.
+    if sandboxes("commands_go_through_a_running_supervisor (tournament)") {
+        let out = ws.ok(&[
+            "tournament",
+            "--test",
+            "test -f won.txt",
+            "--",
+            "echo no > lost.txt",
+            "echo yes > won.txt",
+        ]);
+        assert!(out.contains("winner"), "{out}");
+        assert_eq!(ws.read("won.txt").as_deref(), Some("yes\n"));
+        assert!(!ws.path("lost.txt").exists());
+        std::fs::remove_file(ws.path("won.txt")).unwrap();
+    }
     ws.fails(&["show", "no-such-version"], 3);
     ws.fails(&["run", "--", "true"], 7);
     let out = stop(child);

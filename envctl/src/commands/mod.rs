@@ -147,6 +147,17 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     if own.exists()
         && let Ok(addr) = crate::target::probe(&own)
     {
+        if let Command::Tournament(a) = &cli.command {
+            // The candidates run on forks; the supervisor adopts the winner into its tree.
+            let mut remote = crate::target::Remote::connect(&addr, &credentials(&cli))?;
+            let mut s = Session::open_stores(ws, actor)?;
+            return process::tournament(
+                &mut s,
+                a,
+                json,
+                process::Adoption::Supervisor(&mut remote),
+            );
+        }
         if stores_only(&cli.command) {
             // The supervisor captures the tree; these read or change only the stores, which
             // several processes share safely.
@@ -191,7 +202,9 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         Command::Verify => maintain::verify(s, json)?,
         Command::Status => maintain::status(s, json)?,
         Command::Exec(a) => return process::exec(s, a, json),
-        Command::Tournament(a) => return process::tournament(s, a, json),
+        Command::Tournament(a) => {
+            return process::tournament(s, a, json, process::Adoption::Live);
+        }
         Command::Init { .. }
         | Command::Run(_)
         | Command::Mcp

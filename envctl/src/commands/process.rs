@@ -482,7 +482,21 @@ fn sh(script: &str) -> Vec<String> {
 }
 
 /// `envctl tournament`: exit 0 when a winner was adopted, 1 when none passed.
-pub fn tournament(s: &mut Session, a: &TournamentArgs, json: bool) -> Outcome<i32> {
+/// Where a tournament's winner goes.
+pub enum Adoption<'a> {
+    /// Into main and the live tree, through this session's tracker.
+    Live,
+    /// Through a running supervisor, which merges it into main and writes it into the tree it
+    /// holds.
+    Supervisor(&'a mut crate::target::Remote),
+}
+
+pub fn tournament(
+    s: &mut Session,
+    a: &TournamentArgs,
+    json: bool,
+    adoption: Adoption<'_>,
+) -> Outcome<i32> {
     if let Err(why) = namespaces() {
         return Err(Failure::new(
             ExitCode::Unavailable,
@@ -522,7 +536,24 @@ pub fn tournament(s: &mut Session, a: &TournamentArgs, json: bool) -> Outcome<i3
             ..ForkConfig::default()
         },
     )?;
-    let report = t.run(&forks, &overlay_sandbox, Some(s.tracker()?))?;
+    let report = match adoption {
+        Adoption::Live => t.run(&forks, &overlay_sandbox, Some(s.tracker()?))?,
+        Adoption::Supervisor(remote) => {
+            // The winner is adopted into a branch of its own, which the supervisor then merges
+            // into main and writes into the tree it holds.
+            t.target = format!("{}/adopted", t.name);
+            s.env.create_branch(&s.actor, &t.target, &base)?;
+            let mut report = t.run(&forks, &overlay_sandbox, None)?;
+            if report.adopted.is_some() {
+                let merged = remote.call("merge", json!({ "source": t.target }))?;
+                report.adopted = Some(
+                    s.env
+                        .resolve(merged["version"].as_str().unwrap_or("main"))?,
+                );
+            }
+            report
+        }
+    };
     let status = if report.adopted.is_some() { 0 } else { 1 };
     if json {
         print_json(&json!({ "base": base.to_string(), "report": report }));
