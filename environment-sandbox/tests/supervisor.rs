@@ -235,6 +235,18 @@ fn confined_self_rollback_scenario(dir: &Path) {
         inside: "/tmp/out".into(),
         writable: true,
     });
+    // The agent is this test binary: visible inside even when it lives under /tmp, which the
+    // sandbox replaces with its own.
+    let bin_dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    spec.binds.push(Bind {
+        host: bin_dir.clone(),
+        inside: bin_dir,
+        writable: false,
+    });
     let mut cfg = config(&work, &home);
     cfg.launcher = Arc::new(Isolation::new(spec).unwrap());
     cfg.socket_inside = Some("/tmp/environment-control/control.sock".into());

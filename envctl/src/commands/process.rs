@@ -325,6 +325,18 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
             let mut spec = IsolationSpec::host(&ws.dir);
             // The agent gets neither the stores nor, unless given, the socket beneath them.
             spec.masked.push(ws.home.clone());
+            // envctl itself stays callable inside (to talk to the socket), even from under
+            // /tmp, which the sandbox replaces with its own.
+            if let Some(dir) = std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(Path::to_path_buf))
+            {
+                spec.binds.push(Bind {
+                    host: dir.clone(),
+                    inside: dir,
+                    writable: false,
+                });
+            }
             spec
         }
     };

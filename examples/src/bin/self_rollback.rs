@@ -101,6 +101,16 @@ fn supervisor() -> Result<(), Box<dyn Error>> {
                 inside: inside.to_path_buf(),
                 writable: false,
             });
+            // The agent is this program: visible inside even when it lives under /tmp, which
+            // the sandbox replaces with its own.
+            let exe = std::env::current_exe()?;
+            if let Some(dir) = exe.parent() {
+                spec.binds.push(Bind {
+                    host: dir.to_path_buf(),
+                    inside: dir.to_path_buf(),
+                    writable: false,
+                });
+            }
             (Arc::new(Isolation::new(spec)?), inside.join("control.sock"))
         }
         Err(e) => {
