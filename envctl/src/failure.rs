@@ -206,6 +206,8 @@ impl From<SandboxError> for Failure {
             }
             SandboxError::Escape { .. } => Failure::other(e.to_string())
                 .hint("a symlink in the workspace points outside it; remove or fix it"),
+            SandboxError::NotWritable { .. } => Failure::usage(e.to_string())
+                .hint("write a tracked path that is a regular file or does not exist yet"),
             SandboxError::Rule { .. } => {
                 Failure::usage(e.to_string()).hint("noise rules use gitignore syntax")
             }

@@ -15,7 +15,7 @@ use environment_core::{
     MAIN, Options, Resource, SystemClock,
 };
 use environment_policy::Policy;
-use environment_sandbox::{Noise, NoiseRules, Tracker, TrackerConfig};
+use environment_sandbox::{NoiseRules, Tracker, TrackerConfig};
 
 use crate::failure::{Failure, Outcome};
 use crate::progress::Progress;
@@ -250,12 +250,6 @@ impl Session {
             rules.ignored.push(format!("/{}/", rel.display()));
         }
         rules
-    }
-
-    /// Whether `rel` is a path the tracker ignores (never captured, written or removed).
-    pub fn is_ignored(&self, rel: &Path) -> Outcome<bool> {
-        let noise = Noise::new(&self.ws.dir, &self.noise_rules())?;
-        Ok(noise.is_ignored(rel, false))
     }
 
     /// The tracker of the workspace tree.

@@ -64,6 +64,15 @@ pub enum SandboxError {
     /// The supervisor cannot do what was asked (setup, agent lifecycle, shutting down).
     #[error("supervisor: {0}")]
     Supervisor(String),
+    /// A file write refused before anything changed: the path is ignored by the tree's noise
+    /// rules, or holds something that is not a regular file.
+    #[error("{path}: {reason}")]
+    NotWritable {
+        /// The path, relative to the root.
+        path: String,
+        /// Why.
+        reason: &'static str,
+    },
     /// The stat cache failed.
     #[error("stat cache: {0}")]
     Cache(#[from] rusqlite::Error),

@@ -14,7 +14,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use environment_core::{
-    ActorId, Change, Intent, IntentKind, LocalEnvironment, MAIN, Observation, OpFlags, OpId,
+    ActRequest, ActorId, Change, EntryKind, Intent, IntentKind, LocalEnvironment, MAIN,
+    Observation, OpFlags, OpId, Value,
 };
 
 use crate::capture::{Captured, Capturer, KeyMap};
@@ -237,10 +238,52 @@ impl Tracker {
         }
     }
 
-    /// Whether `rel` (relative to the root) is a path this tracker never captures, writes or
-    /// removes.
-    pub fn ignores(&self, rel: &std::path::Path, is_dir: bool) -> bool {
-        lock(&self.shared.capturer).noise.is_ignored(rel, is_dir)
+    /// Writes a whole file (created or replaced, keeping its mode; the directories it needs
+    /// made) as one operation of `actor` on the branch, then into the tree. What changed in the
+    /// tree before is captured first, and automatic captures wait meanwhile. A path the noise
+    /// rules ignore, or one holding something other than a regular file, is refused with
+    /// [`SandboxError::NotWritable`] and nothing changes.
+    pub fn write_file(
+        &self,
+        actor: &ActorId,
+        rel: &str,
+        content: Vec<u8>,
+        intent_: Intent,
+    ) -> Result<Observation> {
+        let refused = |reason| SandboxError::NotWritable {
+            path: rel.to_owned(),
+            reason,
+        };
+        let _hold = self.hold()?;
+        let capturer = self.captured("capture before a write")?;
+        let key = capturer.keys.key(rel.as_bytes())?;
+        if capturer.noise.is_ignored(std::path::Path::new(rel), false) {
+            return Err(refused(
+                "a path the workspace ignores (caches, editor files, the environment's own)",
+            ));
+        }
+        let env = capturer.env.clone();
+        let before = capturer.head()?;
+        drop(capturer);
+        let mode = match env.read_unchecked(&key, &before)? {
+            Some(v) if v.meta.kind == EntryKind::File => v.meta.mode,
+            Some(_) => return Err(refused("exists and is not a regular file")),
+            None => 0o644,
+        };
+        let mut req = ActRequest::new(actor.clone(), intent_)
+            .on(self.branch())
+            .base(before);
+        let mut parent = key.parent();
+        while let Some(dir) = parent {
+            if dir.path().is_empty() || env.read_unchecked(&dir, &before)?.is_some() {
+                break;
+            }
+            parent = dir.parent();
+            req = req.put(dir, Value::dir());
+        }
+        let obs = env.act_blocking(req.put(key, Value::file(content).mode(mode)))?;
+        self.sync_from(&before)?;
+        Ok(obs)
     }
 
     /// The tracked root (canonical).

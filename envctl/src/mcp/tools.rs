@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use environment_core::{
-    ActRequest, Action, EntryKind, HistoryOptions, Intent, IntentKind, Key, KeyPrefix, MAIN,
-    Namespace, Resource, Value,
+    Action, EntryKind, HistoryOptions, Intent, IntentKind, Key, KeyPrefix, MAIN, Namespace,
+    Resource,
 };
 use environment_sandbox::RestoreStep;
 use rmcp::handler::server::wrapper::Parameters;
@@ -303,40 +303,11 @@ impl EnvServer {
     ) -> Result<CallToolResult, ErrorData> {
         let params = json!({ "path": p.path, "content": p.content, "intent": p.intent });
         self.routed("write_file", "file.write", params, move |s| {
-            let key = fs_key(&p.path)?;
-            if s.is_ignored(std::path::Path::new(&key.display_path()))? {
-                return Err(Failure::usage(format!(
-                    "{} is a path the workspace ignores (caches, editor files, the environment's own)",
-                    p.path
-                ))
-                .hint("write the file somewhere that is tracked"));
-            }
-            let before = s.head()?;
-            let mode = match s.env.read(&s.actor, &key, &before)? {
-                Some(v) if v.meta.kind == EntryKind::File => v.meta.mode,
-                Some(_) => {
-                    return Err(Failure::usage(format!(
-                        "{} exists and is not a regular file",
-                        p.path
-                    ))
-                    .hint("pick another path"));
-                }
-                None => 0o644,
-            };
-            let intent = p.intent.unwrap_or_else(|| format!("write {}", p.path));
-            let mut req = ActRequest::new(s.actor.clone(), Intent::edit(intent)).base(before);
-            // Directories the file needs that do not exist yet.
-            let mut parent = key.parent();
-            while let Some(dir) = parent {
-                if dir.path().is_empty() || s.env.read_unchecked(&dir, &before)?.is_some() {
-                    break;
-                }
-                parent = dir.parent();
-                req = req.put(dir, Value::dir());
-            }
-            req = req.put(key, Value::file(p.content.into_bytes()).mode(mode));
-            let obs = s.env.act_blocking(req)?;
-            s.tracker()?.sync_from(&before)?;
+            let rel = fs_key(&p.path)?.display_path();
+            let intent = Intent::edit(p.intent.unwrap_or_else(|| format!("write {}", p.path)));
+            let obs = s
+                .tracker()?
+                .write_file(&s.actor, &rel, p.content.into_bytes(), intent)?;
             Ok(format!(
                 "Wrote {}; recorded as {}.",
                 p.path,

@@ -2,16 +2,14 @@
 //! changed) or, for reading, at any version. A write is an operation of the socket's actor,
 //! written into the tree like a merge.
 
-use environment_core::{
-    ActRequest, Action, EntryKind, Intent, Key, KeyPrefix, Namespace, OpId, Resource,
-    Value as Entry,
-};
+use environment_core::{Action, EntryKind, Intent, Key, KeyPrefix, Namespace, OpId, Resource};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::commands::bytes_json;
 use super::gate::{Gate, resolve};
 use super::rpc::{INVALID_PARAMS, RpcError, env_error, sandbox_error};
+use crate::error::SandboxError;
 
 /// At most this many entries are listed.
 const MAX_LISTED: usize = 10_000;
@@ -123,56 +121,12 @@ pub(super) fn write(g: &Gate<'_>, p: WriteParams) -> Result<Value, RpcError> {
     g.allow_rechecked(Action::Write, Resource::Key(key.clone()), Some("write"))?;
     let shared = g.shared();
     let rel = key.display_path();
-    if shared
-        .with_tracker(|t| Ok(t.ignores(std::path::Path::new(&rel), false)))
-        .map_err(sandbox_error)?
-    {
-        return Err(RpcError::invalid_params(format!(
-            "{} is a path the workspace ignores (caches, editor files, the environment's own)",
-            p.path
-        )));
-    }
-    // Automatic captures wait while the head moves under the tree.
-    let _hold = shared.with_tracker(|t| t.hold()).map_err(sandbox_error)?;
-    shared
-        .capture("capture before a write")
-        .map_err(sandbox_error)?;
-    let before = shared.env.head(g.branch()).map_err(env_error)?;
-    let mode = match shared
-        .env
-        .read_unchecked(&key, &before)
-        .map_err(env_error)?
-    {
-        Some(v) if v.meta.kind == EntryKind::File => v.meta.mode,
-        Some(_) => {
-            return Err(RpcError::invalid_params(format!(
-                "{} exists and is not a regular file",
-                p.path
-            )));
-        }
-        None => 0o644,
-    };
-    let intent = p.intent.unwrap_or_else(|| format!("write {}", p.path));
-    let mut req = ActRequest::new(shared.actor.clone(), Intent::edit(intent))
-        .on(g.branch())
-        .base(before);
-    // Directories the file needs that do not exist yet.
-    let mut parent = key.parent();
-    while let Some(dir) = parent {
-        if dir.path().is_empty()
-            || shared
-                .env
-                .read_unchecked(&dir, &before)
-                .map_err(env_error)?
-                .is_some()
-        {
-            break;
-        }
-        parent = dir.parent();
-        req = req.put(dir, Entry::dir());
-    }
-    req = req.put(key.clone(), Entry::file(p.content.into_bytes()).mode(mode));
-    let obs = shared.env.act_blocking(req).map_err(env_error)?;
-    shared.sync_from(&before).map_err(sandbox_error)?;
-    Ok(json!({ "path": key.display_path(), "version": obs.version.to_string() }))
+    let intent = Intent::edit(p.intent.unwrap_or_else(|| format!("write {}", p.path)));
+    let obs = shared
+        .with_tracker(|t| t.write_file(&shared.actor, &rel, p.content.into_bytes(), intent))
+        .map_err(|e| match e {
+            SandboxError::NotWritable { .. } => RpcError::invalid_params(e),
+            other => sandbox_error(other),
+        })?;
+    Ok(json!({ "path": rel, "version": obs.version.to_string() }))
 }
