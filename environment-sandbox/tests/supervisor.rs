@@ -242,11 +242,7 @@ fn confined_self_rollback_scenario(dir: &Path) {
         .parent()
         .unwrap()
         .to_path_buf();
-    spec.binds.push(Bind {
-        host: bin_dir.clone(),
-        inside: bin_dir,
-        writable: false,
-    });
+    spec.binds.push(Bind::same_path(bin_dir));
     let mut cfg = config(&work, &home);
     cfg.launcher = Arc::new(Isolation::new(spec).unwrap());
     cfg.socket_inside = Some("/tmp/environment-control/control.sock".into());

@@ -331,11 +331,7 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
                 .ok()
                 .and_then(|e| e.parent().map(Path::to_path_buf))
             {
-                spec.binds.push(Bind {
-                    host: dir.clone(),
-                    inside: dir,
-                    writable: false,
-                });
+                spec.binds.push(Bind::same_path(dir));
             }
             spec
         }

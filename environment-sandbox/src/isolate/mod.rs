@@ -114,6 +114,19 @@ pub struct Bind {
     pub writable: bool,
 }
 
+impl Bind {
+    /// `path` visible read-only at the same path inside — e.g. the directory of a program the
+    /// agent runs, which a private `/tmp` would otherwise hide.
+    pub fn same_path(path: impl Into<PathBuf>) -> Bind {
+        let path = path.into();
+        Bind {
+            host: path.clone(),
+            inside: path,
+            writable: false,
+        }
+    }
+}
+
 /// Resource limits set on the agent process (rlimits: inherited by everything it starts).
 /// `None` leaves the caller's limit; a value above the current hard limit is clamped to it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -105,11 +105,7 @@ fn supervisor() -> Result<(), Box<dyn Error>> {
             // the sandbox replaces with its own.
             let exe = std::env::current_exe()?;
             if let Some(dir) = exe.parent() {
-                spec.binds.push(Bind {
-                    host: dir.to_path_buf(),
-                    inside: dir.to_path_buf(),
-                    writable: false,
-                });
+                spec.binds.push(Bind::same_path(dir));
             }
             (Arc::new(Isolation::new(spec)?), inside.join("control.sock"))
         }
