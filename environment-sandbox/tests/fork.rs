@@ -156,3 +156,27 @@ fn an_unknown_version_forks_nothing() {
     assert!(forks.fork(&agent, &foreign, 2, "x").is_err());
     assert_eq!(env.branches().unwrap().len(), 1);
 }
+
+/// A materialization killed midway leaves only a temporary directory, which never counts as a
+/// base and is swept once its process is gone.
+#[test]
+fn a_half_made_base_is_swept_and_never_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    write(&work, "a.txt", b"alpha\n");
+    let env = LocalEnvironment::open(dir.path().join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let _tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let base = env.head("main").unwrap();
+    // What a killed process (no such pid) left while writing this version's base.
+    let half = dir
+        .path()
+        .join(format!("home/forks/base/.tmp-{base}-4194999"));
+    std::fs::create_dir_all(&half).unwrap();
+    std::fs::write(half.join("a.txt"), b"al").unwrap();
+    let forks = Forks::open(env.clone(), ForkConfig::default()).unwrap();
+    assert!(!half.exists(), "the leftover was swept");
+    let lower = forks.materialize(&base).unwrap();
+    assert_eq!(disk(&lower, &no_skip), view(&env, &base));
+}

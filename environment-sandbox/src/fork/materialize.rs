@@ -77,6 +77,27 @@ pub(super) fn materialize(
     }
 }
 
+/// Removes what a materialization killed midway left behind: temporary directories whose
+/// process is gone (a live one may still be writing its own).
+pub(super) fn sweep(base_dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(base_dir).map_err(SandboxError::io("list", base_dir))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.starts_with(".tmp-"))
+            .and_then(|n| n.rsplit('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            super::remove_tree(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 fn write_all(env: &LocalEnvironment, files: &[(PathBuf, Value)]) -> Result<()> {
     if files.len() < PARALLEL {
         return files.iter().try_for_each(|(p, v)| write_one(env, p, v));

@@ -84,6 +84,7 @@ impl Forks {
             let d = dir.join(sub);
             std::fs::create_dir_all(&d).map_err(SandboxError::io("mkdir", &d))?;
         }
+        materialize::sweep(&dir.join("base"))?;
         Ok(Forks {
             keys: KeyMap::new(&config.key_prefix),
             env,
