@@ -380,6 +380,26 @@ fn authorization_scenario(dir: &Path) {
     assert_eq!(blob_count(&env), blobs);
     assert!(env.blobs().contains(&orphan));
 
+    // Writing a file is not the agent's either here: refused, and neither the log nor the tree
+    // changes; reading it is allowed.
+    let data = denied(
+        c.call(
+            "file.write",
+            serde_json::json!({ "path": "config.toml", "content": "debug = true\n" }),
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(data["verdict"], "deny");
+    assert_eq!(full_history(&env), history);
+    assert_eq!(
+        std::fs::read_to_string(work.join("config.toml")).unwrap(),
+        "debug = false\n"
+    );
+    let read = c
+        .call("file.read", serde_json::json!({ "path": "config.toml" }))
+        .unwrap();
+    assert_eq!(read["text"], "debug = false\n");
+
     // What the rules allow works: history, mark, a restore.
     let good = c.mark("good").unwrap()["version"]
         .as_str()
