@@ -49,7 +49,7 @@ pub use authz::{
     AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,
     Risk, Verdict,
 };
-pub use blob::BlobStore;
+pub use blob::{BlobLocation, BlobStore, BlobUsage};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use environment::{Capabilities, Capability, Environment};
 pub use error::{BlobError, EnvError, ForAgent, Result, StaleWrite};

@@ -196,11 +196,11 @@ fn corrupt_blob_is_detected_on_read() {
         .unwrap();
     let v = env.read(&actor, &k, &obs.version).unwrap().unwrap();
     let hash = v.blob().expect("500 bytes live in the blob store");
-    let path = env.blobs().path_of(&hash);
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[100] ^= 1;
-    std::fs::write(&path, bytes).unwrap();
+    let at = env.blobs().location(&hash).unwrap();
+    std::fs::set_permissions(&at.path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = std::fs::read(&at.path).unwrap();
+    bytes[at.offset as usize + 100] ^= 1;
+    std::fs::write(&at.path, bytes).unwrap();
     assert!(matches!(
         env.content(&v),
         Err(EnvError::Blob(BlobError::Corrupt { .. }))

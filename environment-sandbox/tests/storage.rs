@@ -12,17 +12,8 @@ fn db_bytes(home: &std::path::Path, sql: &str) -> i64 {
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
-fn blob_bytes(home: &std::path::Path) -> u64 {
-    let mut total = 0;
-    for fan in std::fs::read_dir(home.join("blobs")).unwrap() {
-        let fan = fan.unwrap();
-        if fan.file_name().len() == 2 {
-            for b in std::fs::read_dir(fan.path()).unwrap() {
-                total += b.unwrap().metadata().unwrap().len();
-            }
-        }
-    }
-    total
+fn blob_bytes(env: &environment_core::LocalEnvironment) -> u64 {
+    env.blobs().usage().unwrap().bytes
 }
 
 #[test]
@@ -38,7 +29,7 @@ fn a_hundred_one_file_captures_cost_their_content_and_a_path_of_nodes() {
     });
     let home = s.home.path();
     let nodes_sql = "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM nodes";
-    let (nodes0, blobs0) = (db_bytes(home, nodes_sql), blob_bytes(home));
+    let (nodes0, blobs0) = (db_bytes(home, nodes_sql), blob_bytes(&s.env));
     let count0 = db_bytes(home, "SELECT COUNT(*) FROM nodes");
     let mut content = 0u64;
     for i in 0..100 {
@@ -54,7 +45,7 @@ fn a_hundred_one_file_captures_cost_their_content_and_a_path_of_nodes() {
             .unwrap()
             .unwrap();
     }
-    let added_blobs = blob_bytes(home) - blobs0;
+    let added_blobs = blob_bytes(&s.env) - blobs0;
     assert_eq!(
         added_blobs, content,
         "blob growth is exactly the new content"

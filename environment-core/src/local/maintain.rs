@@ -19,8 +19,11 @@ pub struct GcReport {
     pub kept: u64,
     /// Blobs deleted.
     pub removed: u64,
-    /// Bytes freed.
+    /// Bytes of content removed (a pack's share is freed on disk when the pack is rewritten).
     pub bytes_removed: u64,
+    /// Packs rewritten without their dead blobs.
+    #[serde(default)]
+    pub packs_rewritten: u64,
     /// Temporary files of dead writers removed.
     pub temp_removed: u64,
     /// Tree nodes that only dropped versions used, removed.
@@ -47,7 +50,7 @@ fn broken(at: String, detail: impl Into<String>) -> EnvError {
 
 impl LocalEnvironment {
     /// Deletes the blobs that no operation's view and no pin refers to. Safe against a crash at
-    /// any point (it only deletes unreferenced files) and against concurrent writers in any
+    /// any point (it only deletes what nothing refers to, and moves a packed blob by writing its new copy durably before deleting the old) and against concurrent writers in any
     /// process (they wait while it sweeps; it waits for those with blobs not yet committed).
     pub fn gc(&self, actor: &ActorId) -> Result<GcReport> {
         self.authorize(
@@ -62,15 +65,14 @@ impl LocalEnvironment {
             .inner
             .readers
             .with(|conn| self.inner.live_blobs(conn))?;
-        let mut report = GcReport::default();
-        for h in self.inner.blobs.list()? {
-            if live.contains(&h) {
-                report.kept += 1;
-            } else {
-                report.bytes_removed += self.inner.blobs.remove(&h, &guard)?;
-                report.removed += 1;
-            }
-        }
+        let swept = self.inner.blobs.sweep(&live, &guard)?;
+        let mut report = GcReport {
+            kept: swept.kept,
+            removed: swept.removed,
+            bytes_removed: swept.bytes_removed,
+            packs_rewritten: swept.packs_rewritten,
+            ..GcReport::default()
+        };
         report.temp_removed = self.inner.blobs.clear_temp(&guard)?;
         report.nodes_removed = self.collect_nodes()?;
         Ok(report)
