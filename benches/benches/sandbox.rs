@@ -236,31 +236,32 @@ fn bench_first_capture(c: &mut Criterion) {
     let f = fixture();
     let mut g = c.benchmark_group("first capture of the whole tree");
     g.sample_size(10);
+    g.sampling_mode(criterion::SamplingMode::Flat);
+    // Every iteration of both sides writes into a fresh directory, and nothing is deleted until
+    // the group ends: on ext4, writing into space that 100,000 files freed a moment ago waits
+    // on the journal, which would make whichever side deletes more (the copy) look slower.
+    let fresh = std::cell::Cell::new(0u32);
+    let next = || {
+        fresh.set(fresh.get() + 1);
+        sync_disk();
+        f.scratch.join(format!("first-{}", fresh.get()))
+    };
     g.bench_function("environment", |b| {
         b.iter_batched(
-            || {
-                // Both sides start with nothing left to write back from earlier iterations.
-                sync_disk();
-                tempfile::tempdir_in(&f.scratch).unwrap()
-            },
+            next,
             |home| {
-                let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+                let env = LocalEnvironment::open(&home, Options::default()).unwrap();
                 let mut cfg = TrackerConfig::new(&f.tree, ActorId::new("service:watcher").unwrap());
                 cfg.auto = false;
                 drop(Tracker::open(env, cfg).unwrap());
-                home
             },
             BatchSize::PerIteration,
         )
     });
-    let copy = f.scratch.join("copy");
     g.bench_function("cp -a", |b| {
         b.iter_batched(
-            || {
-                let _ = std::fs::remove_dir_all(&copy);
-                sync_disk();
-            },
-            |_| {
+            next,
+            |copy| {
                 sh(
                     &f.scratch,
                     &format!("cp -a {} {}", f.tree.display(), copy.display()),
@@ -270,6 +271,9 @@ fn bench_first_capture(c: &mut Criterion) {
         )
     });
     g.finish();
+    for i in 1..=fresh.get() {
+        let _ = std::fs::remove_dir_all(f.scratch.join(format!("first-{i}")));
+    }
     drop(f.tracker);
 }
 

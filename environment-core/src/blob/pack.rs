@@ -39,6 +39,8 @@ const PACK_TARGET: u64 = 64 * 1024 * 1024;
 const PENDING_MAX: usize = 64 * 1024;
 
 const MAGIC: &[u8; 8] = b"envpack1";
+/// The extension of an index until its writer has locked it.
+const NEW_INDEX: &str = "idx-new";
 const RECORD: usize = 52;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -511,17 +513,21 @@ impl Packs {
         let name = blake3::hash(seed.as_bytes()).to_hex()[..20].to_owned();
         let idx_path = self.path(&name, "idx");
         let pack_path = self.path(&name, "pack");
+        // The index is locked before it gets its name: a loader never finds it unlocked and
+        // takes its writer for dead.
+        let new_path = self.path(&name, NEW_INDEX);
         let mut idx = OpenOptions::new()
             .append(true)
             .create_new(true)
             .mode(0o644)
-            .open(&idx_path)
-            .map_err(io_err(&idx_path))?;
+            .open(&new_path)
+            .map_err(io_err(&new_path))?;
         idx.try_lock().map_err(|e| BlobError::Io {
-            path: idx_path.clone(),
+            path: new_path.clone(),
             source: io::Error::other(e.to_string()),
         })?;
-        idx.write_all(MAGIC).map_err(io_err(&idx_path))?;
+        idx.write_all(MAGIC).map_err(io_err(&new_path))?;
+        fs::rename(&new_path, &idx_path).map_err(io_err(&idx_path))?;
         // Only this process writes into the pack, and only at offsets it has not written yet.
         let data = OpenOptions::new()
             .read(true)
@@ -805,20 +811,23 @@ impl Packs {
         Ok(())
     }
 
-    /// Pack files whose index is gone: left by a collection that died between its two
-    /// deletions.
+    /// Pack files whose index is gone, left by a collection that died between its two
+    /// deletions, and indexes a writer died before naming. (A writer names its index before it
+    /// creates the pack, so a pack without an index has no writer.)
     fn sweep_orphans(&self) -> Result<(), BlobError> {
         for e in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
             let e = e.map_err(io_err(&self.dir))?;
-            let Some(name) = e
-                .file_name()
-                .to_str()
-                .and_then(|n| n.strip_suffix(".pack"))
-                .map(str::to_owned)
-            else {
+            let file_name = e.file_name();
+            let Some(file_name) = file_name.to_str() else {
                 continue;
             };
-            if !self.path(&name, "idx").exists() {
+            if let Some(name) = file_name.strip_suffix(".pack") {
+                if !self.path(name, "idx").exists() {
+                    let _ = fs::remove_file(e.path());
+                }
+            } else if file_name.ends_with(NEW_INDEX)
+                && File::open(e.path()).is_ok_and(|f| f.try_lock().is_ok())
+            {
                 let _ = fs::remove_file(e.path());
             }
         }
