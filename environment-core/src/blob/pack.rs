@@ -161,6 +161,8 @@ struct Pack {
     idx_read: u64,
     /// Whether this process appends to it.
     ours: bool,
+    /// Bytes of the pack known to be on disk (confirmed): a blob within them needs no sync.
+    durable: u64,
     gone: bool,
 }
 
@@ -191,7 +193,10 @@ impl Index {
                         self.map.remove(&r.hash);
                     }
                 }
-                Kind::Confirmed => {}
+                Kind::Confirmed => {
+                    let p = &mut self.packs[pack as usize];
+                    p.durable = p.durable.max(r.offset);
+                }
             }
         }
     }
@@ -286,6 +291,7 @@ impl Packs {
                         reader: None,
                         idx_read: 0,
                         ours: false,
+                        durable: 0,
                         gone: false,
                     });
                     index.by_name.insert(name, id);
@@ -420,18 +426,22 @@ impl Packs {
 
     /// Appends a blob unless it is already packed. `bytes` hash to `hash`.
     pub fn put(&self, hash: Hash, bytes: &[u8]) -> Result<(), BlobError> {
-        if let Some(loc) = self
-            .index
-            .read()
-            .ok()
-            .and_then(|i| i.map.get(&hash).copied())
-        {
-            // The copy found may be another process's and not yet on disk: the next sync makes
-            // sure of it before anything refers to it.
-            self.unsynced
-                .lock()
-                .map_err(|_| poisoned(&self.dir))?
-                .insert(loc.pack);
+        let found = self.index.read().ok().and_then(|i| {
+            let loc = i.map.get(&hash).copied()?;
+            Some((
+                loc,
+                loc.offset + u64::from(loc.len) <= i.packs[loc.pack as usize].durable,
+            ))
+        });
+        if let Some((loc, durable)) = found {
+            if !durable {
+                // The copy found (ours or another process's) may not be on disk yet: the next
+                // sync makes sure of it before anything refers to it.
+                self.unsynced
+                    .lock()
+                    .map_err(|_| poisoned(&self.dir))?
+                    .insert(loc.pack);
+            }
             return Ok(());
         }
         self.append(hash, bytes, false)
@@ -546,6 +556,7 @@ impl Packs {
             reader: None,
             idx_read: MAGIC.len() as u64,
             ours: true,
+            durable: 0,
             gone: false,
         });
         index.by_name.insert(name, id);
@@ -584,6 +595,10 @@ impl Packs {
         for id in ids {
             match active.as_mut().filter(|a| a.id == id) {
                 Some(a) => {
+                    if self.durable_len(id)? >= a.data_len {
+                        // Another caller's sync covered our bytes while we waited for the lock.
+                        continue;
+                    }
                     let io = |e| BlobError::Io {
                         path: self.dir.clone(),
                         source: e,
@@ -593,22 +608,37 @@ impl Packs {
                         .extend_from_slice(&Record::confirmed(a.data_len).encode());
                     self.write_pending(a)?;
                     a.idx.sync_data().map_err(io)?;
+                    self.mark_durable(id, a.data_len)?;
                 }
                 None => {
                     // Another process's pack (or one of ours since sealed): its bytes and
                     // records must be on disk too.
                     let name = self.name_of(id)?;
-                    for ext in ["pack", "idx"] {
-                        let path = self.path(&name, ext);
+                    let pack_path = self.path(&name, "pack");
+                    let len = fs::metadata(&pack_path).map_or(0, |m| m.len());
+                    for path in [pack_path, self.path(&name, "idx")] {
                         match File::open(&path).and_then(|f| f.sync_data()) {
                             Ok(()) => {}
                             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                             Err(e) => return Err(io_err(&path)(e)),
                         }
                     }
+                    self.mark_durable(id, len)?;
                 }
             }
         }
+        Ok(())
+    }
+
+    fn durable_len(&self, id: u32) -> Result<u64, BlobError> {
+        let index = self.index.read().map_err(|_| poisoned(&self.dir))?;
+        Ok(index.packs[id as usize].durable)
+    }
+
+    fn mark_durable(&self, id: u32, len: u64) -> Result<(), BlobError> {
+        let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
+        let pack = &mut index.packs[id as usize];
+        pack.durable = pack.durable.max(len);
         Ok(())
     }
 
