@@ -47,6 +47,11 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     tune(&conn)?;
+    // The writer's own page cache stays small. After a B-tree rebalance has renumbered pages
+    // (inserts into the randomly keyed ops index often cause one), SQLite's commit scans the
+    // whole hash table of the cache, so a large cache makes commits slower; the writer's reads
+    // of pages not in the WAL come through the memory map anyway.
+    conn.pragma_update(None, "cache_size", -8192)?;
     // Checkpoints fsync; a larger WAL makes them rarer, so their cost spreads over more commits.
     conn.pragma_update(None, "wal_autocheckpoint", 8192)?;
     conn.execute_batch(SCHEMA)?;
