@@ -265,6 +265,9 @@ impl Job {
                 let ok = matches!(outcome, Some(Ok(_)));
                 let finisher: Finisher = Box::new(move |commit_err| {
                     reply(match (outcome, commit_err) {
+                        (_, Some(EnvError::CommitFailed(why))) => {
+                            Err(EnvError::CommitFailed(why.clone()))
+                        }
                         (_, Some(e)) => Err(EnvError::CommitFailed(e.to_string())),
                         (Some(r), None) => r,
                         (None, None) => Err(EnvError::CommitFailed("the job did not run".into())),
@@ -513,8 +516,8 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
                 let _ = conn.pragma_update(None, "synchronous", "NORMAL");
             }
             let err = EnvError::CommitFailed(
-                "another action in the same transaction failed partway, so all of it was rolled \
-                 back"
+                "another action committed with this one failed partway, and everything in the \
+                 transaction was rolled back"
                     .into(),
             );
             fin(work_ok.then_some(&err));
@@ -616,7 +619,9 @@ mod tests {
                 let what = match r {
                     Ok(()) => "ok",
                     Err(EnvError::UnknownBranch(_)) => "own error",
-                    Err(EnvError::CommitFailed(_)) => "rolled back",
+                    Err(EnvError::CommitFailed(why)) if !why.contains("could not commit") => {
+                        "rolled back"
+                    }
                     Err(_) => "other",
                 };
                 (*n, what)
