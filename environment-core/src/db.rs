@@ -1,6 +1,7 @@
 //! SQLite: the schema, the writer thread with group commit, and the pool of read connections.
 
-use std::collections::VecDeque;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -10,6 +11,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::error::{EnvError, Result};
 use crate::event::Event;
+use crate::op::{OpId, Operation};
 use crate::tree::{NewNode, Node, NodeId, NodeSource, Ptr};
 
 const SCHEMA: &str = "
@@ -45,6 +47,11 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     tune(&conn)?;
+    // The writer's own page cache stays small. After a B-tree rebalance has renumbered pages
+    // (inserts into the randomly keyed ops index often cause one), SQLite's commit scans the
+    // whole hash table of the cache, so a large cache makes commits slower; the writer's reads
+    // of pages not in the WAL come through the memory map anyway.
+    conn.pragma_update(None, "cache_size", -8192)?;
     // Checkpoints fsync; a larger WAL makes them rarer, so their cost spreads over more commits.
     conn.pragma_update(None, "wal_autocheckpoint", 8192)?;
     conn.execute_batch(SCHEMA)?;
@@ -118,11 +125,39 @@ pub(crate) struct DbNodes<'a> {
     pub fill_cache: bool,
 }
 
+/// What the open write transaction has written so far, for the jobs after the one that wrote
+/// it: only the thread holding the write connection runs jobs, so this is that transaction's.
+/// Reading it back from memory saves each job a round of queries and decoding on the hot path.
+/// It lives from `BEGIN` to the end of the group: between transactions another process may
+/// write, so nothing here outlives one.
+#[derive(Default)]
+struct Pending {
+    /// Nodes written by the jobs that succeeded so far.
+    nodes: HashMap<NodeId, Arc<Node>>,
+    /// Operations recorded by the jobs already done, with their root node.
+    ops: HashMap<OpId, (Arc<Operation>, NodeId)>,
+    /// Branch heads the jobs that succeeded so far moved (heads move only by recording an
+    /// operation, so this is exact).
+    heads: HashMap<String, OpId>,
+    /// The row id the next new node gets, once a job has stored nodes.
+    next_node: Option<NodeId>,
+    /// The sequence number of the next operation, once known; it moves only when a job that
+    /// recorded an operation succeeds, so the log has no gap where a job failed.
+    next_seq: Option<i64>,
+}
+
 thread_local! {
-    /// Nodes written by the jobs already done in the open transaction, for the jobs after them:
-    /// only the thread holding the write connection runs jobs, so this is that transaction's.
-    static IN_FLIGHT: std::cell::RefCell<std::collections::HashMap<NodeId, Arc<Node>>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    static PENDING: RefCell<Pending> = RefCell::new(Pending::default());
+}
+
+/// An operation recorded earlier in the open transaction, with its root node.
+pub(crate) fn pending_op(id: &OpId) -> Option<(Arc<Operation>, NodeId)> {
+    PENDING.with(|p| p.borrow().ops.get(id).cloned())
+}
+
+/// The head of `branch` if a job earlier in the open transaction moved it.
+pub(crate) fn pending_head(branch: &str) -> Option<OpId> {
+    PENDING.with(|p| p.borrow().heads.get(branch).copied())
 }
 
 impl NodeSource for DbNodes<'_> {
@@ -131,7 +166,7 @@ impl NodeSource for DbNodes<'_> {
             return Ok(n);
         }
         if !self.fill_cache
-            && let Some(n) = IN_FLIGHT.with(|m| m.borrow().get(&ptr.id).cloned())
+            && let Some(n) = PENDING.with(|p| p.borrow().nodes.get(&ptr.id).cloned())
         {
             return Ok(n);
         }
@@ -154,7 +189,11 @@ impl NodeSource for DbNodes<'_> {
 
 /// The row id the next stored node gets: above every id ever used, including those of nodes
 /// garbage collection removed (kept in `meta` as a high-water mark), so an id is never reused.
+/// Called by the writer inside its transaction.
 pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
+    if let Some(id) = PENDING.with(|p| p.borrow().next_node) {
+        return Ok(id);
+    }
     Ok(conn
         .prepare_cached(
             "SELECT MAX(COALESCE((SELECT MAX(id) FROM nodes), 0),
@@ -163,12 +202,31 @@ pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
         .query_row([], |r| r.get(0))?)
 }
 
-/// Stores new nodes under their allocated ids.
-pub(crate) fn insert_nodes(conn: &Connection, nodes: &[NewNode]) -> Result<()> {
+/// The sequence number the next operation gets. Called by the writer inside its transaction.
+pub(crate) fn next_seq(conn: &Connection) -> Result<i64> {
+    if let Some(seq) = PENDING.with(|p| p.borrow().next_seq) {
+        return Ok(seq);
+    }
+    Ok(conn
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM ops")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Stores new nodes under their allocated ids; `next_id` is the first id the edit did not
+/// allocate, where the next one starts.
+pub(crate) fn insert_nodes(
+    conn: &Connection,
+    nodes: &mut [NewNode],
+    next_id: NodeId,
+) -> Result<()> {
+    // In increasing id order every row lands at the end of the table's B-tree, where SQLite
+    // appends to the last page; out of order, each row splits and rebalances a page.
+    nodes.sort_unstable_by_key(|n| n.ptr.id);
     let mut stmt = conn.prepare_cached("INSERT INTO nodes(id, hash, data) VALUES (?1, ?2, ?3)")?;
-    for n in nodes {
+    for n in nodes.iter() {
         stmt.execute(params![n.ptr.id, &n.ptr.hash.0[..], n.bytes])?;
     }
+    PENDING.with(|p| p.borrow_mut().next_node = Some(next_id));
     Ok(())
 }
 
@@ -193,12 +251,40 @@ struct Job {
     full_sync: bool,
 }
 
+impl Job {
+    /// A job that runs `work` and hands its outcome (or why it did not commit) to `reply`.
+    fn new<R: Send + 'static>(
+        full_sync: bool,
+        work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
+        reply: impl FnOnce(Result<R>) + Send + 'static,
+    ) -> Job {
+        Job {
+            full_sync,
+            work: Box::new(move |conn, fx| {
+                let outcome = conn.map(|c| work(c, fx));
+                let ok = matches!(outcome, Some(Ok(_)));
+                let finisher: Finisher = Box::new(move |commit_err| {
+                    reply(match (outcome, commit_err) {
+                        (_, Some(EnvError::CommitFailed(why))) => {
+                            Err(EnvError::CommitFailed(why.clone()))
+                        }
+                        (_, Some(e)) => Err(EnvError::CommitFailed(e.to_string())),
+                        (Some(r), None) => r,
+                        (None, None) => Err(EnvError::CommitFailed("the job did not run".into())),
+                    });
+                });
+                (ok, finisher)
+            }),
+        }
+    }
+}
+
 /// Called after every commit with what the committed jobs left.
 pub(crate) type AfterCommit = Box<dyn Fn(TxEffects) + Send + Sync>;
 
 /// The single writer: one write connection, one queue of jobs, committed in groups (one
-/// transaction for all jobs waiting, each in its own savepoint so one failure does not undo the
-/// others).
+/// transaction for all jobs waiting; a job refused before it writes does not undo the others, see
+/// [`commit_group`]).
 ///
 /// Whoever holds the connection commits for everyone queued: a synchronous caller queues its job
 /// and takes the connection itself (no hand-off to another thread when it is alone, and a free
@@ -221,6 +307,9 @@ struct Shared {
 struct Queue {
     jobs: VecDeque<Job>,
     closed: bool,
+    /// The writer thread waits for a job. While it is busy it looks at the queue when done, so
+    /// waking it then would be a wasted system call.
+    idle: bool,
 }
 
 /// Most jobs committed in one transaction.
@@ -257,7 +346,7 @@ impl Writer {
         work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
     ) -> tokio::sync::oneshot::Receiver<Result<R>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.enqueue(full_sync, work, move |r| {
+        if let Some(true) = self.enqueue(full_sync, work, move |r| {
             let _ = tx.send(r);
         }) {
             self.shared.wake.notify_one();
@@ -274,9 +363,12 @@ impl Writer {
         work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
     ) -> Result<R> {
         let (tx, rx) = mpsc::sync_channel(1);
-        if self.enqueue(full_sync, work, move |r| {
-            let _ = tx.send(r);
-        }) {
+        if self
+            .enqueue(full_sync, work, move |r| {
+                let _ = tx.send(r);
+            })
+            .is_some()
+        {
             // Our job is queued before we take the connection, so whoever holds it next —
             // this thread or one ahead of it — commits it.
             drain(&self.shared);
@@ -284,36 +376,21 @@ impl Writer {
         rx.recv().map_err(|_| EnvError::Closed)?
     }
 
-    /// Queues a job; false if the writer is closed (the job is dropped, and its reply with it).
+    /// Queues a job: `None` if the writer is closed (the job is dropped, and its reply with it),
+    /// else whether the writer thread waits for it.
     fn enqueue<R: Send + 'static>(
         &self,
         full_sync: bool,
         work: impl FnOnce(&Connection, &mut TxEffects) -> Result<R> + Send + 'static,
         reply: impl FnOnce(Result<R>) + Send + 'static,
-    ) -> bool {
-        let job = Job {
-            full_sync,
-            work: Box::new(move |conn, fx| {
-                let outcome = conn.map(|c| work(c, fx));
-                let ok = matches!(outcome, Some(Ok(_)));
-                let finisher: Finisher = Box::new(move |commit_err| {
-                    reply(match (outcome, commit_err) {
-                        (_, Some(e)) => Err(EnvError::CommitFailed(e.to_string())),
-                        (Some(r), None) => r,
-                        (None, None) => Err(EnvError::CommitFailed("the job did not run".into())),
-                    });
-                });
-                (ok, finisher)
-            }),
-        };
-        let Ok(mut q) = self.shared.queue.lock() else {
-            return false;
-        };
+    ) -> Option<bool> {
+        let job = Job::new(full_sync, work, reply);
+        let mut q = self.shared.queue.lock().ok()?;
         if q.closed {
-            return false;
+            return None;
         }
         q.jobs.push_back(job);
-        true
+        Some(q.idle)
     }
 
     /// Stops taking jobs, commits those queued and joins the writer thread.
@@ -337,41 +414,53 @@ impl Drop for Writer {
     }
 }
 
-/// The writer thread: commits what asynchronous callers queue.
+/// The writer thread: commits what asynchronous callers queue, one group at a time.
 fn background(shared: &Shared) {
     loop {
-        {
+        let batch = {
             let Ok(mut q) = shared.queue.lock() else {
                 return;
             };
+            q.idle = true;
             while q.jobs.is_empty() && !q.closed {
                 q = match shared.wake.wait(q) {
                     Ok(q) => q,
                     Err(_) => return,
                 };
             }
+            q.idle = false;
             if q.jobs.is_empty() && q.closed {
                 return;
             }
-        }
-        drain(shared);
+            take_group(&mut q)
+        };
+        commit_group(&lock_conn(shared), batch, &shared.after_commit);
     }
+}
+
+/// The write connection. A panic inside a job is a bug, not a reason to stop writing: take the
+/// connection back.
+fn lock_conn(shared: &Shared) -> std::sync::MutexGuard<'_, Connection> {
+    shared
+        .conn
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn take_group(q: &mut Queue) -> Vec<Job> {
+    let n = q.jobs.len().min(MAX_GROUP);
+    q.jobs.drain(..n).collect()
 }
 
 /// Takes the connection and commits groups until the queue is empty.
 fn drain(shared: &Shared) {
-    // A panic inside a job is a bug, not a reason to stop writing: take the connection back.
-    let conn = shared
-        .conn
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let conn = lock_conn(shared);
     loop {
         let batch: Vec<Job> = {
             let Ok(mut q) = shared.queue.lock() else {
                 return;
             };
-            let n = q.jobs.len().min(MAX_GROUP);
-            q.jobs.drain(..n).collect()
+            take_group(&mut q)
         };
         if batch.is_empty() {
             return;
@@ -386,6 +475,11 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
+/// Commits `batch` in one transaction. Jobs run without savepoints (a savepoint per job copies
+/// every page it touches to a sub-journal, a large part of an act's cost): a job that fails
+/// before writing anything — every refusal of an act does — leaves the transaction as it was.
+/// A job that fails after writing spoils it: the transaction rolls back, the jobs that ran before
+/// it fail with it (nothing of theirs happened either), and the rest run in a new transaction.
 fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) {
     let full_sync = batch.iter().any(|j| j.full_sync);
     let began = (|| -> Result<()> {
@@ -403,31 +497,57 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
         let _ = conn.execute_batch("ROLLBACK");
         return;
     }
-    // A job alone needs no savepoint: if it fails, the whole transaction rolls back.
-    let alone = batch.len() == 1;
-    let mut finishers = Vec::with_capacity(batch.len());
+    // Each finisher with whether its job succeeded (a failed job reports its own error).
+    let mut finishers: Vec<(bool, Finisher)> = Vec::with_capacity(batch.len());
     let mut effects = TxEffects::default();
-    let mut any_ok = false;
-    for job in batch {
+    PENDING.with(|p| *p.borrow_mut() = Pending::default());
+    let mut jobs = batch.into_iter();
+    while let Some(job) = jobs.next() {
         let mut fx = TxEffects::default();
-        let in_savepoint = alone || exec(conn, "SAVEPOINT job").is_ok();
-        let (work_ok, fin) = (job.work)(in_savepoint.then_some(conn), &mut fx);
-        if work_ok {
-            if !alone {
-                let _ = exec(conn, "RELEASE job");
-                IN_FLIGHT.with(|m| m.borrow_mut().extend(fx.nodes.iter().cloned()));
+        let changes_before = conn.total_changes();
+        let (work_ok, fin) = (job.work)(Some(conn), &mut fx);
+        // SQLite ends the transaction itself after some errors (disk full, I/O): what follows
+        // would run outside any transaction, so that counts as spoiled too.
+        let spoiled = (!work_ok && conn.total_changes() != changes_before) || conn.is_autocommit();
+        if spoiled {
+            PENDING.with(|p| *p.borrow_mut() = Pending::default());
+            let _ = exec(conn, "ROLLBACK");
+            if full_sync {
+                let _ = conn.pragma_update(None, "synchronous", "NORMAL");
             }
-            any_ok = true;
+            let err = EnvError::CommitFailed(
+                "another action committed with this one failed partway, and everything in the \
+                 transaction was rolled back"
+                    .into(),
+            );
+            fin(work_ok.then_some(&err));
+            for (ok, fin) in finishers {
+                fin(ok.then_some(&err));
+            }
+            let rest: Vec<Job> = jobs.collect();
+            if !rest.is_empty() {
+                commit_group(conn, rest, after_commit);
+            }
+            return;
+        }
+        if work_ok {
+            PENDING.with(|p| {
+                let mut p = p.borrow_mut();
+                p.nodes.extend(fx.nodes.iter().cloned());
+                for (op, root) in &fx.ops {
+                    p.ops.insert(op.id, (op.clone(), *root));
+                    p.heads.insert(op.branch.clone(), op.id);
+                    p.next_seq = Some(op.seq as i64 + 1);
+                }
+            });
             effects.events.append(&mut fx.events);
             effects.nodes.append(&mut fx.nodes);
             effects.ops.append(&mut fx.ops);
-        } else if in_savepoint && !alone {
-            let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
         }
-        finishers.push(fin);
+        finishers.push((work_ok, fin));
     }
-    IN_FLIGHT.with(|m| m.borrow_mut().clear());
-    let committed = if any_ok {
+    PENDING.with(|p| *p.borrow_mut() = Pending::default());
+    let committed = if finishers.iter().any(|(ok, _)| *ok) {
         exec(conn, "COMMIT").map_err(EnvError::from)
     } else {
         exec(conn, "ROLLBACK").map_err(EnvError::from)
@@ -438,15 +558,110 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
     match committed {
         Ok(()) => {
             after_commit(effects);
-            for fin in finishers {
+            for (_, fin) in finishers {
                 fin(None);
             }
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
-            for fin in finishers {
+            for (_, fin) in finishers {
                 fin(Some(&e));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Replies = Arc<Mutex<Vec<(u8, Result<()>)>>>;
+
+    /// A job that stores `name` in `meta`, then fails if `fail` says so (`Some(true)`: after
+    /// writing, `Some(false)`: before).
+    fn job(replies: &Replies, name: u8, fail: Option<bool>) -> Job {
+        let replies = replies.clone();
+        Job::new(
+            false,
+            move |conn, _| {
+                if fail == Some(false) {
+                    return Err(EnvError::UnknownBranch(name.to_string()));
+                }
+                conn.execute(
+                    "INSERT INTO meta(name, value) VALUES (?1, 'x')",
+                    [name.to_string()],
+                )?;
+                if fail == Some(true) {
+                    return Err(EnvError::UnknownBranch(name.to_string()));
+                }
+                Ok(())
+            },
+            move |r| replies.lock().unwrap().push((name, r)),
+        )
+    }
+
+    fn stored(conn: &Connection) -> Vec<String> {
+        let mut stmt = conn
+            .prepare("SELECT name FROM meta WHERE name != 'schema' ORDER BY name")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    }
+
+    fn outcomes(replies: &Replies) -> Vec<(u8, &'static str)> {
+        let mut v: Vec<(u8, &'static str)> = replies
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(n, r)| {
+                let what = match r {
+                    Ok(()) => "ok",
+                    Err(EnvError::UnknownBranch(_)) => "own error",
+                    Err(EnvError::CommitFailed(why)) if !why.contains("could not commit") => {
+                        "rolled back"
+                    }
+                    Err(_) => "other",
+                };
+                (*n, what)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_job_refused_before_writing_leaves_the_others_of_its_group_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer(&dir.path().join("db")).unwrap();
+        let replies = Replies::default();
+        let batch = vec![
+            job(&replies, 1, None),
+            job(&replies, 2, Some(false)),
+            job(&replies, 3, None),
+        ];
+        commit_group(&conn, batch, &(Box::new(|_| {}) as AfterCommit));
+        assert_eq!(stored(&conn), ["1", "3"]);
+        assert_eq!(outcomes(&replies), [(1, "ok"), (2, "own error"), (3, "ok")]);
+    }
+
+    #[test]
+    fn a_job_failing_after_writing_commits_nothing_of_it_nor_of_the_jobs_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer(&dir.path().join("db")).unwrap();
+        let replies = Replies::default();
+        let batch = vec![
+            job(&replies, 1, None),
+            job(&replies, 2, Some(true)),
+            job(&replies, 3, None),
+        ];
+        commit_group(&conn, batch, &(Box::new(|_| {}) as AfterCommit));
+        assert_eq!(stored(&conn), ["3"]);
+        assert_eq!(
+            outcomes(&replies),
+            [(1, "rolled back"), (2, "own error"), (3, "ok")]
+        );
+        assert!(conn.is_autocommit(), "no transaction is left open");
     }
 }

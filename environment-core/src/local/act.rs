@@ -285,8 +285,11 @@ impl Inner {
         p: Prepared,
     ) -> Result<Observation> {
         let req = &p.req;
-        let head_id = head_in(conn, &req.branch)?
-            .ok_or_else(|| EnvError::UnknownBranch(req.branch.clone()))?;
+        let head_id = match db::pending_head(&req.branch) {
+            Some(h) => h,
+            None => head_in(conn, &req.branch)?
+                .ok_or_else(|| EnvError::UnknownBranch(req.branch.clone()))?,
+        };
         let (head, head_view) = self.stored_op_in(conn, &head_id)?;
         let base_id = req.base.unwrap_or(head_id);
         let nodes = self.writer_nodes(conn);

@@ -467,7 +467,9 @@ impl Inner {
         conn: &Connection,
         id: &OpId,
     ) -> Result<(Arc<Operation>, Ptr)> {
-        if let Some((op, root)) = self.ops.get(id) {
+        // The writer's jobs find the operations of the jobs before them in the same
+        // transaction in memory (elsewhere there are none).
+        if let Some((op, root)) = self.ops.get(id).or_else(|| db::pending_op(id)) {
             let view = Ptr {
                 hash: op.view,
                 id: root,
@@ -496,9 +498,7 @@ impl Inner {
         draft: OpDraft,
         expected_head: Option<&OpId>,
     ) -> Result<Arc<Operation>> {
-        let seq: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM ops", [], |r| {
-            r.get(0)
-        })?;
+        let seq = db::next_seq(conn)?;
         let mut op = Operation {
             id: OpId(Hash([0; 32])),
             seq: seq as u64,
@@ -558,8 +558,9 @@ impl Inner {
         edit: TreeEdit<'_>,
         root: &Ptr,
     ) -> Result<()> {
-        let new = edit.into_new_nodes(root);
-        db::insert_nodes(conn, &new)?;
+        let next_id = edit.next_id();
+        let mut new = edit.into_new_nodes(root);
+        db::insert_nodes(conn, &mut new, next_id)?;
         fx.nodes.extend(new.into_iter().map(|n| (n.ptr.id, n.node)));
         Ok(())
     }

@@ -193,6 +193,11 @@ impl<'a> TreeEdit<'a> {
         ptr
     }
 
+    /// The first row id this edit has not allocated.
+    pub fn next_id(&self) -> NodeId {
+        self.next_id
+    }
+
     /// The new nodes reachable from `root`, to be stored with the operation that refers to them;
     /// intermediate nodes the edit superseded are left out.
     pub fn into_new_nodes(mut self, root: &Ptr) -> Vec<NewNode> {
