@@ -88,48 +88,10 @@ struct Reader<'a> {
 impl Reader<'_> {
     /// Looks at every path, in parallel when there are many.
     fn look_all(&self, paths: Vec<Vec<u8>>, bulk: bool) -> Result<Vec<Looked>> {
-        let threads = if bulk {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(8)
-        } else {
-            1
-        };
-        if threads <= 1 {
-            return paths
-                .into_iter()
-                .map(|p| {
-                    let s = self.look(&p, bulk)?;
-                    Ok((p, s))
-                })
-                .collect();
-        }
-        let chunk = paths.len().div_ceil(threads);
-        let results: Vec<Result<Vec<Looked>>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = paths
-                .chunks(chunk)
-                .map(|part| {
-                    scope.spawn(move || {
-                        part.iter()
-                            .map(|p| Ok((p.clone(), self.look(p, bulk)?)))
-                            .collect()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(SandboxError::Watch("a capture thread panicked".into()))
-                    })
-                })
-                .collect()
-        });
-        let mut out = Vec::with_capacity(paths.len());
-        for r in results {
-            out.extend(r?);
-        }
-        Ok(out)
+        let threads = if bulk { crate::parallel::threads() } else { 1 };
+        crate::parallel::map(&paths, threads, "capture", |p| {
+            Ok((p.clone(), self.look(p, bulk)?))
+        })
     }
 
     /// Reads one path: its value, or that it is gone.

@@ -52,6 +52,7 @@ pub mod fsops;
 pub mod isolate;
 pub mod launch;
 pub mod noise;
+mod parallel;
 pub mod restore;
 pub mod retention;
 pub mod shell;

@@ -40,7 +40,8 @@ pub struct RestorePlan {
     pub from: OpId,
     /// The version restored to.
     pub to: OpId,
-    /// The paths written or removed, removals deepest first, then writes shallowest first.
+    /// The paths written or removed: removals deepest first, then directories shallowest
+    /// first, then files and symlinks.
     pub steps: Vec<PlanEntry>,
 }
 
@@ -79,11 +80,19 @@ impl Capturer {
                 })
             })
             .collect();
-        // Removals deepest first (children before their directory); writes shallowest first.
+        // Removals deepest first (children before their directory); then directories
+        // shallowest first; then files and symlinks, whose directories all exist by then, so
+        // they can be written in any order (see `apply`).
         let depth = |c: &KeyChange| c.key.path().iter().filter(|b| **b == b'/').count();
+        let not_dir = |c: &KeyChange| {
+            c.after
+                .as_ref()
+                .is_some_and(|v| v.meta.kind != EntryKind::Dir)
+        };
         changes.sort_by(|a, b| {
             let (ra, rb) = (a.after.is_none(), b.after.is_none());
             rb.cmp(&ra)
+                .then_with(|| not_dir(a).cmp(&not_dir(b)))
                 .then_with(|| {
                     if ra {
                         depth(b).cmp(&depth(a))
@@ -114,25 +123,39 @@ impl Capturer {
     }
 
     /// Applies `changes` to the live tree; returns the stat-cache updates for what it wrote.
+    ///
+    /// Changes come in plan order (removals deepest first, then directories shallowest first,
+    /// then files and symlinks). The run of file and symlink writes is written in parallel: in
+    /// one view no file is another's ancestor, and their directories were written before them.
     pub(crate) fn apply(&self, changes: &[KeyChange]) -> Result<Vec<(Vec<u8>, Option<StatEntry>)>> {
         let mut cache = Vec::new();
+        let mut run: Vec<(&[u8], &Value)> = Vec::new();
+        let tree = self.tree_writer();
         for c in changes {
             let Some(rel) = self.keys.rel(&c.key) else {
                 continue;
             };
+            match &c.after {
+                Some(v) if matches!(v.meta.kind, EntryKind::File | EntryKind::Symlink) => {
+                    run.push((rel, v));
+                    continue;
+                }
+                _ => tree.write_files(&mut run, &mut cache)?,
+            }
             let path = Path::new(OsStr::from_bytes(rel));
             match &c.after {
                 None => {
-                    self.remove(path)?;
+                    tree.remove(path)?;
                     cache.push((rel.to_vec(), None));
                 }
                 Some(v) => {
-                    if let Some(st) = self.write(path, v)? {
+                    if let Some(st) = tree.write(path, v)? {
                         cache.push((rel.to_vec(), Some(st)));
                     }
                 }
             }
         }
+        tree.write_files(&mut run, &mut cache)?;
         Ok(cache)
     }
 
@@ -157,6 +180,47 @@ impl Capturer {
                 dirty.remove(rel);
             }
         }
+    }
+
+    fn tree_writer(&self) -> TreeWriter<'_> {
+        TreeWriter {
+            env: &self.env,
+            root: &self.root,
+            noise: &self.noise,
+        }
+    }
+}
+
+/// What writes into the live tree: shareable between threads, so a long run of file writes
+/// uses every core.
+struct TreeWriter<'a> {
+    env: &'a LocalEnvironment,
+    root: &'a crate::fsops::Root,
+    noise: &'a crate::noise::Noise,
+}
+
+impl TreeWriter<'_> {
+    /// Writes a run of files and symlinks, in parallel when it is long.
+    fn write_files(
+        &self,
+        run: &mut Vec<(&[u8], &Value)>,
+        cache: &mut Vec<(Vec<u8>, Option<StatEntry>)>,
+    ) -> Result<()> {
+        const PARALLEL_FROM: usize = 64;
+        let threads = if run.len() >= PARALLEL_FROM {
+            crate::parallel::threads()
+        } else {
+            1
+        };
+        let written = crate::parallel::map(run, threads, "restore", |(rel, v)| {
+            self.write(Path::new(OsStr::from_bytes(rel)), v)
+        })?;
+        for ((rel, _), st) in run.drain(..).zip(written) {
+            if let Some(st) = st {
+                cache.push((rel.to_vec(), Some(st)));
+            }
+        }
+        Ok(())
     }
 
     /// Removes a path; a directory only if nothing but removable entries are in it (ignored
@@ -279,7 +343,7 @@ impl Capturer {
                     Mode::from_raw_mode(0o600),
                 )
                 .map_err(|e| SandboxError::io("create", path)(errno(e)))?;
-                if let Err(e) = fill(&self.env, fd, v, path) {
+                if let Err(e) = fill(self.env, fd, v, path) {
                     let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
                     return Err(e);
                 }
