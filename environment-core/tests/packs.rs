@@ -227,3 +227,42 @@ fn a_damaged_packed_blob_is_an_error_never_wrong_content() {
     assert_eq!(env.content(&values[0]).unwrap(), content("f", 0));
     assert_eq!(env.content(&values[2]).unwrap(), content("f", 2));
 }
+
+#[test]
+fn gc_merges_the_small_packs_short_lived_writers_leave() {
+    let home = tempfile::tempdir().unwrap();
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let actor = ActorId::new("agent:gc").unwrap();
+    let blobs = home.path().join("blobs");
+    let packs = || {
+        std::fs::read_dir(blobs.join("packs"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".pack")
+            })
+            .count()
+    };
+    // Five writers that each store one blob and exit, as five command-line calls would.
+    let mut kept = Vec::new();
+    for i in 0..5 {
+        let store = BlobStore::open(&blobs).unwrap();
+        let h = store.put(&content("call", i)).unwrap();
+        env.pin_blob(&h, "test").unwrap();
+        kept.push(h);
+    }
+    assert_eq!(packs(), 5);
+    let report = env.gc(&actor).unwrap();
+    assert_eq!((report.kept, report.packs_rewritten), (5, 5), "{report:?}");
+    assert_eq!(packs(), 1, "merged into one pack");
+    drop(env);
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    for (i, h) in kept.iter().enumerate() {
+        assert_eq!(env.blobs().get(h).unwrap(), content("call", i));
+    }
+    // One small pack is left as it is.
+    assert_eq!(env.gc(&actor).unwrap().packs_rewritten, 0);
+}

@@ -35,6 +35,9 @@ pub const PACKED_MAX: usize = 64 * 1024;
 /// mean less copying for the same garbage.
 const PACK_TARGET: u64 = 64 * 1024 * 1024;
 
+/// Packs smaller than this are merged by collection when there are several.
+const SMALL_PACK: u64 = 4 * 1024 * 1024;
+
 /// Pending index records are written out once this many bytes have gathered.
 const PENDING_MAX: usize = 64 * 1024;
 
@@ -738,8 +741,17 @@ impl Packs {
                 .map(|(i, p)| (i as u32, p.name.clone()))
                 .collect()
         };
+        // Every process that stores something starts a pack of its own, so short-lived ones
+        // (a command-line call) leave many small packs: collection merges them, which also
+        // keeps the number of index files read at open in check.
+        let size = |name: &str| fs::metadata(self.path(name, "pack")).map_or(0, |m| m.len());
+        let small = candidates
+            .iter()
+            .filter(|(_, name)| size(name) < SMALL_PACK)
+            .count();
         for (id, name) in candidates {
-            self.sweep_pack(id, &name, live, &mut report)?;
+            let merge = small >= 2 && size(&name) < SMALL_PACK;
+            self.sweep_pack(id, &name, live, merge, &mut report)?;
         }
         self.sweep_orphans()?;
         Ok(report)
@@ -750,6 +762,7 @@ impl Packs {
         id: u32,
         name: &str,
         live: &HashSet<Hash>,
+        merge: bool,
         report: &mut PackSweep,
     ) -> Result<(), BlobError> {
         let idx_path = self.path(name, "idx");
@@ -788,7 +801,7 @@ impl Packs {
         report.kept += alive.len() as u64;
         report.removed += dead.len() as u64;
         report.bytes_removed += dead.iter().map(|r| u64::from(r.len)).sum::<u64>();
-        if alive.is_empty() || live_bytes * 2 < data_len {
+        if alive.is_empty() || merge || live_bytes * 2 < data_len {
             // Copy what lives into our pack, make it durable, then forget this one: index
             // first, so no record ever names bytes in a deleted pack.
             let reader = File::open(&pack_path).map_err(io_err(&pack_path))?;
