@@ -48,7 +48,7 @@ struct Inner {
     wakers: Arc<Wakers>,
     purge_cursor: Arc<AtomicI64>,
     /// Stopped after the writer.
-    checkpointer: Option<schema::Checkpointer>,
+    checkpointer: Option<environment_core::checkpoint::Checkpointer>,
 }
 
 impl Drop for Inner {
@@ -97,10 +97,13 @@ impl Bus {
                 conn.pragma_update(
                     None,
                     "wal_autocheckpoint",
-                    schema::BACKSTOP_CHECKPOINT_PAGES,
+                    environment_core::checkpoint::BACKSTOP_PAGES,
                 )
                 .ctx("setting wal_autocheckpoint")?;
-                Some(schema::Checkpointer::start(&path, every)?)
+                Some(
+                    environment_core::checkpoint::Checkpointer::start(&path, every)
+                        .map_err(|e| open_err(format!("cannot start the checkpointer: {e}")))?,
+                )
             }
             None => None,
         };

@@ -31,6 +31,7 @@
 
 pub mod authz;
 pub mod blob;
+pub mod checkpoint;
 pub mod clock;
 mod db;
 pub mod environment;

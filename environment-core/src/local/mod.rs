@@ -54,6 +54,9 @@ pub struct Options {
     pub max_intent_len: usize,
     /// How many decoded tree nodes to keep in memory.
     pub node_cache: usize,
+    /// When set, a background thread checkpoints the database this often (see
+    /// [`crate::checkpoint`]), off the writer's commit path; otherwise commits checkpoint.
+    pub checkpoint_every: Option<std::time::Duration>,
 }
 
 impl Default for Options {
@@ -66,6 +69,7 @@ impl Default for Options {
             max_changes: 1_000_000,
             max_intent_len: 16 << 10,
             node_cache: 200_000,
+            checkpoint_every: Some(std::time::Duration::from_millis(100)),
         }
     }
 }
@@ -91,6 +95,8 @@ pub(crate) struct Inner {
     hub: Arc<events::Hub>,
     /// Versions dropped by retention (as this process knows them; the table is the truth).
     dropped: std::sync::RwLock<std::collections::HashSet<OpId>>,
+    /// Checkpoints until the environment closes.
+    _checkpointer: Option<crate::checkpoint::Checkpointer>,
 }
 
 /// An environment stored on this machine: a SQLite database (`env.db`) and a blob store
@@ -138,6 +144,24 @@ impl LocalEnvironment {
         let db_path = home.join("env.db");
         let blobs = BlobStore::open(home.join("blobs"))?;
         let conn = db::open_writer(&db_path)?;
+        let checkpointer = match options.checkpoint_every {
+            Some(every) => {
+                conn.pragma_update(
+                    None,
+                    "wal_autocheckpoint",
+                    crate::checkpoint::BACKSTOP_PAGES,
+                )?;
+                Some(
+                    crate::checkpoint::Checkpointer::start(&db_path, every).map_err(|e| {
+                        EnvError::Home {
+                            path: db_path.clone(),
+                            detail: format!("cannot start the checkpointer: {e}"),
+                        }
+                    })?,
+                )
+            }
+            None => None,
+        };
         let nodes = Arc::new(NodeCache::new(options.node_cache));
         let ops = Arc::new(quick_cache::sync::Cache::new(100_000));
         let hub = Arc::new(events::Hub::new(options.publisher.is_some()));
@@ -164,6 +188,7 @@ impl LocalEnvironment {
             ops,
             hub,
             dropped: std::sync::RwLock::new(Default::default()),
+            _checkpointer: checkpointer,
         });
         let env = LocalEnvironment {
             inner,
