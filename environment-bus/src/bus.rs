@@ -93,18 +93,10 @@ impl Bus {
         schema::configure(&conn, config.busy_timeout)?;
         schema::install(&conn)?;
         let checkpointer = match config.checkpoint_every {
-            Some(every) => {
-                conn.pragma_update(
-                    None,
-                    "wal_autocheckpoint",
-                    environment_core::checkpoint::BACKSTOP_PAGES,
-                )
-                .ctx("setting wal_autocheckpoint")?;
-                Some(
-                    environment_core::checkpoint::Checkpointer::start(&path, every)
-                        .map_err(|e| open_err(format!("cannot start the checkpointer: {e}")))?,
-                )
-            }
+            Some(every) => Some(
+                environment_core::checkpoint::Checkpointer::start(&conn, &path, every)
+                    .map_err(|e| open_err(format!("cannot start the checkpointer: {e}")))?,
+            ),
             None => None,
         };
         let wakers = Arc::new(Wakers::default());

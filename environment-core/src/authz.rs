@@ -100,6 +100,22 @@ pub enum Action {
 }
 
 impl Action {
+    /// The action a name stands for: one of the built-in names, else a custom action (the
+    /// inverse of [`Action::as_str`]; callers decide which custom names they accept).
+    pub fn named(name: &str) -> Action {
+        match name {
+            "read" => Action::Read,
+            "write" => Action::Write,
+            "delete" => Action::Delete,
+            "execute" => Action::Execute,
+            "publish" => Action::Publish,
+            "consume" => Action::Consume,
+            "approve" => Action::Approve,
+            "delegate" => Action::Delegate,
+            other => Action::Custom(other.to_owned()),
+        }
+    }
+
     /// The action's name as rules spell it.
     pub fn as_str(&self) -> &str {
         match self {
@@ -267,5 +283,27 @@ pub struct AllowAll;
 impl Authorizer for AllowAll {
     fn authorize(&self, _request: &AccessRequest) -> Decision {
         Decision::allow_unconditionally()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_action_is_named_by_what_it_spells() {
+        for a in [
+            Action::Read,
+            Action::Write,
+            Action::Delete,
+            Action::Execute,
+            Action::Publish,
+            Action::Consume,
+            Action::Approve,
+            Action::Delegate,
+            Action::Custom("deploy".into()),
+        ] {
+            assert_eq!(Action::named(a.as_str()), a);
+        }
     }
 }

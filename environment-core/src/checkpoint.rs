@@ -27,8 +27,16 @@ pub struct Checkpointer {
 
 impl Checkpointer {
     /// Starts checkpointing the database at `path` every `every`, on its own connection and
-    /// thread.
-    pub fn start(path: &Path, every: Duration) -> std::io::Result<Checkpointer> {
+    /// thread, and raises the automatic threshold of `writer` (the database's write
+    /// connection) to [`BACKSTOP_PAGES`].
+    pub fn start(
+        writer: &Connection,
+        path: &Path,
+        every: Duration,
+    ) -> std::io::Result<Checkpointer> {
+        writer
+            .pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)
+            .map_err(std::io::Error::other)?;
         let conn = Connection::open(path).map_err(std::io::Error::other)?;
         conn.busy_timeout(Duration::from_millis(100))
             .map_err(std::io::Error::other)?;

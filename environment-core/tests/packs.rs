@@ -18,14 +18,18 @@ fn content(tag: &str, i: usize) -> Vec<u8> {
     format!("{tag} {i} ").repeat(40).into_bytes()
 }
 
-/// Bytes of all pack files under a blob store.
-fn pack_bytes(blobs: &Path) -> u64 {
+/// The sizes of the pack files under a blob store.
+fn pack_sizes(blobs: &Path) -> Vec<u64> {
     std::fs::read_dir(blobs.join("packs"))
         .unwrap()
         .map(|e| e.unwrap())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".pack"))
         .map(|e| e.metadata().unwrap().len())
-        .sum()
+        .collect()
+}
+
+fn pack_bytes(blobs: &Path) -> u64 {
+    pack_sizes(blobs).iter().sum()
 }
 
 fn act_files(env: &LocalEnvironment, actor: &ActorId, tag: &str, n: usize) -> Vec<Value> {
@@ -234,18 +238,7 @@ fn gc_merges_the_small_packs_short_lived_writers_leave() {
     let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
     let actor = ActorId::new("agent:gc").unwrap();
     let blobs = home.path().join("blobs");
-    let packs = || {
-        std::fs::read_dir(blobs.join("packs"))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .ends_with(".pack")
-            })
-            .count()
-    };
+    let packs = || pack_sizes(&blobs).len();
     // Five writers that each store one blob and exit, as five command-line calls would.
     let mut kept = Vec::new();
     for i in 0..5 {

@@ -14,30 +14,17 @@ use crate::workspace::Workspace;
 
 /// Parses an action name.
 pub fn parse_action(s: &str) -> Outcome<Action> {
-    Ok(match s {
-        "read" => Action::Read,
-        "write" => Action::Write,
-        "delete" => Action::Delete,
-        "execute" => Action::Execute,
-        "publish" => Action::Publish,
-        "consume" => Action::Consume,
-        "approve" => Action::Approve,
-        "delegate" => Action::Delegate,
-        other
-            if !other.is_empty()
-                && other
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
-        {
-            Action::Custom(other.to_owned())
-        }
-        other => {
-            return Err(Failure::usage(format!("{other:?} is not an action")).hint(
+    let custom_ok = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    match Action::named(s) {
+        Action::Custom(_) if !custom_ok => Err(Failure::usage(format!("{s:?} is not an action"))
+            .hint(
                 "use read, write, delete, execute, publish, consume, approve, delegate, or an \
                  action the rules' schema declares",
-            ));
-        }
-    })
+            )),
+        action => Ok(action),
+    }
 }
 
 /// Parses a resource: `path:P` (or a bare path), `prefix:P`, `object:KIND/KEY`, `branch:B`,

@@ -145,21 +145,14 @@ impl LocalEnvironment {
         let blobs = BlobStore::open(home.join("blobs"))?;
         let conn = db::open_writer(&db_path)?;
         let checkpointer = match options.checkpoint_every {
-            Some(every) => {
-                conn.pragma_update(
-                    None,
-                    "wal_autocheckpoint",
-                    crate::checkpoint::BACKSTOP_PAGES,
-                )?;
-                Some(
-                    crate::checkpoint::Checkpointer::start(&db_path, every).map_err(|e| {
-                        EnvError::Home {
-                            path: db_path.clone(),
-                            detail: format!("cannot start the checkpointer: {e}"),
-                        }
-                    })?,
-                )
-            }
+            Some(every) => Some(
+                crate::checkpoint::Checkpointer::start(&conn, &db_path, every).map_err(|e| {
+                    EnvError::Home {
+                        path: db_path.clone(),
+                        detail: format!("cannot start the checkpointer: {e}"),
+                    }
+                })?,
+            ),
             None => None,
         };
         let nodes = Arc::new(NodeCache::new(options.node_cache));

@@ -71,18 +71,10 @@ impl ResourceParam {
 }
 
 pub(super) fn action_of(name: &str) -> Result<Action, RpcError> {
-    Ok(match name {
-        "read" => Action::Read,
-        "write" => Action::Write,
-        "delete" => Action::Delete,
-        "execute" => Action::Execute,
-        "publish" => Action::Publish,
-        "consume" => Action::Consume,
-        "approve" => Action::Approve,
-        "delegate" => Action::Delegate,
-        "" => return Err(RpcError::invalid_params("`action` is empty")),
-        other => Action::Custom(other.to_owned()),
-    })
+    if name.is_empty() {
+        return Err(RpcError::invalid_params("`action` is empty"));
+    }
+    Ok(Action::named(name))
 }
 
 #[derive(Deserialize)]
