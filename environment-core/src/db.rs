@@ -1,7 +1,7 @@
 //! SQLite: the schema, the writer thread with group commit, and the pool of read connections.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -11,13 +11,16 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::error::{EnvError, Result};
 use crate::event::Event;
+use crate::hash::Hash;
 use crate::op::{OpId, Operation};
-use crate::tree::{NewNode, Node, NodeId, NodeSource, Ptr};
+use crate::op_index;
+use crate::tree::{NewNode, Node, NodeId, NodeSource, Ptr, block};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, hash BLOB NOT NULL, data BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, root INTEGER NOT NULL, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS node_blocks(first INTEGER PRIMARY KEY, last INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS heads(name TEXT PRIMARY KEY, op BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS marks(name TEXT PRIMARY KEY, op BLOB NOT NULL, actor TEXT NOT NULL, time_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS forks(op BLOB PRIMARY KEY) WITHOUT ROWID;
@@ -55,11 +58,47 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection> {
     // Checkpoints fsync; a larger WAL makes them rarer, so their cost spreads over more commits.
     conn.pragma_update(None, "wal_autocheckpoint", 8192)?;
     conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(op_index::SCHEMA)?;
+    migrate(&conn)?;
     conn.execute(
-        "INSERT OR IGNORE INTO meta(name, value) VALUES ('schema', '1')",
+        "INSERT OR IGNORE INTO meta(name, value) VALUES ('schema', '2')",
         [],
     )?;
     Ok(conn)
+}
+
+/// Brings an environment written by an earlier layout to this one, in one transaction:
+/// layout 1 indexed operations by a B-tree over their ids (a `UNIQUE` column), which this
+/// layout replaces with [`op_index`].
+fn migrate(conn: &Connection) -> Result<()> {
+    let old_index = conn
+        .prepare(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ops'
+             AND name LIKE 'sqlite_autoindex_ops%'",
+        )?
+        .exists([])?;
+    if !old_index {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let r = (|| -> Result<()> {
+        conn.execute_batch(
+            "CREATE TABLE ops_v2(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL);
+             INSERT INTO ops_v2 SELECT seq, id, root, record FROM ops;
+             DROP TABLE ops;
+             ALTER TABLE ops_v2 RENAME TO ops;
+             INSERT INTO meta(name, value) VALUES ('schema', '2')
+                 ON CONFLICT(name) DO UPDATE SET value = '2';",
+        )?;
+        op_index::rebuild(conn)
+    })();
+    match r {
+        Ok(()) => Ok(conn.execute_batch("COMMIT")?),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
 }
 
 fn open_reader(path: &Path) -> Result<Connection> {
@@ -141,6 +180,9 @@ struct Pending {
     heads: HashMap<String, OpId>,
     /// The row id the next new node gets, once a job has stored nodes.
     next_node: Option<NodeId>,
+    /// New nodes (id, hash, encoding) in id order, written as blocks when the group commits:
+    /// one row for the nodes of all its jobs.
+    unflushed: Vec<(NodeId, Hash, Vec<u8>)>,
     /// The sequence number of the next operation, once known; it moves only when a job that
     /// recorded an operation succeeds, so the log has no gap where a job failed.
     next_seq: Option<i64>,
@@ -165,17 +207,10 @@ impl NodeSource for DbNodes<'_> {
         if let Some(n) = self.cache.get(&ptr.id) {
             return Ok(n);
         }
-        if !self.fill_cache
-            && let Some(n) = PENDING.with(|p| p.borrow().nodes.get(&ptr.id).cloned())
-        {
+        if let Some(n) = pending_node(ptr.id)? {
             return Ok(n);
         }
-        let data: Option<Vec<u8>> = self
-            .conn
-            .prepare_cached("SELECT data FROM nodes WHERE id = ?1")?
-            .query_row([ptr.id], |r| r.get(0))
-            .optional()?;
-        let data = data.ok_or_else(|| EnvError::Integrity {
+        let data = stored_node(self.conn, ptr.id)?.ok_or_else(|| EnvError::Integrity {
             at: format!("node {} (#{})", ptr.hash, ptr.id),
             detail: "a view refers to a tree node that is not stored".into(),
         })?;
@@ -187,8 +222,23 @@ impl NodeSource for DbNodes<'_> {
     }
 }
 
+/// A node the open transaction created, not yet written (only the writing thread has any).
+fn pending_node(id: NodeId) -> Result<Option<Arc<Node>>> {
+    PENDING.with(|p| {
+        let p = p.borrow();
+        if let Some(n) = p.nodes.get(&id) {
+            return Ok(Some(n.clone()));
+        }
+        match p.unflushed.binary_search_by_key(&id, |(at, _, _)| *at) {
+            Ok(i) => Ok(Some(Arc::new(Node::decode(&p.unflushed[i].2)?))),
+            Err(_) => Ok(None),
+        }
+    })
+}
+
 /// The row id the next stored node gets: above every id ever used, including those of nodes
 /// garbage collection removed (kept in `meta` as a high-water mark), so an id is never reused.
+/// Blocks hold disjoint id ranges in the order of their `first`, so the last block ends highest.
 /// Called by the writer inside its transaction.
 pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
     if let Some(id) = PENDING.with(|p| p.borrow().next_node) {
@@ -197,6 +247,7 @@ pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
     Ok(conn
         .prepare_cached(
             "SELECT MAX(COALESCE((SELECT MAX(id) FROM nodes), 0),
+                        COALESCE((SELECT last FROM node_blocks ORDER BY first DESC LIMIT 1), 0),
                         COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'node_high_water'), 0)) + 1",
         )?
         .query_row([], |r| r.get(0))?)
@@ -212,21 +263,122 @@ pub(crate) fn next_seq(conn: &Connection) -> Result<i64> {
         .query_row([], |r| r.get(0))?)
 }
 
-/// Stores new nodes under their allocated ids; `next_id` is the first id the edit did not
-/// allocate, where the next one starts.
-pub(crate) fn insert_nodes(
-    conn: &Connection,
-    nodes: &mut [NewNode],
-    next_id: NodeId,
-) -> Result<()> {
-    // In increasing id order every row lands at the end of the table's B-tree, where SQLite
-    // appends to the last page; out of order, each row splits and rebalances a page.
+/// Stores new nodes under their allocated ids (their encodings are taken); `next_id` is the
+/// first id the edit did not allocate, where the next one starts. They are written when the
+/// group commits.
+pub(crate) fn insert_nodes(nodes: &mut [NewNode], next_id: NodeId) {
+    // Blocks list their nodes in id order, and ids only grow within a transaction, so the
+    // buffer stays sorted; new blocks land at the end of the table's B-tree, where SQLite
+    // appends to the last page.
     nodes.sort_unstable_by_key(|n| n.ptr.id);
-    let mut stmt = conn.prepare_cached("INSERT INTO nodes(id, hash, data) VALUES (?1, ?2, ?3)")?;
-    for n in nodes.iter() {
-        stmt.execute(params![n.ptr.id, &n.ptr.hash.0[..], n.bytes])?;
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        p.unflushed.extend(
+            nodes
+                .iter_mut()
+                .map(|n| (n.ptr.id, n.ptr.hash, std::mem::take(&mut n.bytes))),
+        );
+        p.next_node = Some(next_id);
+    });
+}
+
+/// Writes the nodes the open transaction created.
+fn flush_nodes(conn: &Connection) -> Result<()> {
+    let nodes = PENDING.with(|p| std::mem::take(&mut p.borrow_mut().unflushed));
+    insert_blocks(conn, nodes.iter().map(|(id, h, b)| (*id, *h, &b[..])))
+}
+
+fn insert_blocks<'a>(
+    conn: &Connection,
+    nodes: impl IntoIterator<Item = block::Stored<'a>>,
+) -> Result<()> {
+    let mut stmt =
+        conn.prepare_cached("INSERT INTO node_blocks(first, last, data) VALUES (?1, ?2, ?3)")?;
+    for (first, last, data) in block::encode(nodes) {
+        stmt.execute(params![first, last, data])?;
     }
-    PENDING.with(|p| p.borrow_mut().next_node = Some(next_id));
+    Ok(())
+}
+
+/// The encoding of stored node `id`: in the block whose range holds it, or in a row of its
+/// own (where nodes written before blocks existed stay).
+fn stored_node(conn: &Connection, id: NodeId) -> Result<Option<Vec<u8>>> {
+    // Only the nearest block can hold it (a condition on `last` in the query would make SQLite
+    // walk every block below when none does).
+    let found: Option<(NodeId, NodeId, Vec<u8>)> = conn
+        .prepare_cached(
+            "SELECT first, last, data FROM node_blocks WHERE first <= ?1 ORDER BY first DESC LIMIT 1",
+        )?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    if let Some((first, last, data)) = found
+        && last >= id
+        && let Some((_, bytes)) = block::find(first, &data, id)?
+    {
+        return Ok(Some(bytes.to_vec()));
+    }
+    Ok(conn
+        .prepare_cached("SELECT data FROM nodes WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?)
+}
+
+/// Calls `f` with every stored node: its id, recorded hash and encoding.
+pub(crate) fn each_node(
+    conn: &Connection,
+    mut f: impl FnMut(NodeId, &[u8], &[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached("SELECT id, hash, data FROM nodes")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let (id, hash, data): (NodeId, Vec<u8>, Vec<u8>) = (row.get(0)?, row.get(1)?, row.get(2)?);
+        f(id, &hash, &data)?;
+    }
+    let mut stmt = conn.prepare_cached("SELECT first, data FROM node_blocks")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let (first, data): (NodeId, Vec<u8>) = (row.get(0)?, row.get(1)?);
+        for entry in block::entries(first, &data) {
+            let (id, hash, bytes) = entry?;
+            f(id, &hash.0, bytes)?;
+        }
+    }
+    Ok(())
+}
+
+/// The highest node id stored.
+pub(crate) fn max_node_id(conn: &Connection) -> Result<NodeId> {
+    Ok(conn.query_row(
+        "SELECT MAX(COALESCE((SELECT MAX(id) FROM nodes), 0),
+                    COALESCE((SELECT last FROM node_blocks ORDER BY first DESC LIMIT 1), 0))",
+        [],
+        |r| r.get(0),
+    )?)
+}
+
+/// Deletes the nodes in `dead`. A block keeping some of its nodes is rewritten with them alone.
+pub(crate) fn delete_nodes(conn: &Connection, dead: &HashSet<NodeId>) -> Result<()> {
+    let mut del = conn.prepare_cached("DELETE FROM nodes WHERE id = ?1")?;
+    for id in dead {
+        del.execute([id])?;
+    }
+    let blocks: Vec<(NodeId, Vec<u8>)> = conn
+        .prepare_cached("SELECT first, data FROM node_blocks")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (first, data) in blocks {
+        let entries: Vec<block::Stored<'_>> =
+            block::entries(first, &data).collect::<Result<_>>()?;
+        if !entries.iter().any(|(id, _, _)| dead.contains(id)) {
+            continue;
+        }
+        conn.prepare_cached("DELETE FROM node_blocks WHERE first = ?1")?
+            .execute([first])?;
+        insert_blocks(
+            conn,
+            entries.into_iter().filter(|(id, _, _)| !dead.contains(id)),
+        )?;
+    }
     Ok(())
 }
 
@@ -505,7 +657,19 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
     while let Some(job) = jobs.next() {
         let mut fx = TxEffects::default();
         let changes_before = conn.total_changes();
+        let nodes_before = PENDING.with(|p| {
+            let p = p.borrow();
+            (p.unflushed.len(), p.next_node)
+        });
         let (work_ok, fin) = (job.work)(Some(conn), &mut fx);
+        if !work_ok {
+            // Nodes of a refused job are not written (nor are their ids used).
+            PENDING.with(|p| {
+                let mut p = p.borrow_mut();
+                p.unflushed.truncate(nodes_before.0);
+                p.next_node = nodes_before.1;
+            });
+        }
         // SQLite ends the transaction itself after some errors (disk full, I/O): what follows
         // would run outside any transaction, so that counts as spoiled too.
         let spoiled = (!work_ok && conn.total_changes() != changes_before) || conn.is_autocommit();
@@ -546,12 +710,14 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
         }
         finishers.push((work_ok, fin));
     }
-    PENDING.with(|p| *p.borrow_mut() = Pending::default());
     let committed = if finishers.iter().any(|(ok, _)| *ok) {
-        exec(conn, "COMMIT").map_err(EnvError::from)
+        flush_nodes(conn)
+            .and_then(|()| op_index::compact(conn))
+            .and_then(|()| exec(conn, "COMMIT").map_err(EnvError::from))
     } else {
         exec(conn, "ROLLBACK").map_err(EnvError::from)
     };
+    PENDING.with(|p| *p.borrow_mut() = Pending::default());
     if full_sync {
         let _ = conn.pragma_update(None, "synchronous", "NORMAL");
     }

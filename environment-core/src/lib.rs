@@ -42,6 +42,7 @@ pub mod key;
 pub mod local;
 pub mod merge;
 pub mod op;
+mod op_index;
 pub mod shell;
 mod tree;
 pub mod value;

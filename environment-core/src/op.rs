@@ -329,9 +329,7 @@ impl Operation {
             restored_from: &self.restored_from,
             effects: &self.effects,
         };
-        // Serializing plain data into a Vec cannot fail; an empty body would still hash uniquely.
-        let bytes = postcard::to_stdvec(&body).unwrap_or_default();
-        OpId(Hash::of(b"environment-op-v1", &bytes))
+        crate::hash::with_encoding(&body, |bytes| OpId(Hash::of(b"environment-op-v1", bytes)))
     }
 
     /// Whether the id matches the record.

@@ -325,7 +325,7 @@ impl Inner {
             });
         }
         let summary = summarize(&applied);
-        self.persist(conn, fx, edit, &view)?;
+        self.persist(fx, edit, &view);
         let mut flags = req.flags;
         if rebased {
             flags |= OpFlags::REBASED;

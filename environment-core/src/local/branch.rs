@@ -325,7 +325,7 @@ impl Inner {
         )?;
         let changes = tree::diff(&edit, &ours_view, &view, None)?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
-        self.persist(conn, fx, edit, &view)?;
+        self.persist(fx, edit, &view);
         let mut flags = OpFlags::MERGE;
         if !conflicts.is_empty() {
             flags |= OpFlags::CONFLICTS;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Inner, LocalEnvironment, decode_op, op_id_from};
 use crate::authz::{Action, ActorId, Resource};
+use crate::db;
 use crate::error::{EnvError, Result};
 use crate::hash::Hash;
 use crate::op::OpId;
@@ -103,18 +104,15 @@ impl LocalEnvironment {
                 };
                 tree::walk_nodes(&nodes, &root, &mut |p| live.insert(p.id), &mut |_| {})?;
             }
-            let high: NodeId =
-                conn.query_row("SELECT COALESCE(MAX(id), 0) FROM nodes", [], |r| r.get(0))?;
-            let mut all = conn.prepare_cached("SELECT id FROM nodes")?;
-            let dead: Vec<NodeId> = all
-                .query_map([], |r| r.get::<_, NodeId>(0))?
-                .filter_map(|r| r.ok())
-                .filter(|id| !live.contains(id))
-                .collect();
-            let mut del = conn.prepare_cached("DELETE FROM nodes WHERE id = ?1")?;
-            for id in &dead {
-                del.execute([id])?;
-            }
+            let high = db::max_node_id(conn)?;
+            let mut dead: HashSet<NodeId> = HashSet::new();
+            db::each_node(conn, |id, _, _| {
+                if !live.contains(&id) {
+                    dead.insert(id);
+                }
+                Ok(())
+            })?;
+            db::delete_nodes(conn, &dead)?;
             conn.execute(
                 "INSERT INTO meta(name, value) VALUES ('node_high_water', ?1)
                  ON CONFLICT(name) DO UPDATE SET value = MAX(CAST(value AS INTEGER), ?1)",
@@ -231,26 +229,21 @@ impl Inner {
         let mut report = VerifyReport::default();
         // Nodes first: every stored node must decode and hash to the hash stored with it.
         let mut hashes: HashMap<NodeId, Hash> = HashMap::new();
-        {
-            let mut stmt = conn.prepare("SELECT id, hash, data FROM nodes")?;
-            let mut rows = stmt.query([])?;
-            while let Some(row) = rows.next()? {
-                let (id, h, data): (NodeId, Vec<u8>, Vec<u8>) =
-                    (row.get(0)?, row.get(1)?, row.get(2)?);
-                let at = || format!("node #{id}");
-                let name =
-                    Hash::from_slice(&h).ok_or_else(|| broken(at(), "its hash is not 32 bytes"))?;
-                let node = Node::decode(&data).map_err(|e| broken(at(), e.to_string()))?;
-                if node.hash() != name {
-                    return Err(broken(
-                        at(),
-                        "its content does not hash to its recorded hash",
-                    ));
-                }
-                hashes.insert(id, name);
-                report.nodes += 1;
+        db::each_node(conn, |id, h, data| {
+            let at = || format!("node #{id}");
+            let name =
+                Hash::from_slice(h).ok_or_else(|| broken(at(), "its hash is not 32 bytes"))?;
+            let node = Node::decode(data).map_err(|e| broken(at(), e.to_string()))?;
+            if node.hash() != name {
+                return Err(broken(
+                    at(),
+                    "its content does not hash to its recorded hash",
+                ));
             }
-        }
+            hashes.insert(id, name);
+            report.nodes += 1;
+            Ok(())
+        })?;
         // Then the log in order: ids, the hash chain, complete views whose every pointer names
         // the content it points to.
         let mut seqs: HashMap<OpId, u64> = HashMap::new();
@@ -290,7 +283,9 @@ impl Inner {
                     }
                 }
             }
-            seqs.insert(id, op.seq);
+            if seqs.insert(id, op.seq).is_some() {
+                return Err(broken(at, "another operation has the same id"));
+            }
             report.ops += 1;
             if dropped.contains(&seq) {
                 // Thinned out: the record is checked, its view is no longer kept.
@@ -325,6 +320,7 @@ impl Inner {
                 ));
             }
         }
+        crate::op_index::check(conn, &seqs)?;
         for (table, column) in [("heads", "name"), ("marks", "name")] {
             let sql = format!("SELECT {column}, op FROM {table}");
             let mut stmt = conn.prepare(&sql)?;

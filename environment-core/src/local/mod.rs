@@ -31,6 +31,7 @@ use crate::event::{Event, Publisher};
 use crate::hash::Hash;
 use crate::key::{Key, KeyPrefix};
 use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId, Operation};
+use crate::op_index::{self, OpIndex};
 use crate::tree::{self, KeyChange, Node, NodeId, Ptr, TreeEdit};
 use crate::value::{Content, Value};
 
@@ -95,6 +96,8 @@ pub(crate) struct Inner {
     hub: Arc<events::Hub>,
     /// Versions dropped by retention (as this process knows them; the table is the truth).
     dropped: std::sync::RwLock<std::collections::HashSet<OpId>>,
+    /// Finds operations by id.
+    op_index: OpIndex,
     /// Checkpoints until the environment closes.
     _checkpointer: Option<crate::checkpoint::Checkpointer>,
 }
@@ -181,6 +184,7 @@ impl LocalEnvironment {
             ops,
             hub,
             dropped: std::sync::RwLock::new(Default::default()),
+            op_index: OpIndex::default(),
             _checkpointer: checkpointer,
         });
         let env = LocalEnvironment {
@@ -209,7 +213,7 @@ impl LocalEnvironment {
             let nodes = inner.writer_nodes(conn);
             let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
             let root = edit.store(Node::Leaf(Vec::new()));
-            inner.persist(conn, fx, edit, &root)?;
+            inner.persist(fx, edit, &root);
             inner.commit_op(
                 conn,
                 fx,
@@ -296,7 +300,10 @@ impl LocalEnvironment {
             None => (spec, 0),
         };
         let base = if base == "HEAD" { MAIN } else { base };
-        let mut id = self.inner.readers.with(|conn| resolve_in(conn, base))?;
+        let mut id = self
+            .inner
+            .readers
+            .with(|conn| resolve_in(conn, &self.inner.op_index, base))?;
         for _ in 0..back {
             let op = self.op(&id)?;
             id = *op
@@ -494,11 +501,18 @@ impl Inner {
             };
             return Ok((op, view));
         }
-        let row: Option<(NodeId, Vec<u8>)> = conn
-            .prepare_cached("SELECT root, record FROM ops WHERE id = ?1")?
-            .query_row([&id.0.0[..]], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
-        let (root, record) = row.ok_or_else(|| EnvError::UnknownVersion(id.to_string()))?;
+        let key = &id.0.0[..];
+        let found = self.op_index.find(conn, key, key, |seq| {
+            let row: Option<(Vec<u8>, NodeId, Vec<u8>)> = conn
+                .prepare_cached("SELECT id, root, record FROM ops WHERE seq = ?1")?
+                .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()?;
+            Ok(row.and_then(|(at, root, record)| (at == key).then_some((root, record))))
+        })?;
+        let (root, record) = found
+            .into_iter()
+            .next()
+            .ok_or_else(|| EnvError::UnknownVersion(id.to_string()))?;
         let op = Arc::new(decode_op(&record)?);
         let view = Ptr {
             hash: op.view,
@@ -534,12 +548,12 @@ impl Inner {
             effects: draft.effects,
         };
         op.id = op.compute_id();
-        let record = postcard::to_stdvec(&op).map_err(|e| EnvError::Decode {
-            what: "operation",
-            detail: e.to_string(),
+        let mut insert =
+            conn.prepare_cached("INSERT INTO ops(seq, id, root, record) VALUES (?1, ?2, ?3, ?4)")?;
+        crate::hash::with_encoding(&op, |record| {
+            insert.execute(params![seq, &op.id.0.0[..], draft.view.id, record])
         })?;
-        conn.prepare_cached("INSERT INTO ops(seq, id, root, record) VALUES (?1, ?2, ?3, ?4)")?
-            .execute(params![seq, &op.id.0.0[..], draft.view.id, record])?;
+        op_index::add(conn, &op.id, seq)?;
         let moved = match expected_head {
             Some(old) => conn
                 .prepare_cached("UPDATE heads SET op = ?1 WHERE name = ?2 AND op = ?3")?
@@ -568,19 +582,13 @@ impl Inner {
         Ok(op)
     }
 
-    /// Persists the nodes an edit created that `root` reaches, and schedules them for the cache.
-    pub(crate) fn persist(
-        &self,
-        conn: &Connection,
-        fx: &mut TxEffects,
-        edit: TreeEdit<'_>,
-        root: &Ptr,
-    ) -> Result<()> {
+    /// Persists the nodes an edit created that `root` reaches (they are written when the
+    /// transaction commits), and schedules them for the cache.
+    pub(crate) fn persist(&self, fx: &mut TxEffects, edit: TreeEdit<'_>, root: &Ptr) {
         let next_id = edit.next_id();
         let mut new = edit.into_new_nodes(root);
-        db::insert_nodes(conn, &mut new, next_id)?;
+        db::insert_nodes(&mut new, next_id);
         fx.nodes.extend(new.into_iter().map(|n| (n.ptr.id, n.node)));
-        Ok(())
     }
 }
 
@@ -620,7 +628,7 @@ pub(crate) fn head_in(conn: &Connection, branch: &str) -> Result<Option<OpId>> {
     op.map(|b| op_id_from(&b)).transpose()
 }
 
-fn resolve_in(conn: &Connection, spec: &str) -> Result<OpId> {
+fn resolve_in(conn: &Connection, index: &OpIndex, spec: &str) -> Result<OpId> {
     if let Some(h) = head_in(conn, spec)? {
         return Ok(h);
     }
@@ -641,24 +649,20 @@ fn resolve_in(conn: &Connection, spec: &str) -> Result<OpId> {
         hex::decode(full).map_err(|_| EnvError::UnknownVersion(spec.to_owned()))
     };
     let (lo, hi) = (bound('0')?, bound('f')?);
-    let mut stmt = conn.prepare_cached("SELECT id FROM ops WHERE id BETWEEN ?1 AND ?2 LIMIT 2")?;
-    let found: Vec<Vec<u8>> = stmt
-        .query_map(params![lo, hi], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+    let found = index.find(conn, &lo, &hi, |seq| {
+        let id: Option<Vec<u8>> = conn
+            .prepare_cached("SELECT id FROM ops WHERE seq = ?1")?
+            .query_row([seq], |r| r.get(0))
+            .optional()?;
+        Ok(id.filter(|id| (&lo[..]..=&hi[..]).contains(&&id[..])))
+    })?;
     match found.as_slice() {
         [one] => op_id_from(one),
         [] => Err(EnvError::UnknownVersion(spec.to_owned())),
-        _ => {
-            let count: usize = conn.query_row(
-                "SELECT COUNT(*) FROM ops WHERE id BETWEEN ?1 AND ?2",
-                params![lo, hi],
-                |r| r.get(0),
-            )?;
-            Err(EnvError::AmbiguousVersion {
-                prefix: spec.to_owned(),
-                count,
-            })
-        }
+        _ => Err(EnvError::AmbiguousVersion {
+            prefix: spec.to_owned(),
+            count: found.len(),
+        }),
     }
 }
 

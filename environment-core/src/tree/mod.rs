@@ -4,6 +4,7 @@
 //! level. Unchanged subtrees keep their hashes and are shared between versions, so writing k keys
 //! creates O(k · depth) nodes and diffing two views descends only where hashes differ.
 
+pub(crate) mod block;
 pub(crate) mod dir;
 pub(crate) mod node;
 

@@ -87,8 +87,7 @@ impl Node {
 
     /// The storage encoding (with child ids).
     pub fn encode(&self) -> Vec<u8> {
-        // Encoding owned plain data into a Vec does not fail.
-        postcard::to_stdvec(self).unwrap_or_default()
+        crate::hash::with_encoding(self, <[u8]>::to_vec)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Node> {
@@ -118,10 +117,7 @@ impl Node {
                 children: children.iter().map(|(b, p)| (*b, &p.hash)).collect(),
             },
         };
-        Hash::of(
-            b"environment-node-v1",
-            &postcard::to_stdvec(&form).unwrap_or_default(),
-        )
+        crate::hash::with_encoding(&form, |bytes| Hash::of(b"environment-node-v1", bytes))
     }
 
     /// Every child pointer.

@@ -1,0 +1,203 @@
+//! Finding operations by id once the log outgrows its tail: runs, merges, short prefixes,
+//! several handles on one home, the migration from the previous layout (a B-tree over the ids,
+//! a row per tree node), and `verify` catching a damaged index.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use environment_core::error::EnvError;
+use environment_core::op::OpId;
+use environment_core::{ActRequest, ActorId, Intent, Key, LocalEnvironment, Options, Value};
+
+/// More than 8 runs of 256 (one merge) plus a tail.
+const ACTS: usize = 256 * 9 + 100;
+
+fn actor() -> ActorId {
+    ActorId::new("agent:index").unwrap()
+}
+
+/// An environment with `ACTS` acts; returns each version with the value it wrote.
+fn grown(home: &Path) -> (LocalEnvironment, Vec<(OpId, String)>) {
+    let env = LocalEnvironment::open(home, Options::default()).unwrap();
+    let key = Key::fs("counter.txt").unwrap();
+    let versions = (0..ACTS)
+        .map(|i| {
+            let text = format!("value {i}");
+            let v = env
+                .act_blocking(
+                    ActRequest::new(actor(), Intent::edit("count"))
+                        .put(key.clone(), Value::file(text.clone())),
+                )
+                .unwrap()
+                .version;
+            (v, text)
+        })
+        .collect();
+    (env, versions)
+}
+
+fn sql<T: rusqlite::types::FromSql>(home: &Path, query: &str) -> T {
+    let conn = rusqlite::Connection::open(home.join("env.db")).unwrap();
+    conn.query_row(query, [], |r| r.get(0)).unwrap()
+}
+
+/// Every version is found by its full id and reads back what it wrote.
+fn assert_all_found(env: &LocalEnvironment, versions: &[(OpId, String)]) {
+    let key = Key::fs("counter.txt").unwrap();
+    for (v, text) in versions {
+        assert_eq!(env.op(v).unwrap().id, *v);
+        assert_eq!(env.resolve(&v.to_string()).unwrap(), *v);
+        let value = env.read(&actor(), &key, v).unwrap().unwrap();
+        assert_eq!(value, Value::file(text.clone()));
+    }
+}
+
+#[test]
+fn every_version_is_found_through_runs_merges_and_the_tail() {
+    let home = tempfile::tempdir().unwrap();
+    let (env, versions) = grown(home.path());
+    let runs: i64 = sql(home.path(), "SELECT COUNT(*) FROM op_runs");
+    let tail: i64 = sql(home.path(), "SELECT COUNT(*) FROM op_tail");
+    // 9 full runs of 256 became one merged run of 2048 plus one of 256; the rest is the tail.
+    assert_eq!(runs, 2, "runs after a merge");
+    assert!(tail < 256, "the tail holds {tail}");
+    assert_all_found(&env, &versions);
+    env.verify().unwrap();
+
+    // A second handle on the same home (its own index, nothing loaded) finds them too, also
+    // the versions written after it opened.
+    let other = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    assert_all_found(&other, &versions);
+    let key = Key::fs("counter.txt").unwrap();
+    let more: Vec<(OpId, String)> = (0..300)
+        .map(|i| {
+            let text = format!("later {i}");
+            let v = env
+                .act_blocking(
+                    ActRequest::new(actor(), Intent::edit("more"))
+                        .put(key.clone(), Value::file(text.clone())),
+                )
+                .unwrap()
+                .version;
+            (v, text)
+        })
+        .collect();
+    assert_all_found(&other, &more);
+    drop((env, other));
+    let reopened = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    assert_all_found(&reopened, &versions);
+    assert_all_found(&reopened, &more);
+    reopened.verify().unwrap();
+}
+
+#[test]
+fn short_prefixes_resolve_or_are_ambiguous_across_runs_and_tail() {
+    let home = tempfile::tempdir().unwrap();
+    let (env, versions) = grown(home.path());
+    // With ~2,400 ids, many 4-digit prefixes are shared (about 40 pairs are expected).
+    let mut by_prefix: HashMap<String, Vec<OpId>> = HashMap::new();
+    for (v, _) in &versions {
+        by_prefix
+            .entry(v.to_string()[..4].to_owned())
+            .or_default()
+            .push(*v);
+    }
+    let shared = by_prefix.iter().filter(|(_, vs)| vs.len() > 1).count();
+    assert!(shared > 0, "no shared 4-digit prefix among {ACTS} ids");
+    for (prefix, vs) in &by_prefix {
+        // The first op (the environment's creation) may share the prefix too.
+        match env.resolve(prefix) {
+            Ok(found) if vs.len() == 1 => assert_eq!(found, vs[0]),
+            Err(EnvError::AmbiguousVersion { count, .. }) => assert!(count >= vs.len().max(2)),
+            other => panic!("{prefix} ({} versions): {other:?}", vs.len()),
+        }
+        // Longer prefixes single each one out.
+        for v in vs {
+            assert_eq!(env.resolve(&v.to_string()[..16]).unwrap(), *v);
+        }
+    }
+    assert!(matches!(
+        env.resolve("0123456789abcdef0123"),
+        Err(EnvError::UnknownVersion(_))
+    ));
+}
+
+#[test]
+fn an_environment_in_the_previous_layout_opens_and_migrates() {
+    let home = tempfile::tempdir().unwrap();
+    let (env, versions) = grown(home.path());
+    drop(env);
+    // Layout 1: the ids indexed by a UNIQUE column, no runs, no tail...
+    let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
+    conn.execute_batch(
+        "BEGIN;
+         CREATE TABLE ops_v1(seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, root INTEGER NOT NULL, record BLOB NOT NULL);
+         INSERT INTO ops_v1 SELECT * FROM ops;
+         DROP TABLE ops;
+         ALTER TABLE ops_v1 RENAME TO ops;
+         DROP TABLE op_runs;
+         DROP TABLE op_tail;
+         UPDATE meta SET value = '1' WHERE name = 'schema';
+         COMMIT;",
+    )
+    .unwrap();
+    // And a row per tree node, as before node blocks: each block entry is the node's id
+    // (8 bytes, little endian), its length (4), its hash (32) and its encoding.
+    let blocks: Vec<Vec<u8>> = conn
+        .prepare("SELECT data FROM node_blocks")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let mut moved = 0;
+    for data in blocks {
+        let mut rest = &data[..];
+        while !rest.is_empty() {
+            let id = i64::from_le_bytes(rest[..8].try_into().unwrap());
+            let len = u32::from_le_bytes(rest[8..12].try_into().unwrap()) as usize;
+            let (hash, bytes) = (&rest[12..44], &rest[44..44 + len]);
+            conn.execute(
+                "INSERT INTO nodes(id, hash, data) VALUES (?1, ?2, ?3)",
+                rusqlite::params![id, hash, bytes],
+            )
+            .unwrap();
+            rest = &rest[44 + len..];
+            moved += 1;
+        }
+    }
+    conn.execute("DELETE FROM node_blocks", []).unwrap();
+    assert!(moved > ACTS, "{moved} nodes");
+    drop(conn);
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    assert_all_found(&env, &versions);
+    env.verify().unwrap();
+    let old_index: i64 = sql(
+        home.path(),
+        "SELECT COUNT(*) FROM sqlite_master WHERE tbl_name = 'ops' AND type = 'index'",
+    );
+    assert_eq!(old_index, 0, "the B-tree over the ids is gone");
+    let schema: String = sql(home.path(), "SELECT value FROM meta WHERE name = 'schema'");
+    assert_eq!(schema, "2");
+}
+
+#[test]
+fn verify_reports_an_operation_missing_from_the_index() {
+    for damage in [
+        "DELETE FROM op_tail WHERE id = (SELECT id FROM op_tail LIMIT 1)",
+        "UPDATE op_runs SET entries = substr(entries, 17) WHERE first = (SELECT MIN(first) FROM op_runs)",
+    ] {
+        let home = tempfile::tempdir().unwrap();
+        let (env, _) = grown(home.path());
+        env.verify().unwrap();
+        let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
+        let changed = conn.execute(damage, []).unwrap();
+        assert_eq!(changed, 1, "{damage}");
+        let err = env.verify().unwrap_err();
+        assert!(
+            matches!(&err, EnvError::Integrity { at, .. } if at.contains("operation index")),
+            "{damage}: {err:?}"
+        );
+    }
+}
