@@ -710,9 +710,14 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
         }
         finishers.push((work_ok, fin));
     }
+    // The group's last operation, if it recorded any.
+    let last_seq = PENDING.with(|p| p.borrow().next_seq).map(|next| next - 1);
     let committed = if finishers.iter().any(|(ok, _)| *ok) {
         flush_nodes(conn)
-            .and_then(|()| op_index::compact(conn))
+            .and_then(|()| match last_seq {
+                Some(seq) => op_index::compact(conn, seq),
+                None => Ok(()),
+            })
             .and_then(|()| exec(conn, "COMMIT").map_err(EnvError::from))
     } else {
         exec(conn, "ROLLBACK").map_err(EnvError::from)

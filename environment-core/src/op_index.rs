@@ -183,11 +183,15 @@ pub(crate) fn add(conn: &Connection, id: &OpId, seq: i64) -> Result<()> {
 
 /// Moves a full tail into a run, then merges runs while [`FANOUT`] of the newest are the same
 /// size. Called by the writer at the end of a group, inside its transaction.
-pub(crate) fn compact(conn: &Connection) -> Result<()> {
-    let tail: i64 = conn
-        .prepare_cached("SELECT COUNT(*) FROM op_tail")?
-        .query_row([], |r| r.get(0))?;
-    if (tail as usize) < RUN_SIZE {
+/// `last_seq` is the log's last sequence number: sequence numbers have no gaps, so the tail
+/// holds the operations after the last run's, and counting them needs no scan.
+pub(crate) fn compact(conn: &Connection, last_seq: i64) -> Result<()> {
+    let indexed: i64 = conn
+        .prepare_cached("SELECT last FROM op_runs ORDER BY first DESC LIMIT 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    if last_seq.saturating_sub(indexed) < RUN_SIZE as i64 {
         return Ok(());
     }
     let mut entries: Vec<(u64, i64)> = conn
@@ -315,7 +319,7 @@ pub(crate) fn rebuild(conn: &Connection) -> Result<()> {
             conn.prepare_cached("INSERT INTO op_tail(id, seq) VALUES (?1, ?2)")?
                 .execute(params![id, seq])?;
         }
-        compact(conn)?;
+        compact(conn, chunk.last().map_or(0, |(seq, _)| *seq))?;
     }
     Ok(())
 }
