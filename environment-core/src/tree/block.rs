@@ -13,8 +13,9 @@ use crate::error::{EnvError, Result};
 use crate::hash::Hash;
 use crate::tree::NodeId;
 
-/// A block is closed once it holds this many bytes.
-pub(crate) const BLOCK_TARGET: usize = 16 * 1024;
+/// A block is closed once it holds this many bytes: most blocks then fit one database page,
+/// so a node read that misses the cache costs about what a row of its own did.
+pub(crate) const BLOCK_TARGET: usize = 3 * 1024;
 
 const HEADER: usize = 8 + 4 + 32;
 
