@@ -17,13 +17,12 @@ fn actor() -> ActorId {
     ActorId::new("agent:index").unwrap()
 }
 
-/// An environment with `ACTS` acts; returns each version with the value it wrote.
-fn grown(home: &Path) -> (LocalEnvironment, Vec<(OpId, String)>) {
-    let env = LocalEnvironment::open(home, Options::default()).unwrap();
+/// `n` acts writing "{label} {i}" to one key; returns each version with the value it wrote.
+fn count_up(env: &LocalEnvironment, label: &str, n: usize) -> Vec<(OpId, String)> {
     let key = Key::fs("counter.txt").unwrap();
-    let versions = (0..ACTS)
+    (0..n)
         .map(|i| {
-            let text = format!("value {i}");
+            let text = format!("{label} {i}");
             let v = env
                 .act_blocking(
                     ActRequest::new(actor(), Intent::edit("count"))
@@ -33,7 +32,13 @@ fn grown(home: &Path) -> (LocalEnvironment, Vec<(OpId, String)>) {
                 .version;
             (v, text)
         })
-        .collect();
+        .collect()
+}
+
+/// An environment with `ACTS` acts, and their versions.
+fn grown(home: &Path) -> (LocalEnvironment, Vec<(OpId, String)>) {
+    let env = LocalEnvironment::open(home, Options::default()).unwrap();
+    let versions = count_up(&env, "value", ACTS);
     (env, versions)
 }
 
@@ -69,20 +74,7 @@ fn every_version_is_found_through_runs_merges_and_the_tail() {
     // the versions written after it opened.
     let other = LocalEnvironment::open(home.path(), Options::default()).unwrap();
     assert_all_found(&other, &versions);
-    let key = Key::fs("counter.txt").unwrap();
-    let more: Vec<(OpId, String)> = (0..300)
-        .map(|i| {
-            let text = format!("later {i}");
-            let v = env
-                .act_blocking(
-                    ActRequest::new(actor(), Intent::edit("more"))
-                        .put(key.clone(), Value::file(text.clone())),
-                )
-                .unwrap()
-                .version;
-            (v, text)
-        })
-        .collect();
+    let more = count_up(&env, "later", 300);
     assert_all_found(&other, &more);
     drop((env, other));
     let reopened = LocalEnvironment::open(home.path(), Options::default()).unwrap();

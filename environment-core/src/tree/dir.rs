@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::node::{Entry, LEAF_MAX, Node, NodeSource, Ptr, TreeEdit, bucket};
+use super::node::{Entry, LEAF_MAX, Named, Node, NodeSource, Ptr, TreeEdit, bucket};
 use crate::error::Result;
 
 /// The entry named `name` in the directory rooted at `root`.
@@ -13,7 +13,7 @@ pub(crate) fn get(src: &dyn NodeSource, root: &Ptr, name: &[u8]) -> Result<Optio
         let next = match &*node {
             Node::Leaf(es) => {
                 return Ok(es
-                    .binary_search_by(|(n, _)| n.as_slice().cmp(name))
+                    .binary_search_by(|named| named.0.as_slice().cmp(name))
                     .ok()
                     .map(|i| es[i].1.clone()));
             }
@@ -35,10 +35,10 @@ pub(crate) fn entries(src: &dyn NodeSource, root: &Ptr) -> Result<Vec<(Vec<u8>, 
     let mut out = Vec::new();
     collect(src, root, &mut out)?;
     out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
+    Ok(out.into_iter().map(Arc::unwrap_or_clone).collect())
 }
 
-fn collect(src: &dyn NodeSource, h: &Ptr, out: &mut Vec<(Vec<u8>, Entry)>) -> Result<()> {
+fn collect(src: &dyn NodeSource, h: &Ptr, out: &mut Vec<Named>) -> Result<()> {
     match &*src.node(h)? {
         Node::Leaf(es) => out.extend(es.iter().cloned()),
         Node::Split { children, .. } => {
@@ -115,7 +115,7 @@ fn update_at(
     }
 }
 
-fn merge_sorted(old: &[(Vec<u8>, Entry)], changes: &[Change]) -> Vec<(Vec<u8>, Entry)> {
+fn merge_sorted(old: &[Named], changes: &[Change]) -> Vec<Named> {
     let mut out = Vec::with_capacity(old.len() + changes.len());
     let (mut i, mut j) = (0, 0);
     while i < old.len() || j < changes.len() {
@@ -134,7 +134,7 @@ fn merge_sorted(old: &[(Vec<u8>, Entry)], changes: &[Change]) -> Vec<(Vec<u8>, E
         if take_change {
             let (name, entry) = &changes[j];
             if let Some(e) = entry.as_ref().filter(|e| !e.is_empty()) {
-                out.push((name.clone(), e.clone()));
+                out.push(Arc::new((name.clone(), e.clone())));
             }
             j += 1;
         } else {
@@ -145,7 +145,7 @@ fn merge_sorted(old: &[(Vec<u8>, Entry)], changes: &[Change]) -> Vec<(Vec<u8>, E
     out
 }
 
-fn build(edit: &mut TreeEdit<'_>, level: usize, entries: Vec<(Vec<u8>, Entry)>) -> Option<Ptr> {
+fn build(edit: &mut TreeEdit<'_>, level: usize, entries: Vec<Named>) -> Option<Ptr> {
     if entries.is_empty() {
         return None;
     }
@@ -153,7 +153,7 @@ fn build(edit: &mut TreeEdit<'_>, level: usize, entries: Vec<(Vec<u8>, Entry)>) 
         return Some(edit.store(Node::Leaf(entries)));
     }
     let count = entries.len() as u64;
-    let mut groups: Vec<Vec<(Vec<u8>, Entry)>> = vec![Vec::new(); 16];
+    let mut groups: Vec<Vec<Named>> = vec![Vec::new(); 16];
     for e in entries {
         groups[bucket(&e.0, level) as usize].push(e);
     }

@@ -308,7 +308,8 @@ pub(crate) fn walk_nodes(
         }
         match &*src.node(&h)? {
             Node::Leaf(es) => {
-                for (_, e) in es {
+                for named in es {
+                    let e = &named.1;
                     if let Some(b) = e.value.as_ref().and_then(Value::blob) {
                         blob(b);
                     }

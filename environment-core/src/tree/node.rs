@@ -53,13 +53,17 @@ impl Entry {
     }
 }
 
+/// A name and what it holds, shared by every version of a directory that keeps it unchanged:
+/// an edit copies pointers to the entries it does not change instead of the entries.
+pub(crate) type Named = Arc<(Vec<u8>, Entry)>;
+
 /// One node of a directory. A directory of at most [`LEAF_MAX`] names is one `Leaf`; a larger one
 /// is a hash-array-mapped trie of `Split` nodes over 4-bit slices of blake3(name). The shape
 /// depends only on the set of names, so equal directories always have equal hashes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Node {
     /// Entries sorted by name.
-    Leaf(Vec<(Vec<u8>, Entry)>),
+    Leaf(Vec<Named>),
     /// Children by bucket (ascending), with the total number of names below.
     Split {
         count: u64,
@@ -103,7 +107,8 @@ impl Node {
         let form = match self {
             Node::Leaf(es) => HashForm::Leaf(
                 es.iter()
-                    .map(|(n, e)| {
+                    .map(|named| {
+                        let (n, e) = &**named;
                         (
                             n.as_slice(),
                             e.value.as_ref(),
@@ -123,7 +128,10 @@ impl Node {
     /// Every child pointer.
     pub fn children(&self) -> impl Iterator<Item = &Ptr> {
         let (leaf, split) = match self {
-            Node::Leaf(es) => (Some(es.iter().filter_map(|(_, e)| e.tree.as_ref())), None),
+            Node::Leaf(es) => (
+                Some(es.iter().filter_map(|named| named.1.tree.as_ref())),
+                None,
+            ),
             Node::Split { children, .. } => (None, Some(children.iter().map(|(_, p)| p))),
         };
         leaf.into_iter()
