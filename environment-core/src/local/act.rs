@@ -138,6 +138,7 @@ impl LocalEnvironment {
         self.inner
             .writer
             .run(false, move |conn, fx| inner.apply_act(conn, fx, prepared))
+            .map(|(observation, _prepared)| observation)
     }
 
     /// Performs an act without blocking the async runtime: content that needs the blob store is
@@ -164,6 +165,7 @@ impl LocalEnvironment {
             .submit(false, move |conn, fx| inner.apply_act(conn, fx, prepared))
             .await
             .map_err(|_| EnvError::Closed)?
+            .map(|(observation, _prepared)| observation)
     }
 
     /// Checks limits and authorization, and stores large content (before the transaction:
@@ -278,12 +280,16 @@ impl LocalEnvironment {
 }
 
 impl Inner {
+    /// Runs a prepared act in the writer's transaction. The request comes back with the
+    /// observation: the caller drops it after the commit, so its blob write guard lasts until
+    /// the operation that refers to the blobs is committed, and its memory is freed on the
+    /// caller's thread, not the writer's.
     pub(crate) fn apply_act(
         self: &Arc<Self>,
         conn: &Connection,
         fx: &mut TxEffects,
         p: Prepared,
-    ) -> Result<Observation> {
+    ) -> Result<(Observation, Prepared)> {
         let req = &p.req;
         let head_id = match db::pending_head(&req.branch) {
             Some(h) => h,
@@ -315,14 +321,15 @@ impl Inner {
         let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
         let (view, applied) = tree::apply(&mut edit, &head_view, &p.puts)?;
         if applied.is_empty() {
-            return Ok(Observation {
+            let observation = Observation {
                 version: head_id,
                 seq: head.seq,
                 branch: req.branch.clone(),
                 rebased,
                 noop: true,
                 summary: ChangeSummary::default(),
-            });
+            };
+            return Ok((observation, p));
         }
         let summary = summarize(&applied);
         self.persist(fx, edit, &view);
@@ -348,14 +355,15 @@ impl Inner {
             },
             Some(&head_id),
         )?;
-        Ok(Observation {
+        let observation = Observation {
             version: op.id,
             seq: op.seq,
             branch: op.branch.clone(),
             rebased,
             noop: false,
             summary,
-        })
+        };
+        Ok((observation, p))
     }
 
     /// Of `keys`, those whose values differ between `base` and `head`: O(k · depth).
