@@ -236,20 +236,28 @@ fn pending_node(id: NodeId) -> Result<Option<Arc<Node>>> {
     })
 }
 
+/// The arguments of a `MAX(…)` that give the highest node id stored: in a row of its own, or
+/// at the end of the last block (blocks hold disjoint id ranges in the order of their `first`).
+macro_rules! highest_stored_node {
+    () => {
+        "COALESCE((SELECT MAX(id) FROM nodes), 0),
+         COALESCE((SELECT last FROM node_blocks ORDER BY first DESC LIMIT 1), 0)"
+    };
+}
+
 /// The row id the next stored node gets: above every id ever used, including those of nodes
 /// garbage collection removed (kept in `meta` as a high-water mark), so an id is never reused.
-/// Blocks hold disjoint id ranges in the order of their `first`, so the last block ends highest.
 /// Called by the writer inside its transaction.
 pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
     if let Some(id) = PENDING.with(|p| p.borrow().next_node) {
         return Ok(id);
     }
     Ok(conn
-        .prepare_cached(
-            "SELECT MAX(COALESCE((SELECT MAX(id) FROM nodes), 0),
-                        COALESCE((SELECT last FROM node_blocks ORDER BY first DESC LIMIT 1), 0),
-                        COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'node_high_water'), 0)) + 1",
-        )?
+        .prepare_cached(concat!(
+            "SELECT MAX(",
+            highest_stored_node!(),
+            ", COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'node_high_water'), 0)) + 1"
+        ))?
         .query_row([], |r| r.get(0))?)
 }
 
@@ -300,19 +308,23 @@ fn insert_blocks<'a>(
     Ok(())
 }
 
-/// The encoding of stored node `id`: in the block whose range holds it, or in a row of its
-/// own (where nodes written before blocks existed stay).
-fn stored_node(conn: &Connection, id: NodeId) -> Result<Option<Vec<u8>>> {
+/// The block whose id range holds `id`, as its `first`, `last` and data.
+fn block_holding(conn: &Connection, id: NodeId) -> Result<Option<(NodeId, NodeId, Vec<u8>)>> {
     // Only the nearest block can hold it (a condition on `last` in the query would make SQLite
     // walk every block below when none does).
-    let found: Option<(NodeId, NodeId, Vec<u8>)> = conn
+    let nearest: Option<(NodeId, NodeId, Vec<u8>)> = conn
         .prepare_cached(
             "SELECT first, last, data FROM node_blocks WHERE first <= ?1 ORDER BY first DESC LIMIT 1",
         )?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
-    if let Some((first, last, data)) = found
-        && last >= id
+    Ok(nearest.filter(|(_, last, _)| *last >= id))
+}
+
+/// The encoding of stored node `id`: in the block whose range holds it, or in a row of its
+/// own (where nodes written before blocks existed stay).
+fn stored_node(conn: &Connection, id: NodeId) -> Result<Option<Vec<u8>>> {
+    if let Some((first, _, data)) = block_holding(conn, id)?
         && let Some((_, bytes)) = block::find(first, &data, id)?
     {
         return Ok(Some(bytes.to_vec()));
@@ -348,36 +360,33 @@ pub(crate) fn each_node(
 
 /// The highest node id stored.
 pub(crate) fn max_node_id(conn: &Connection) -> Result<NodeId> {
-    Ok(conn.query_row(
-        "SELECT MAX(COALESCE((SELECT MAX(id) FROM nodes), 0),
-                    COALESCE((SELECT last FROM node_blocks ORDER BY first DESC LIMIT 1), 0))",
-        [],
-        |r| r.get(0),
-    )?)
+    Ok(conn
+        .prepare_cached(concat!("SELECT MAX(", highest_stored_node!(), ")"))?
+        .query_row([], |r| r.get(0))?)
 }
 
-/// Deletes the nodes in `dead`. A block keeping some of its nodes is rewritten with them alone.
+/// Deletes the nodes in `dead`: only the blocks that hold some of them are read, and a block
+/// keeping some of its nodes is rewritten with them alone.
 pub(crate) fn delete_nodes(conn: &Connection, dead: &HashSet<NodeId>) -> Result<()> {
+    let mut ids: Vec<NodeId> = dead.iter().copied().collect();
+    ids.sort_unstable();
     let mut del = conn.prepare_cached("DELETE FROM nodes WHERE id = ?1")?;
-    for id in dead {
-        del.execute([id])?;
-    }
-    let blocks: Vec<(NodeId, Vec<u8>)> = conn
-        .prepare_cached("SELECT first, data FROM node_blocks")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    for (first, data) in blocks {
-        let entries: Vec<block::Stored<'_>> =
-            block::entries(first, &data).collect::<Result<_>>()?;
-        if !entries.iter().any(|(id, _, _)| dead.contains(id)) {
+    let mut rest = &ids[..];
+    while let Some(&id) = rest.first() {
+        let Some((first, last, data)) = block_holding(conn, id)? else {
+            del.execute([id])?;
+            rest = &rest[1..];
             continue;
-        }
+        };
+        // Every dead id this block's range covers is in it (rows of their own predate all
+        // blocks, so their ids lie below every block's range) and is handled with it.
+        rest = &rest[rest.partition_point(|i| *i <= last)..];
+        let kept: Vec<block::Stored<'_>> = block::entries(first, &data)
+            .filter(|e| !matches!(e, Ok((id, _, _)) if dead.contains(id)))
+            .collect::<Result<_>>()?;
         conn.prepare_cached("DELETE FROM node_blocks WHERE first = ?1")?
             .execute([first])?;
-        insert_blocks(
-            conn,
-            entries.into_iter().filter(|(id, _, _)| !dead.contains(id)),
-        )?;
+        insert_blocks(conn, kept)?;
     }
     Ok(())
 }
@@ -802,37 +811,33 @@ mod tests {
         v
     }
 
-    #[test]
-    fn a_job_refused_before_writing_leaves_the_others_of_its_group_committed() {
+    /// Commits jobs 1, 2 and 3 in one group, job 2 failing as `fail` says (after writing if
+    /// true); returns what was stored and how each job ended. No transaction is left open.
+    fn group_of_three(fail: bool) -> (Vec<String>, Vec<(u8, &'static str)>) {
         let dir = tempfile::tempdir().unwrap();
         let conn = open_writer(&dir.path().join("db")).unwrap();
         let replies = Replies::default();
         let batch = vec![
             job(&replies, 1, None),
-            job(&replies, 2, Some(false)),
+            job(&replies, 2, Some(fail)),
             job(&replies, 3, None),
         ];
         commit_group(&conn, batch, &(Box::new(|_| {}) as AfterCommit));
-        assert_eq!(stored(&conn), ["1", "3"]);
-        assert_eq!(outcomes(&replies), [(1, "ok"), (2, "own error"), (3, "ok")]);
+        assert!(conn.is_autocommit(), "no transaction is left open");
+        (stored(&conn), outcomes(&replies))
+    }
+
+    #[test]
+    fn a_job_refused_before_writing_leaves_the_others_of_its_group_committed() {
+        let (stored, outcomes) = group_of_three(false);
+        assert_eq!(stored, ["1", "3"]);
+        assert_eq!(outcomes, [(1, "ok"), (2, "own error"), (3, "ok")]);
     }
 
     #[test]
     fn a_job_failing_after_writing_commits_nothing_of_it_nor_of_the_jobs_before_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = open_writer(&dir.path().join("db")).unwrap();
-        let replies = Replies::default();
-        let batch = vec![
-            job(&replies, 1, None),
-            job(&replies, 2, Some(true)),
-            job(&replies, 3, None),
-        ];
-        commit_group(&conn, batch, &(Box::new(|_| {}) as AfterCommit));
-        assert_eq!(stored(&conn), ["3"]);
-        assert_eq!(
-            outcomes(&replies),
-            [(1, "rolled back"), (2, "own error"), (3, "ok")]
-        );
-        assert!(conn.is_autocommit(), "no transaction is left open");
+        let (stored, outcomes) = group_of_three(true);
+        assert_eq!(stored, ["3"]);
+        assert_eq!(outcomes, [(1, "rolled back"), (2, "own error"), (3, "ok")]);
     }
 }
