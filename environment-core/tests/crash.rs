@@ -65,7 +65,9 @@ fn child(home: &Path) {
                 .unwrap()
             {
                 BeginOutcome::New(rec) => {
-                    writeln!(performed, "{ekey}").unwrap();
+                    // One write call, so a kill cannot leave half a line for the next run to
+                    // append to (`writeln!` writes the key and the newline separately).
+                    performed.write_all(format!("{ekey}\n").as_bytes()).unwrap();
                     performed.sync_data().unwrap();
                     env.effect_complete(rec.id, b"ok").unwrap();
                     writeln!(out.lock(), "done {ekey}").unwrap();
