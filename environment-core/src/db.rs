@@ -61,36 +61,45 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection> {
     conn.execute_batch(op_index::SCHEMA)?;
     migrate(&conn)?;
     conn.execute(
-        "INSERT OR IGNORE INTO meta(name, value) VALUES ('schema', '2')",
+        "INSERT OR IGNORE INTO meta(name, value) VALUES ('schema', '3')",
         [],
     )?;
     Ok(conn)
 }
 
 /// Brings an environment written by an earlier layout to this one, in one transaction:
-/// layout 1 indexed operations by a B-tree over their ids (a `UNIQUE` column), which this
-/// layout replaces with [`op_index`].
+/// - layout 1 indexed operations by a B-tree over their ids (a `UNIQUE` column), which
+///   [`op_index`] replaces;
+/// - layout 2 kept the operations no index run covers in a table of their own, `op_tail`; they
+///   are now read from the end of the log.
 fn migrate(conn: &Connection) -> Result<()> {
-    let old_index = conn
-        .prepare(
-            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ops'
-             AND name LIKE 'sqlite_autoindex_ops%'",
-        )?
-        .exists([])?;
-    if !old_index {
+    let exists = |sql: &str| conn.prepare(sql)?.exists([]);
+    let old_index = exists(
+        "SELECT 1 FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ops'
+         AND name LIKE 'sqlite_autoindex_ops%'",
+    )?;
+    let tail_table =
+        exists("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'op_tail'")?;
+    if !old_index && !tail_table {
         return Ok(());
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let r = (|| -> Result<()> {
+        if old_index {
+            conn.execute_batch(
+                "CREATE TABLE ops_v2(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL);
+                 INSERT INTO ops_v2 SELECT seq, id, root, record FROM ops;
+                 DROP TABLE ops;
+                 ALTER TABLE ops_v2 RENAME TO ops;",
+            )?;
+            op_index::rebuild(conn)?;
+        }
         conn.execute_batch(
-            "CREATE TABLE ops_v2(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL);
-             INSERT INTO ops_v2 SELECT seq, id, root, record FROM ops;
-             DROP TABLE ops;
-             ALTER TABLE ops_v2 RENAME TO ops;
-             INSERT INTO meta(name, value) VALUES ('schema', '2')
-                 ON CONFLICT(name) DO UPDATE SET value = '2';",
+            "DROP TABLE IF EXISTS op_tail;
+             INSERT INTO meta(name, value) VALUES ('schema', '3')
+                 ON CONFLICT(name) DO UPDATE SET value = '3';",
         )?;
-        op_index::rebuild(conn)
+        Ok(())
     })();
     match r {
         Ok(()) => Ok(conn.execute_batch("COMMIT")?),
@@ -167,8 +176,8 @@ pub(crate) struct DbNodes<'a> {
 /// What the open write transaction has written so far, for the jobs after the one that wrote
 /// it: only the thread holding the write connection runs jobs, so this is that transaction's.
 /// Reading it back from memory saves each job a round of queries and decoding on the hot path.
-/// It lives from `BEGIN` to the end of the group: between transactions another process may
-/// write, so nothing here outlives one.
+/// It lives from `BEGIN` to the end of the group; the heads and counters go on to the next
+/// group when no other connection has committed in between (see [`Carried`]).
 #[derive(Default)]
 struct Pending {
     /// Nodes written by the jobs that succeeded so far.
@@ -188,8 +197,51 @@ struct Pending {
     next_seq: Option<i64>,
 }
 
+/// What a committed group knew of the database's latest state — the heads it moved, the next
+/// node id and sequence number — for the next group on the same connection. SQLite's
+/// `data_version` tells whether another connection has committed since: only then must the
+/// next group read them again.
+#[derive(Default)]
+struct Carried {
+    data_version: Option<i64>,
+    heads: HashMap<String, OpId>,
+    next_node: Option<NodeId>,
+    next_seq: Option<i64>,
+}
+
 thread_local! {
     static PENDING: RefCell<Pending> = RefCell::new(Pending::default());
+}
+
+/// Starts a group's memory of its transaction (just begun), from what the previous group on
+/// this connection left if nothing was committed by others since.
+fn begin_pending(conn: &Connection, carried: &mut Carried) -> Result<()> {
+    let version: i64 = conn
+        .prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))?;
+    let last = std::mem::take(carried);
+    let mut pending = Pending::default();
+    if last.data_version == Some(version) {
+        pending.heads = last.heads;
+        pending.next_node = last.next_node;
+        pending.next_seq = last.next_seq;
+    }
+    PENDING.with(|p| *p.borrow_mut() = pending);
+    carried.data_version = Some(version);
+    Ok(())
+}
+
+/// Ends a group's memory of its transaction; what it knew goes on to the next group if it
+/// committed (a rollback leaves nothing to carry).
+fn end_pending(carried: &mut Carried, committed: bool) {
+    let p = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if committed {
+        carried.heads = p.heads;
+        carried.next_node = p.next_node;
+        carried.next_seq = p.next_seq;
+    } else {
+        *carried = Carried::default();
+    }
 }
 
 /// An operation recorded earlier in the open transaction, with its root node.
@@ -457,10 +509,16 @@ pub(crate) struct Writer {
     thread: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
+/// The write connection, with what its last group knew.
+struct Held {
+    conn: Connection,
+    carried: Carried,
+}
+
 struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
-    conn: Mutex<Connection>,
+    conn: Mutex<Held>,
     after_commit: AfterCommit,
 }
 
@@ -481,7 +539,10 @@ impl Writer {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
-            conn: Mutex::new(conn),
+            conn: Mutex::new(Held {
+                conn,
+                carried: Carried::default(),
+            }),
             after_commit,
         });
         let for_thread = shared.clone();
@@ -575,7 +636,9 @@ impl Drop for Writer {
     }
 }
 
-/// The writer thread: commits what asynchronous callers queue, one group at a time.
+/// The writer thread: commits what asynchronous callers queue, one group at a time, and
+/// replies to them (handing the replies to a thread of their own was measured slower: the
+/// extra wake-up cost more than the replies).
 fn background(shared: &Shared) {
     loop {
         let batch = {
@@ -595,13 +658,15 @@ fn background(shared: &Shared) {
             }
             take_group(&mut q)
         };
-        commit_group(&lock_conn(shared), batch, &shared.after_commit);
+        let mut held = lock_conn(shared);
+        let Held { conn, carried } = &mut *held;
+        commit_group(conn, carried, batch, &shared.after_commit);
     }
 }
 
 /// The write connection. A panic inside a job is a bug, not a reason to stop writing: take the
 /// connection back.
-fn lock_conn(shared: &Shared) -> std::sync::MutexGuard<'_, Connection> {
+fn lock_conn(shared: &Shared) -> std::sync::MutexGuard<'_, Held> {
     shared
         .conn
         .lock()
@@ -615,7 +680,8 @@ fn take_group(q: &mut Queue) -> Vec<Job> {
 
 /// Takes the connection and commits groups until the queue is empty.
 fn drain(shared: &Shared) {
-    let conn = lock_conn(shared);
+    let mut held = lock_conn(shared);
+    let Held { conn, carried } = &mut *held;
     loop {
         let batch: Vec<Job> = {
             let Ok(mut q) = shared.queue.lock() else {
@@ -626,7 +692,7 @@ fn drain(shared: &Shared) {
         if batch.is_empty() {
             return;
         }
-        commit_group(&conn, batch, &shared.after_commit);
+        commit_group(conn, carried, batch, &shared.after_commit);
     }
 }
 
@@ -641,16 +707,22 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// before writing anything — every refusal of an act does — leaves the transaction as it was.
 /// A job that fails after writing spoils it: the transaction rolls back, the jobs that ran before
 /// it fail with it (nothing of theirs happened either), and the rest run in a new transaction.
-fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) {
+fn commit_group(
+    conn: &Connection,
+    carried: &mut Carried,
+    batch: Vec<Job>,
+    after_commit: &AfterCommit,
+) {
     let full_sync = batch.iter().any(|j| j.full_sync);
     let began = (|| -> Result<()> {
         if full_sync {
             conn.pragma_update(None, "synchronous", "FULL")?;
         }
         exec(conn, "BEGIN IMMEDIATE")?;
-        Ok(())
+        begin_pending(conn, carried)
     })();
     if let Err(e) = began {
+        end_pending(carried, false);
         for job in batch {
             let (_, fin) = (job.work)(None, &mut TxEffects::default());
             fin(Some(&e));
@@ -661,7 +733,6 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
     // Each finisher with whether its job succeeded (a failed job reports its own error).
     let mut finishers: Vec<(bool, Finisher)> = Vec::with_capacity(batch.len());
     let mut effects = TxEffects::default();
-    PENDING.with(|p| *p.borrow_mut() = Pending::default());
     let mut jobs = batch.into_iter();
     while let Some(job) = jobs.next() {
         let mut fx = TxEffects::default();
@@ -683,7 +754,7 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
         // would run outside any transaction, so that counts as spoiled too.
         let spoiled = (!work_ok && conn.total_changes() != changes_before) || conn.is_autocommit();
         if spoiled {
-            PENDING.with(|p| *p.borrow_mut() = Pending::default());
+            end_pending(carried, false);
             let _ = exec(conn, "ROLLBACK");
             if full_sync {
                 let _ = conn.pragma_update(None, "synchronous", "NORMAL");
@@ -699,7 +770,7 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
             }
             let rest: Vec<Job> = jobs.collect();
             if !rest.is_empty() {
-                commit_group(conn, rest, after_commit);
+                commit_group(conn, carried, rest, after_commit);
             }
             return;
         }
@@ -731,7 +802,10 @@ fn commit_group(conn: &Connection, batch: Vec<Job>, after_commit: &AfterCommit) 
     } else {
         exec(conn, "ROLLBACK").map_err(EnvError::from)
     };
-    PENDING.with(|p| *p.borrow_mut() = Pending::default());
+    end_pending(
+        carried,
+        committed.is_ok() && finishers.iter().any(|(ok, _)| *ok),
+    );
     if full_sync {
         let _ = conn.pragma_update(None, "synchronous", "NORMAL");
     }
@@ -822,7 +896,12 @@ mod tests {
             job(&replies, 2, Some(fail)),
             job(&replies, 3, None),
         ];
-        commit_group(&conn, batch, &(Box::new(|_| {}) as AfterCommit));
+        commit_group(
+            &conn,
+            &mut Carried::default(),
+            batch,
+            &(Box::new(|_| {}) as AfterCommit),
+        );
         assert!(conn.is_autocommit(), "no transaction is left open");
         (stored(&conn), outcomes(&replies))
     }

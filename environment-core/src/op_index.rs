@@ -7,14 +7,20 @@
 //! - **runs**: immutable sorted arrays of (id prefix, sequence number) for a contiguous range of
 //!   the log, one row each in `op_runs`, loaded into memory when a lookup needs them (16 bytes
 //!   per operation);
-//! - **the tail**: the operations no run covers yet, in the small `op_tail` table, whose few
-//!   pages stay hot.
+//! - **the tail**: the operations no run covers yet (fewer than [`RUN_SIZE`] plus a group), read
+//!   straight from the end of the log, which is ordered by sequence number. Indexing a new
+//!   operation therefore writes nothing: a table of its own for the tail put a few random
+//!   pages in every commit.
 //!
-//! The writer moves the tail into a new run once it holds [`RUN_SIZE`] operations, and merges
+//! The writer turns the tail into a new run once it holds [`RUN_SIZE`] operations, and merges
 //! the newest runs when [`FANOUT`] of them are the same size, so a log of n operations has
 //! O(FANOUT · log n) runs. Every candidate a run gives is checked against the operation's row,
 //! so a prefix shared by two ids, or a run cached by a process that has not seen a later merge,
 //! never returns a wrong operation.
+//!
+//! A process keeps the runs and the tail it last read, and reads them again when a lookup finds
+//! nothing there (an operation committed since, or by another process), so a lookup of a full
+//! id that misses costs a re-read of the tail.
 
 use std::sync::{Arc, Mutex};
 
@@ -31,7 +37,6 @@ pub(crate) const FANOUT: usize = 8;
 const ENTRY: usize = 16;
 
 pub(crate) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS op_tail(id BLOB PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS op_runs(first INTEGER PRIMARY KEY, last INTEGER NOT NULL, entries BLOB NOT NULL);
 ";
 
@@ -96,42 +101,59 @@ fn encode(entries: &[(u64, i64)]) -> Vec<u8> {
     out
 }
 
-/// The runs this process has loaded, shared by its connections. Runs never change once
-/// written; a merge replaces several by one, which a refresh picks up.
+/// The runs and the tail this process has read, shared by its connections. Runs never change
+/// once written; a merge replaces several by one, which a refresh picks up.
 #[derive(Default)]
 pub(crate) struct OpIndex {
-    runs: Mutex<Vec<Arc<Run>>>,
+    read: Mutex<Read>,
+}
+
+#[derive(Clone, Default)]
+struct Read {
+    runs: Vec<Arc<Run>>,
+    /// (id prefix, sequence number) of the operations after the last run, unsorted.
+    tail: Arc<Vec<(u64, i64)>>,
 }
 
 impl OpIndex {
     /// The sequence numbers of operations whose id lies in `lo..=hi` (full 32-byte bounds):
     /// candidates, which the caller checks against the rows.
     fn candidates(&self, conn: &Connection, lo: &[u8], hi: &[u8], fresh: bool) -> Result<Vec<i64>> {
-        let mut out: Vec<i64> = conn
-            .prepare_cached("SELECT seq FROM op_tail WHERE id BETWEEN ?1 AND ?2")?
-            .query_map(params![lo, hi], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        if fresh {
-            self.refresh(conn)?;
-        }
-        let runs = self.runs.lock().map(|r| r.clone()).unwrap_or_default();
-        for run in runs {
-            run.seqs_between(prefix(lo), prefix(hi), &mut out);
+        let read = if fresh {
+            self.refresh(conn)?
+        } else {
+            self.read.lock().map(|r| r.clone()).unwrap_or_default()
+        };
+        let (lo, hi) = (prefix(lo), prefix(hi));
+        let mut out: Vec<i64> = read
+            .tail
+            .iter()
+            .filter(|(p, _)| (lo..=hi).contains(p))
+            .map(|(_, s)| *s)
+            .collect();
+        for run in &read.runs {
+            run.seqs_between(lo, hi, &mut out);
         }
         out.sort_unstable();
         out.dedup();
         Ok(out)
     }
 
-    /// Brings the loaded runs in line with the table: loads new ones, drops merged ones.
-    fn refresh(&self, conn: &Connection) -> Result<()> {
+    /// Reads the runs and the tail again: loads new runs, drops merged ones.
+    fn refresh(&self, conn: &Connection) -> Result<Read> {
+        // One snapshot for the listing and what it lists (a reader's statements would each see
+        // their own); the writer's open transaction is one already.
+        let _snapshot = conn
+            .is_autocommit()
+            .then(|| conn.unchecked_transaction())
+            .transpose()?;
         let listed: Vec<(i64, i64)> = conn
             .prepare_cached("SELECT first, last FROM op_runs ORDER BY first")?
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
-        let loaded: Vec<Arc<Run>> = self.runs.lock().map(|r| r.clone()).unwrap_or_default();
+        let loaded: Vec<Arc<Run>> = self.read.lock().map(|r| r.runs.clone()).unwrap_or_default();
         let mut next = Vec::with_capacity(listed.len());
-        for (first, last) in listed {
+        for &(first, last) in &listed {
             if let Some(run) = loaded.iter().find(|r| r.first == first && r.last == last) {
                 next.push(run.clone());
                 continue;
@@ -140,20 +162,27 @@ impl OpIndex {
                 .prepare_cached("SELECT entries FROM op_runs WHERE first = ?1")?
                 .query_row([first], |r| r.get(0))
                 .optional()?;
-            // Merged away since the listing: the run that replaced it is in a later refresh.
-            if let Some(bytes) = bytes {
-                next.push(Arc::new(Run::decode(first, last, &bytes)?));
-            }
+            let bytes = bytes.ok_or_else(|| EnvError::Integrity {
+                at: format!("operation index run {first}..={last}"),
+                detail: "the run is listed but cannot be read".into(),
+            })?;
+            next.push(Arc::new(Run::decode(first, last, &bytes)?));
         }
-        if let Ok(mut runs) = self.runs.lock() {
-            *runs = next;
+        let indexed = listed.last().map_or(0, |(_, last)| *last);
+        let read = Read {
+            runs: next,
+            tail: Arc::new(tail(conn, indexed, i64::MAX)?),
+        };
+        if let Ok(mut r) = self.read.lock() {
+            *r = read.clone();
         }
-        Ok(())
+        Ok(read)
     }
 
     /// Finds operations whose id lies in `lo..=hi`, calling `row` with each candidate's
-    /// sequence number until it returns `Some`. Runs this process has not loaded yet are read
-    /// only when the loaded ones have nothing.
+    /// sequence number until it returns `Some`. A single id is looked up in what this process
+    /// has read first, and the index is read again only when that has nothing; a range (a
+    /// prefix) is looked up in a fresh read, so that every operation in it is found.
     pub(crate) fn find<T>(
         &self,
         conn: &Connection,
@@ -161,7 +190,8 @@ impl OpIndex {
         hi: &[u8],
         mut row: impl FnMut(i64) -> Result<Option<T>>,
     ) -> Result<Vec<T>> {
-        for fresh in [false, true] {
+        let passes: &[bool] = if lo == hi { &[false, true] } else { &[true] };
+        for &fresh in passes {
             let mut found = Vec::new();
             for seq in self.candidates(conn, lo, hi, fresh)? {
                 found.extend(row(seq)?);
@@ -174,39 +204,42 @@ impl OpIndex {
     }
 }
 
-/// Indexes a new operation. Called by the writer inside its transaction, after the op's row.
-pub(crate) fn add(conn: &Connection, id: &OpId, seq: i64) -> Result<()> {
-    conn.prepare_cached("INSERT INTO op_tail(id, seq) VALUES (?1, ?2)")?
-        .execute(params![&id.0.0[..], seq])?;
-    Ok(())
-}
-
-/// Moves a full tail into a run, then merges runs while [`FANOUT`] of the newest are the same
-/// size. Called by the writer at the end of a group, inside its transaction.
-/// `last_seq` is the log's last sequence number: sequence numbers have no gaps, so the tail
-/// holds the operations after the last run's, and counting them needs no scan.
-pub(crate) fn compact(conn: &Connection, last_seq: i64) -> Result<()> {
-    let indexed: i64 = conn
-        .prepare_cached("SELECT last FROM op_runs ORDER BY first DESC LIMIT 1")?
-        .query_row([], |r| r.get(0))
-        .optional()?
-        .unwrap_or(0);
-    if last_seq.saturating_sub(indexed) < RUN_SIZE as i64 {
-        return Ok(());
-    }
-    let mut entries: Vec<(u64, i64)> = conn
-        .prepare_cached("SELECT id, seq FROM op_tail")?
-        .query_map([], |r| {
+/// The (id prefix, sequence number) of the operations after `indexed` (the last one the runs
+/// cover) up to `upto`.
+fn tail(conn: &Connection, indexed: i64, upto: i64) -> Result<Vec<(u64, i64)>> {
+    Ok(conn
+        .prepare_cached("SELECT id, seq FROM ops WHERE seq > ?1 AND seq <= ?2")?
+        .query_map([indexed, upto], |r| {
             let id: Vec<u8> = r.get(0)?;
             Ok((prefix(&id), r.get(1)?))
         })?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+/// The last operation the runs cover (0 for none).
+fn indexed(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT last FROM op_runs ORDER BY first DESC LIMIT 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// Turns a full tail into a run, then merges runs while [`FANOUT`] of the newest are the same
+/// size. Called by the writer at the end of a group, inside its transaction.
+/// `last_seq` is the log's last sequence number: sequence numbers have no gaps, so counting
+/// the tail needs no scan.
+pub(crate) fn compact(conn: &Connection, last_seq: i64) -> Result<()> {
+    let indexed = indexed(conn)?;
+    if last_seq.saturating_sub(indexed) < RUN_SIZE as i64 {
+        return Ok(());
+    }
+    let mut entries = tail(conn, indexed, last_seq)?;
     entries.sort_unstable();
     let first = entries.iter().map(|(_, s)| *s).min().unwrap_or(0);
     let last = entries.iter().map(|(_, s)| *s).max().unwrap_or(0);
     conn.prepare_cached("INSERT INTO op_runs(first, last, entries) VALUES (?1, ?2, ?3)")?
         .execute(params![first, last, encode(&entries)])?;
-    conn.prepare_cached("DELETE FROM op_tail")?.execute([])?;
     merge(conn)
 }
 
@@ -277,15 +310,12 @@ pub(crate) fn check<'a>(
     })
 }
 
-/// Every (sequence number, id prefix) the index holds.
+/// Every (sequence number, id prefix) the index holds: the runs' entries and the tail.
 fn all_entries(conn: &Connection) -> Result<Vec<(i64, u64)>> {
-    let mut out: Vec<(i64, u64)> = conn
-        .prepare("SELECT seq, id FROM op_tail")?
-        .query_map([], |r| {
-            let id: Vec<u8> = r.get(1)?;
-            Ok((r.get(0)?, prefix(&id)))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+    let mut out: Vec<(i64, u64)> = tail(conn, indexed(conn)?, i64::MAX)?
+        .into_iter()
+        .map(|(p, s)| (s, p))
+        .collect();
     let mut stmt = conn.prepare("SELECT first, last, entries FROM op_runs")?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
@@ -307,19 +337,12 @@ fn all_entries(conn: &Connection) -> Result<Vec<(i64, u64)>> {
 }
 
 /// Builds the index of every operation in the log (an environment whose log was indexed by a
-/// B-tree over the ids, before this index existed).
+/// B-tree over the ids, before this index existed), as the writer would have.
 pub(crate) fn rebuild(conn: &Connection) -> Result<()> {
-    conn.execute_batch("DELETE FROM op_tail; DELETE FROM op_runs;")?;
-    let ops: Vec<(i64, Vec<u8>)> = conn
-        .prepare("SELECT seq, id FROM ops ORDER BY seq")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    for chunk in ops.chunks(RUN_SIZE) {
-        for (seq, id) in chunk {
-            conn.prepare_cached("INSERT INTO op_tail(id, seq) VALUES (?1, ?2)")?
-                .execute(params![id, seq])?;
-        }
-        compact(conn, chunk.last().map_or(0, |(seq, _)| *seq))?;
+    conn.execute_batch("DELETE FROM op_runs")?;
+    let last: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM ops", [], |r| r.get(0))?;
+    for seq in (RUN_SIZE as i64..=last).step_by(RUN_SIZE) {
+        compact(conn, seq)?;
     }
     Ok(())
 }

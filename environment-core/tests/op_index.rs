@@ -1,6 +1,6 @@
 //! Finding operations by id once the log outgrows its tail: runs, merges, short prefixes,
-//! several handles on one home, the migration from the previous layout (a B-tree over the ids,
-//! a row per tree node), and `verify` catching a damaged index.
+//! several handles on one home, the migration from earlier layouts (a B-tree over the ids and a
+//! row per tree node; a table for the tail), and `verify` catching a damaged index.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
@@ -63,7 +63,10 @@ fn every_version_is_found_through_runs_merges_and_the_tail() {
     let home = tempfile::tempdir().unwrap();
     let (env, versions) = grown(home.path());
     let runs: i64 = sql(home.path(), "SELECT COUNT(*) FROM op_runs");
-    let tail: i64 = sql(home.path(), "SELECT COUNT(*) FROM op_tail");
+    let tail: i64 = sql(
+        home.path(),
+        "SELECT COUNT(*) FROM ops WHERE seq > (SELECT MAX(last) FROM op_runs)",
+    );
     // 9 full runs of 256 became one merged run of 2048 plus one of 256; the rest is the tail.
     assert_eq!(runs, 2, "runs after a merge");
     assert!(tail < 256, "the tail holds {tail}");
@@ -115,13 +118,22 @@ fn short_prefixes_resolve_or_are_ambiguous_across_runs_and_tail() {
     ));
 }
 
-#[test]
-fn an_environment_in_the_previous_layout_opens_and_migrates() {
-    let home = tempfile::tempdir().unwrap();
-    let (env, versions) = grown(home.path());
-    drop(env);
+/// Takes an environment written in the current layout back to an earlier one.
+fn downgrade(conn: &rusqlite::Connection, layout: u32) {
+    // Layout 2 kept the operations no run covers in a table of their own.
+    conn.execute_batch(
+        "BEGIN;
+         CREATE TABLE op_tail(id BLOB PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
+         INSERT INTO op_tail SELECT id, seq FROM ops
+             WHERE seq > (SELECT COALESCE(MAX(last), 0) FROM op_runs);
+         UPDATE meta SET value = '2' WHERE name = 'schema';
+         COMMIT;",
+    )
+    .unwrap();
+    if layout == 2 {
+        return;
+    }
     // Layout 1: the ids indexed by a UNIQUE column, no runs, no tail...
-    let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
     conn.execute_batch(
         "BEGIN;
          CREATE TABLE ops_v1(seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, root INTEGER NOT NULL, record BLOB NOT NULL);
@@ -161,23 +173,46 @@ fn an_environment_in_the_previous_layout_opens_and_migrates() {
     }
     conn.execute("DELETE FROM node_blocks", []).unwrap();
     assert!(moved > ACTS, "{moved} nodes");
-    drop(conn);
-    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
-    assert_all_found(&env, &versions);
-    env.verify().unwrap();
-    let old_index: i64 = sql(
-        home.path(),
-        "SELECT COUNT(*) FROM sqlite_master WHERE tbl_name = 'ops' AND type = 'index'",
-    );
-    assert_eq!(old_index, 0, "the B-tree over the ids is gone");
-    let schema: String = sql(home.path(), "SELECT value FROM meta WHERE name = 'schema'");
-    assert_eq!(schema, "2");
+}
+
+#[test]
+fn an_environment_in_an_earlier_layout_opens_and_migrates() {
+    for layout in [1, 2] {
+        let home = tempfile::tempdir().unwrap();
+        let (env, versions) = grown(home.path());
+        drop(env);
+        let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
+        downgrade(&conn, layout);
+        drop(conn);
+        let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+        assert_all_found(&env, &versions);
+        env.verify().unwrap();
+        let old_index: i64 = sql(
+            home.path(),
+            "SELECT COUNT(*) FROM sqlite_master WHERE tbl_name = 'ops' AND type = 'index'",
+        );
+        assert_eq!(
+            old_index, 0,
+            "layout {layout}: the B-tree over the ids is gone"
+        );
+        let tail_table: i64 = sql(
+            home.path(),
+            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'op_tail'",
+        );
+        assert_eq!(tail_table, 0, "layout {layout}: the tail's table is gone");
+        let schema: String = sql(home.path(), "SELECT value FROM meta WHERE name = 'schema'");
+        assert_eq!(schema, "3", "from layout {layout}");
+        // The writer goes on from the migrated index.
+        let more = count_up(&env, "after migration", 300);
+        assert_all_found(&env, &more);
+        env.verify().unwrap();
+    }
 }
 
 #[test]
 fn verify_reports_an_operation_missing_from_the_index() {
     for damage in [
-        "DELETE FROM op_tail WHERE id = (SELECT id FROM op_tail LIMIT 1)",
+        "DELETE FROM op_runs WHERE first = (SELECT MIN(first) FROM op_runs)",
         "UPDATE op_runs SET entries = substr(entries, 17) WHERE first = (SELECT MIN(first) FROM op_runs)",
     ] {
         let home = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ mod history;
 mod maintain;
 mod retention;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,7 +32,7 @@ use crate::event::{Event, Publisher};
 use crate::hash::Hash;
 use crate::key::{Key, KeyPrefix};
 use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId, Operation};
-use crate::op_index::{self, OpIndex};
+use crate::op_index::OpIndex;
 use crate::tree::{self, KeyChange, Node, NodeId, Ptr, TreeEdit};
 use crate::value::{Content, Value};
 
@@ -92,7 +93,7 @@ pub(crate) struct Inner {
     writer: Writer,
     readers: ReadPool,
     nodes: Arc<NodeCache>,
-    ops: Arc<quick_cache::sync::Cache<OpId, (Arc<Operation>, NodeId)>>,
+    ops: Arc<OpCache>,
     hub: Arc<events::Hub>,
     /// Versions dropped by retention (as this process knows them; the table is the truth).
     dropped: std::sync::RwLock<std::collections::HashSet<OpId>>,
@@ -131,6 +132,9 @@ impl std::fmt::Debug for LocalEnvironment {
     }
 }
 
+/// Operations (with their root node) by id, shared by every reader and the writer.
+type OpCache = quick_cache::sync::Cache<OpId, (Arc<Operation>, NodeId)>;
+
 /// The actor that records the environment's own operations (creation).
 pub(crate) fn system_actor() -> ActorId {
     ActorId::system()
@@ -159,17 +163,12 @@ impl LocalEnvironment {
             None => None,
         };
         let nodes = Arc::new(NodeCache::new(options.node_cache));
-        let ops = Arc::new(quick_cache::sync::Cache::new(100_000));
+        let ops = Arc::new(OpCache::new(100_000));
         let hub = Arc::new(events::Hub::new(options.publisher.is_some()));
         let after_commit = {
             let (nodes, ops, hub) = (nodes.clone(), ops.clone(), hub.clone());
             Box::new(move |fx: TxEffects| {
-                for (h, n) in fx.nodes {
-                    nodes.insert(h, n);
-                }
-                for (op, root) in fx.ops {
-                    ops.insert(op.id, (op, root));
-                }
+                cache_committed(&nodes, &ops, fx.nodes, fx.ops);
                 hub.deliver(fx.events);
             })
         };
@@ -553,7 +552,6 @@ impl Inner {
         crate::hash::with_encoding(&op, |record| {
             insert.execute(params![seq, &op.id.0.0[..], draft.view.id, record])
         })?;
-        op_index::add(conn, &op.id, seq)?;
         let moved = match expected_head {
             Some(old) => conn
                 .prepare_cached("UPDATE heads SET op = ?1 WHERE name = ?2 AND op = ?3")?
@@ -589,6 +587,33 @@ impl Inner {
         let mut new = edit.into_new_nodes(root);
         db::insert_nodes(&mut new, next_id);
         fx.nodes.extend(new.into_iter().map(|n| (n.ptr.id, n.node)));
+    }
+}
+
+/// Puts what a group committed in the caches: its operations, and the nodes of the versions it
+/// leaves its branches at. Those are what is likely to be read next; the nodes of the versions
+/// in between are read back from the database if ever, and caching them would only evict as
+/// many others.
+fn cache_committed(
+    nodes: &NodeCache,
+    ops: &OpCache,
+    new_nodes: Vec<(NodeId, Arc<Node>)>,
+    new_ops: Vec<(Arc<Operation>, NodeId)>,
+) {
+    let mut new_nodes: HashMap<NodeId, Arc<Node>> = new_nodes.into_iter().collect();
+    let mut last_roots: HashMap<&str, NodeId> = HashMap::new();
+    for (op, root) in &new_ops {
+        last_roots.insert(&op.branch, *root);
+    }
+    let mut live: Vec<NodeId> = last_roots.into_values().collect();
+    while let Some(id) = live.pop() {
+        if let Some(node) = new_nodes.remove(&id) {
+            live.extend(node.children().map(|p| p.id));
+            nodes.insert(id, node);
+        }
+    }
+    for (op, root) in new_ops {
+        ops.insert(op.id, (op, root));
     }
 }
 
