@@ -466,8 +466,8 @@ impl Bus {
         })
     }
 
-    /// One bounded purge step as its own command: at most `chunk` acked deliveries removed
-    /// and `chunk` messages examined.
+    /// One bounded purge step as its own command: at most `chunk` messages examined, with
+    /// their deliveries acked before the retention.
     pub fn purge_step(&self, chunk: u32) -> Pending<PurgeReport> {
         let retention = ops::ms(self.inner.config.retention);
         let chunk = i64::from(chunk.max(1));

@@ -69,8 +69,7 @@ CREATE INDEX IF NOT EXISTS bus_deliveries_due ON bus_deliveries(group_id, due)
 CREATE INDEX IF NOT EXISTS bus_deliveries_key ON bus_deliveries(group_id, okey)
     WHERE okey IS NOT NULL AND state < 3;
 CREATE INDEX IF NOT EXISTS bus_deliveries_msg ON bus_deliveries(msg_id);
-CREATE INDEX IF NOT EXISTS bus_deliveries_acked ON bus_deliveries(finished_at)
-    WHERE state = 3;
+DROP INDEX IF EXISTS bus_deliveries_acked;
 CREATE INDEX IF NOT EXISTS bus_deliveries_dead ON bus_deliveries(group_id)
     WHERE state = 4;
 CREATE TABLE IF NOT EXISTS bus_dedup(

@@ -318,6 +318,70 @@ fn purge_removes_old_acked_messages_only() {
     assert_eq!(bus.claim("workers", "a", 5, LEASE).wait().unwrap().len(), 1);
 }
 
+/// Acked deliveries are found by the purge's sweep over messages: spread over more messages
+/// than one step examines, with a second group that has acked only some of them.
+#[test]
+fn purge_finds_acked_deliveries_across_steps_and_groups() {
+    let (_d, clock, bus) = setup();
+    bus.create_group("auditors", &["tasks"], GroupOptions::default())
+        .wait()
+        .unwrap();
+    let ids: Vec<_> = (0..1200)
+        .map(|i| publish(&bus, &format!("m{i}"), PublishOptions::default()))
+        .collect();
+    // Workers ack every message; auditors ack the first 900 and keep the rest.
+    let mut acked = 0;
+    while acked < 1200 {
+        for l in bus.claim("workers", "w", 100, LEASE).wait().unwrap() {
+            bus.ack(&l.receipt).wait().unwrap();
+            acked += 1;
+        }
+    }
+    for l in bus.claim("auditors", "a", 900, LEASE).wait().unwrap() {
+        bus.ack(&l.receipt).wait().unwrap();
+    }
+    clock.advance(3_600_001);
+    let r = bus.purge().unwrap();
+    assert_eq!((r.deliveries, r.messages), (1200 + 900, 900));
+    assert_eq!(bus.status("workers", ids[1100]).unwrap(), None);
+    assert_eq!(
+        bus.status("auditors", ids[1100]).unwrap(),
+        Some(DeliveryStatus::Ready)
+    );
+    assert_eq!(bus.status("auditors", ids[10]).unwrap(), None);
+    let left = bus.claim("auditors", "a", 1000, LEASE).wait().unwrap();
+    assert_eq!(left.len(), 300);
+    assert_eq!(bus.purge().unwrap().deliveries, 0, "nothing left to purge");
+}
+
+/// A database from before acked deliveries were found by the sweep loses their index on open.
+#[test]
+fn the_index_of_acked_deliveries_is_dropped_on_open() {
+    let (dir, _c, bus) = setup();
+    drop(bus);
+    let path = dir.path().join("bus.db");
+    let count = || -> i64 {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'bus_deliveries_acked'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "CREATE INDEX bus_deliveries_acked ON bus_deliveries(finished_at) WHERE state = 3",
+        )
+        .unwrap();
+    assert_eq!(count(), 1);
+    let bus = Bus::open(&path, BusConfig::default()).unwrap();
+    assert_eq!(count(), 0);
+    drop(bus);
+}
+
 #[test]
 fn purge_sweeps_unsubscribed_messages_and_keeps_live_ones() {
     let (_d, clock, bus) = setup();
