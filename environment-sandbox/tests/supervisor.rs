@@ -912,6 +912,45 @@ fn shutdown_takes_a_final_capture_scenario(dir: &Path) {
     reopen_and_verify(&home, &work);
 }
 
+#[test]
+fn a_final_capture_the_policy_refuses_still_lets_the_supervisor_stop() {
+    both(
+        "a_final_capture_the_policy_refuses_still_lets_the_supervisor_stop",
+        always,
+        a_final_capture_the_policy_refuses_scenario,
+    );
+}
+
+/// Captures are the agent's own, and it may not write files. A change still unrecorded when the
+/// supervisor stops (here made after the agent's last capture, which is the exit capture's
+/// place) is refused to the final capture: shutting down still succeeds and reports, and the
+/// change stays on disk, unrecorded, as after any refused automatic capture.
+fn a_final_capture_the_policy_refuses_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
+    policy.load_rules(RULES).unwrap();
+    // The workspace as it starts is recorded by the supervisor's own actor.
+    let mut first = config(&work, &home);
+    first.policy = Some(policy.clone());
+    Supervisor::open(first).unwrap().shutdown().unwrap();
+    let mut cfg = config(&work, &home);
+    cfg.policy = Some(policy);
+    cfg.capture_actor = agent();
+    // No automatic capture will come before the end.
+    cfg.quiet_period = Duration::from_secs(600);
+    cfg.max_wait = Duration::from_secs(600);
+    let sup = Supervisor::open(cfg).unwrap();
+    let before = sup.env().head("main").unwrap();
+    write(&work, "late.txt", b"late\n");
+    let summary = sup.shutdown_with_grace(Duration::from_secs(5)).unwrap();
+    assert_eq!(summary.final_version, before.to_string());
+    assert_eq!((summary.captures, summary.files_changed), (0, 0));
+    assert_eq!(
+        std::fs::read_to_string(work.join("late.txt")).unwrap(),
+        "late\n"
+    );
+}
+
 const SUPERVISOR_DIR: &str = "ENVIRONMENT_TEST_SUPERVISOR_DIR";
 
 #[test]

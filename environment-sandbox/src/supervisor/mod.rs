@@ -551,19 +551,12 @@ impl Supervisor {
         // Shell processes end with the shell, before the final capture takes what they left.
         *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = ShellHandles::default();
         for t in extra {
-            t.capture_now(
-                Intent::new(IntentKind::Capture, "final capture"),
-                environment_core::OpFlags::AUTO_CAPTURE,
-            )?;
+            final_capture(&t)?;
         }
         let captures = match tracker {
             Some(t) => {
                 let before = t.captures();
-                let fin = t.capture_now(
-                    Intent::new(IntentKind::Capture, "final capture"),
-                    environment_core::OpFlags::AUTO_CAPTURE,
-                )?;
-                before + u64::from(fin.is_some())
+                before + u64::from(final_capture(&t)?)
             }
             None => 0,
         };
@@ -627,5 +620,23 @@ impl Supervisor {
         rt.shutdown_background();
         waited.map_err(SandboxError::io("install signal handlers", &self.socket))?;
         self.shutdown_with_grace(grace)
+    }
+}
+
+/// The capture of whatever is left when the supervisor stops; whether it recorded an operation.
+/// A capture the policy refuses to the capturing actor is not an error here: the changes stay
+/// on disk, unrecorded by this actor, as they would after a refused automatic capture (another
+/// actor may record them as found), and the supervisor still stops and reports.
+fn final_capture(t: &Tracker) -> Result<bool> {
+    match t.capture_now(
+        Intent::new(IntentKind::Capture, "final capture"),
+        environment_core::OpFlags::AUTO_CAPTURE,
+    ) {
+        Ok(obs) => Ok(obs.is_some()),
+        Err(SandboxError::Env(EnvError::NotAllowed(d))) => {
+            tracing::warn!(decision = ?d, "final capture refused; the changes stay unrecorded");
+            Ok(false)
+        }
+        Err(e) => Err(e),
     }
 }
