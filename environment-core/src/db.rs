@@ -43,17 +43,21 @@ CREATE TABLE IF NOT EXISTS outbox(seq INTEGER PRIMARY KEY, event BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS blob_pins(hash BLOB NOT NULL, owner TEXT NOT NULL, PRIMARY KEY(hash, owner)) WITHOUT ROWID;
 ";
 
+/// The storage layout this build writes (`meta.schema`): earlier ones are migrated on open, a
+/// later one is refused (this build would not know how to keep it consistent).
+const LAYOUT: i64 = 3;
+
 /// Opens the write connection and creates the schema.
 pub(crate) fn open_writer(path: &Path) -> Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(30))?;
+    check_layout(&conn, path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     tune(&conn)?;
-    // The writer's own page cache stays small. After a B-tree rebalance has renumbered pages
-    // (inserts into the randomly keyed ops index often cause one), SQLite's commit scans the
-    // whole hash table of the cache, so a large cache makes commits slower; the writer's reads
-    // of pages not in the WAL come through the memory map anyway.
+    // The writer's own page cache stays small. After a B-tree rebalance has renumbered pages,
+    // SQLite's commit scans the whole hash table of the cache, so a large cache makes commits
+    // slower; the writer's reads of pages not in the WAL come through the memory map anyway.
     conn.pragma_update(None, "cache_size", -8192)?;
     // Checkpoints fsync; a larger WAL makes them rarer, so their cost spreads over more commits.
     conn.pragma_update(None, "wal_autocheckpoint", 8192)?;
@@ -61,10 +65,38 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection> {
     conn.execute_batch(op_index::SCHEMA)?;
     migrate(&conn)?;
     conn.execute(
-        "INSERT OR IGNORE INTO meta(name, value) VALUES ('schema', '3')",
-        [],
+        "INSERT OR IGNORE INTO meta(name, value) VALUES ('schema', ?1)",
+        [LAYOUT.to_string()],
     )?;
     Ok(conn)
+}
+
+/// Refuses, before anything is written, an environment stored in a later layout than this
+/// build's.
+fn check_layout(conn: &Connection, path: &Path) -> Result<()> {
+    let has_meta = conn
+        .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'")?
+        .exists([])?;
+    if !has_meta {
+        return Ok(());
+    }
+    let layout: Option<i64> = conn
+        .query_row(
+            "SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'schema'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match layout {
+        Some(found) if found > LAYOUT => Err(EnvError::Home {
+            path: path.to_path_buf(),
+            detail: format!(
+                "it is stored in layout {found}, written by a newer version; this build reads \
+                 layouts up to {LAYOUT}, so it opened nothing and changed nothing"
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Brings an environment written by an earlier layout to this one, in one transaction:
@@ -94,10 +126,11 @@ fn migrate(conn: &Connection) -> Result<()> {
             )?;
             op_index::rebuild(conn)?;
         }
-        conn.execute_batch(
-            "DROP TABLE IF EXISTS op_tail;
-             INSERT INTO meta(name, value) VALUES ('schema', '3')
-                 ON CONFLICT(name) DO UPDATE SET value = '3';",
+        conn.execute_batch("DROP TABLE IF EXISTS op_tail")?;
+        conn.execute(
+            "INSERT INTO meta(name, value) VALUES ('schema', ?1)
+                 ON CONFLICT(name) DO UPDATE SET value = ?1",
+            [LAYOUT.to_string()],
         )?;
         Ok(())
     })();

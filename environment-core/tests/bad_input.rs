@@ -332,3 +332,55 @@ fn effect_misuse() {
         Some(&b"ok"[..])
     );
 }
+
+/// An environment stored in a later layout than this build's is refused when it opens, before
+/// anything is written, and opens again once its layout is one this build reads.
+#[test]
+fn an_environment_from_a_newer_layout_is_refused_and_left_as_is() {
+    let (home, env, actor) = open();
+    env.act_blocking(
+        ActRequest::new(actor.clone(), Intent::edit("x"))
+            .put(Key::fs("kept").unwrap(), Value::file("v")),
+    )
+    .unwrap();
+    drop(env);
+    let db = home.path().join("env.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute("UPDATE meta SET value = '99' WHERE name = 'schema'", [])
+        .unwrap();
+    let tables = |conn: &rusqlite::Connection| -> Vec<String> {
+        conn.prepare("SELECT name FROM sqlite_master ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    };
+    // A table a newer layout might have dropped: this build must not recreate or touch it.
+    conn.execute("DROP TABLE outbox", []).unwrap();
+    let before = tables(&conn);
+    drop(conn);
+    let err = LocalEnvironment::open(home.path(), Options::default()).unwrap_err();
+    assert!(
+        matches!(&err, EnvError::Home { detail, .. } if detail.contains("layout 99")),
+        "{err:?}"
+    );
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    assert_eq!(tables(&conn), before, "nothing was created");
+    let schema: String = conn
+        .query_row("SELECT value FROM meta WHERE name = 'schema'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(schema, "99");
+    conn.execute("UPDATE meta SET value = '3' WHERE name = 'schema'", [])
+        .unwrap();
+    drop(conn);
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let head = env.head("main").unwrap();
+    assert_eq!(
+        env.read(&actor, &Key::fs("kept").unwrap(), &head).unwrap(),
+        Some(Value::file("v"))
+    );
+    env.verify().unwrap();
+}
