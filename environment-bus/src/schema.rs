@@ -91,8 +91,10 @@ INSERT OR IGNORE INTO bus_meta(key, value) VALUES ('schema_version', 1);
 /// `PRAGMA user_version`) because the file may belong to the environment.
 const SCHEMA_VERSION: i64 = 1;
 
-/// Creates the bus's tables in `conn` if they are missing. [`Bus::open`](crate::Bus::open)
-/// calls it; call it yourself only to prepare a database before any bus opens it.
+/// Creates the bus's tables in `conn` if they are missing, and drops the index of acked
+/// deliveries that earlier versions kept (the purge finds them by its sweep now).
+/// [`Bus::open`](crate::Bus::open) calls it; call it yourself only to prepare a database before
+/// any bus opens it.
 pub fn install(conn: &Connection) -> Result<()> {
     conn.execute_batch(SCHEMA).ctx("creating the bus tables")?;
     let version: i64 = conn
