@@ -209,37 +209,40 @@ pub(crate) struct DbNodes<'a> {
 /// What the open write transaction has written so far, for the jobs after the one that wrote
 /// it: only the thread holding the write connection runs jobs, so this is that transaction's.
 /// Reading it back from memory saves each job a round of queries and decoding on the hot path.
-/// It lives from `BEGIN` to the end of the group; the heads and counters go on to the next
-/// group when no other connection has committed in between (see [`Carried`]).
+/// It lives from `BEGIN` to the end of the group; what it knows of the latest state goes on to
+/// the next group when no other connection has committed in between (see [`Carried`]).
 #[derive(Default)]
 struct Pending {
     /// Nodes written by the jobs that succeeded so far.
     nodes: HashMap<NodeId, Arc<Node>>,
     /// Operations recorded by the jobs already done, with their root node.
     ops: HashMap<OpId, (Arc<Operation>, NodeId)>,
-    /// Branch heads the jobs that succeeded so far moved (heads move only by recording an
-    /// operation, so this is exact).
-    heads: HashMap<String, OpId>,
-    /// The row id the next new node gets, once a job has stored nodes.
-    next_node: Option<NodeId>,
     /// New nodes (id, hash, encoding) in id order, written as blocks when the group commits:
     /// one row for the nodes of all its jobs.
     unflushed: Vec<(NodeId, Hash, Vec<u8>)>,
+    latest: Latest,
+}
+
+/// What the writer knows of the database's latest state without reading it.
+#[derive(Default)]
+struct Latest {
+    /// Branch heads moved by this connection's committed groups and by the jobs of the open
+    /// one that succeeded (heads move only by recording an operation, so this is exact).
+    heads: HashMap<String, OpId>,
+    /// The row id the next new node gets, once known.
+    next_node: Option<NodeId>,
     /// The sequence number of the next operation, once known; it moves only when a job that
     /// recorded an operation succeeds, so the log has no gap where a job failed.
     next_seq: Option<i64>,
 }
 
-/// What a committed group knew of the database's latest state — the heads it moved, the next
-/// node id and sequence number — for the next group on the same connection. SQLite's
-/// `data_version` tells whether another connection has committed since: only then must the
-/// next group read them again.
+/// What a committed group knew of the database's latest state, for the next group on the same
+/// connection. SQLite's `data_version` tells whether another connection has committed since:
+/// only then must the next group read it again.
 #[derive(Default)]
 struct Carried {
     data_version: Option<i64>,
-    heads: HashMap<String, OpId>,
-    next_node: Option<NodeId>,
-    next_seq: Option<i64>,
+    latest: Latest,
 }
 
 thread_local! {
@@ -253,12 +256,14 @@ fn begin_pending(conn: &Connection, carried: &mut Carried) -> Result<()> {
         .prepare_cached("PRAGMA data_version")?
         .query_row([], |r| r.get(0))?;
     let last = std::mem::take(carried);
-    let mut pending = Pending::default();
-    if last.data_version == Some(version) {
-        pending.heads = last.heads;
-        pending.next_node = last.next_node;
-        pending.next_seq = last.next_seq;
-    }
+    let pending = Pending {
+        latest: if last.data_version == Some(version) {
+            last.latest
+        } else {
+            Latest::default()
+        },
+        ..Pending::default()
+    };
     PENDING.with(|p| *p.borrow_mut() = pending);
     carried.data_version = Some(version);
     Ok(())
@@ -269,9 +274,7 @@ fn begin_pending(conn: &Connection, carried: &mut Carried) -> Result<()> {
 fn end_pending(carried: &mut Carried, committed: bool) {
     let p = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if committed {
-        carried.heads = p.heads;
-        carried.next_node = p.next_node;
-        carried.next_seq = p.next_seq;
+        carried.latest = p.latest;
     } else {
         *carried = Carried::default();
     }
@@ -284,7 +287,7 @@ pub(crate) fn pending_op(id: &OpId) -> Option<(Arc<Operation>, NodeId)> {
 
 /// The head of `branch` if a job earlier in the open transaction moved it.
 pub(crate) fn pending_head(branch: &str) -> Option<OpId> {
-    PENDING.with(|p| p.borrow().heads.get(branch).copied())
+    PENDING.with(|p| p.borrow().latest.heads.get(branch).copied())
 }
 
 impl NodeSource for DbNodes<'_> {
@@ -334,7 +337,7 @@ macro_rules! highest_stored_node {
 /// garbage collection removed (kept in `meta` as a high-water mark), so an id is never reused.
 /// Called by the writer inside its transaction.
 pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
-    if let Some(id) = PENDING.with(|p| p.borrow().next_node) {
+    if let Some(id) = PENDING.with(|p| p.borrow().latest.next_node) {
         return Ok(id);
     }
     Ok(conn
@@ -348,7 +351,7 @@ pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
 
 /// The sequence number the next operation gets. Called by the writer inside its transaction.
 pub(crate) fn next_seq(conn: &Connection) -> Result<i64> {
-    if let Some(seq) = PENDING.with(|p| p.borrow().next_seq) {
+    if let Some(seq) = PENDING.with(|p| p.borrow().latest.next_seq) {
         return Ok(seq);
     }
     Ok(conn
@@ -371,7 +374,7 @@ pub(crate) fn insert_nodes(nodes: &mut [NewNode], next_id: NodeId) {
                 .iter_mut()
                 .map(|n| (n.ptr.id, n.ptr.hash, std::mem::take(&mut n.bytes))),
         );
-        p.next_node = Some(next_id);
+        p.latest.next_node = Some(next_id);
     });
 }
 
@@ -772,7 +775,7 @@ fn commit_group(
         let changes_before = conn.total_changes();
         let nodes_before = PENDING.with(|p| {
             let p = p.borrow();
-            (p.unflushed.len(), p.next_node)
+            (p.unflushed.len(), p.latest.next_node)
         });
         let (work_ok, fin) = (job.work)(Some(conn), &mut fx);
         if !work_ok {
@@ -780,7 +783,7 @@ fn commit_group(
             PENDING.with(|p| {
                 let mut p = p.borrow_mut();
                 p.unflushed.truncate(nodes_before.0);
-                p.next_node = nodes_before.1;
+                p.latest.next_node = nodes_before.1;
             });
         }
         // SQLite ends the transaction itself after some errors (disk full, I/O): what follows
@@ -813,8 +816,8 @@ fn commit_group(
                 p.nodes.extend(fx.nodes.iter().cloned());
                 for (op, root) in &fx.ops {
                     p.ops.insert(op.id, (op.clone(), *root));
-                    p.heads.insert(op.branch.clone(), op.id);
-                    p.next_seq = Some(op.seq as i64 + 1);
+                    p.latest.heads.insert(op.branch.clone(), op.id);
+                    p.latest.next_seq = Some(op.seq as i64 + 1);
                 }
             });
             effects.events.append(&mut fx.events);
@@ -824,8 +827,11 @@ fn commit_group(
         finishers.push((work_ok, fin));
     }
     // The group's last operation, if it recorded any.
-    let last_seq = PENDING.with(|p| p.borrow().next_seq).map(|next| next - 1);
-    let committed = if finishers.iter().any(|(ok, _)| *ok) {
+    let last_seq = PENDING
+        .with(|p| p.borrow().latest.next_seq)
+        .map(|next| next - 1);
+    let any_ok = finishers.iter().any(|(ok, _)| *ok);
+    let committed = if any_ok {
         flush_nodes(conn)
             .and_then(|()| match last_seq {
                 Some(seq) => op_index::compact(conn, seq),
@@ -835,10 +841,7 @@ fn commit_group(
     } else {
         exec(conn, "ROLLBACK").map_err(EnvError::from)
     };
-    end_pending(
-        carried,
-        committed.is_ok() && finishers.iter().any(|(ok, _)| *ok),
-    );
+    end_pending(carried, any_ok && committed.is_ok());
     if full_sync {
         let _ = conn.pragma_update(None, "synchronous", "NORMAL");
     }

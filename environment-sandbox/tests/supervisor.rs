@@ -61,6 +61,15 @@ fn config(work: &Path, home: &Path) -> SupervisorConfig {
     c
 }
 
+/// [`config`] with an in-memory policy holding `rules`.
+fn governed(work: &Path, home: &Path, rules: &str) -> SupervisorConfig {
+    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
+    policy.load_rules(rules).unwrap();
+    let mut c = config(work, home);
+    c.policy = Some(policy);
+    c
+}
+
 /// This binary, re-executed as the agent `role`.
 fn agent_spec(role: &str, report: &Path) -> AgentSpec {
     AgentSpec::new([
@@ -570,15 +579,14 @@ fn a_quota_is_spent_once_per_request() {
 
 fn a_quota_is_spent_once_per_request_scenario(dir: &Path) {
     let (work, home) = layout(dir);
-    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
-    policy
-        .load_rules(&RULES.replace(
+    let cfg = governed(
+        &work,
+        &home,
+        &RULES.replace(
             "when = { operation = \"restore\" }",
             "when = { operation = \"restore\" }\nquota = { count = 2, window_secs = 3600 }",
-        ))
-        .unwrap();
-    let mut cfg = config(&work, &home);
-    cfg.policy = Some(policy);
+        ),
+    );
     let sup = Supervisor::open(cfg).unwrap();
     let mut c = ControlClient::connect(sup.socket_path()).unwrap();
     c.mark("start").unwrap();
@@ -927,14 +935,12 @@ fn a_final_capture_the_policy_refuses_still_lets_the_supervisor_stop() {
 /// change stays on disk, unrecorded, as after any refused automatic capture.
 fn a_final_capture_the_policy_refuses_scenario(dir: &Path) {
     let (work, home) = layout(dir);
-    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
-    policy.load_rules(RULES).unwrap();
     // The workspace as it starts is recorded by the supervisor's own actor.
-    let mut first = config(&work, &home);
-    first.policy = Some(policy.clone());
-    Supervisor::open(first).unwrap().shutdown().unwrap();
-    let mut cfg = config(&work, &home);
-    cfg.policy = Some(policy);
+    Supervisor::open(governed(&work, &home, RULES))
+        .unwrap()
+        .shutdown()
+        .unwrap();
+    let mut cfg = governed(&work, &home, RULES);
     cfg.capture_actor = agent();
     // No automatic capture will come before the end.
     cfg.quiet_period = Duration::from_secs(600);
@@ -1175,11 +1181,9 @@ fn exec_is_authorized_as_the_agent_before_the_shell_sees_it() {
 
 fn exec_is_authorized_as_the_agent_before_the_shell_sees_it_scenario(dir: &Path) {
     let (work, home) = layout(dir);
-    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
-    policy
-        .load_rules(&format!(
-            "{RULES}\n{}",
-            r#"
+    let rules = format!(
+        "{RULES}\n{}",
+        r#"
 [[rule]]
 id = "agent-echoes"
 effect = "permit"
@@ -1187,10 +1191,8 @@ principal = "agent:coder"
 actions = ["execute"]
 resource = { program = "echo", args = ["..."] }
 "#
-        ))
-        .unwrap();
-    let mut cfg = config(&work, &home);
-    cfg.policy = Some(policy);
+    );
+    let mut cfg = governed(&work, &home, &rules);
     cfg.shell = false;
     let sup = Supervisor::open(cfg).unwrap();
     let mut c = ControlClient::connect(sup.socket_path()).unwrap();
