@@ -1,10 +1,10 @@
 //! environment-bus benches: publish → claim → ack one at a time, in batches of 100, with 8
-//! concurrent clients (group commit), the raw single-row SQLite transaction rate measured in
-//! the same run (for the ratio), and the publish-to-claim wake-up latency of a waiting
-//! consumer.
+//! concurrent clients (group commit), the raw single-row SQLite transaction rate and the raw
+//! group-commit rate of 8 threads measured in the same run (for the ratios), and the
+//! publish-to-claim wake-up latency of a waiting consumer.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -72,6 +72,96 @@ fn sqlite_raw(c: &mut Criterion) {
                 .execute([&payload])
                 .unwrap();
             conn.execute_batch("COMMIT").unwrap();
+        })
+    });
+    g.finish();
+}
+
+/// The ceiling of the 8-client rows on this machine: 8 threads each hand a single-row insert to
+/// one writer thread, which commits everything queued in one transaction and then wakes the
+/// senders. Group commit with nothing else in it; a message through the bus takes three such
+/// operations (publish, claim, ack), each doing more than one insert.
+fn sqlite_group_commit(c: &mut Criterion) {
+    /// One sender's wait for its commit.
+    #[derive(Default)]
+    struct Slot {
+        done: Mutex<bool>,
+        ready: Condvar,
+    }
+    #[derive(Default)]
+    struct Queue {
+        waiting: Mutex<(Vec<Arc<Slot>>, bool)>,
+        ready: Condvar,
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("group.db")).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+    conn.execute_batch("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+        .unwrap();
+    let conn = Mutex::new(conn);
+    let mut g = c.benchmark_group("bus");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("sqlite_raw_group_commit_8_threads", |b| {
+        b.iter_custom(|iters| {
+            let queue = Queue::default();
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let conn = conn.lock().unwrap();
+                    let payload = vec![7u8; 64];
+                    loop {
+                        let group = {
+                            let mut w = queue.waiting.lock().unwrap();
+                            while w.0.is_empty() && !w.1 {
+                                w = queue.ready.wait(w).unwrap();
+                            }
+                            if w.0.is_empty() {
+                                return;
+                            }
+                            std::mem::take(&mut w.0)
+                        };
+                        conn.prepare_cached("BEGIN IMMEDIATE")
+                            .unwrap()
+                            .execute([])
+                            .unwrap();
+                        for _ in &group {
+                            conn.prepare_cached("INSERT INTO t(v) VALUES (?1)")
+                                .unwrap()
+                                .execute([&payload])
+                                .unwrap();
+                        }
+                        conn.prepare_cached("COMMIT").unwrap().execute([]).unwrap();
+                        for slot in group {
+                            *slot.done.lock().unwrap() = true;
+                            slot.ready.notify_one();
+                        }
+                    }
+                });
+                let clients: Vec<_> = (0..8u64)
+                    .map(|c| {
+                        let queue = &queue;
+                        s.spawn(move || {
+                            for _ in 0..iters / 8 + u64::from(c < iters % 8) {
+                                let slot = Arc::new(Slot::default());
+                                queue.waiting.lock().unwrap().0.push(slot.clone());
+                                queue.ready.notify_one();
+                                let mut done = slot.done.lock().unwrap();
+                                while !*done {
+                                    done = slot.ready.wait(done).unwrap();
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for c in clients {
+                    c.join().unwrap();
+                }
+                let elapsed = start.elapsed();
+                queue.waiting.lock().unwrap().1 = true;
+                queue.ready.notify_one();
+                elapsed
+            })
         })
     });
     g.finish();
@@ -189,6 +279,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = sqlite_raw, one_client, concurrent, wake_latency
+    targets = sqlite_raw, sqlite_group_commit, one_client, concurrent, wake_latency
 }
 criterion_main!(benches);

@@ -485,9 +485,9 @@ pub(crate) struct TxEffects {
     /// Events to hand to subscribers and the outbox thread.
     pub events: Vec<Event>,
     /// Nodes to put in the cache.
-    pub nodes: Vec<(NodeId, Arc<Node>)>,
+    pub nodes: CommittedNodes,
     /// Operations (with their root node) to put in the cache.
-    pub ops: Vec<(Arc<crate::op::Operation>, NodeId)>,
+    pub ops: CommittedOps,
 }
 
 type Finisher = Box<dyn FnOnce(Option<&EnvError>) + Send>;
@@ -528,8 +528,22 @@ impl Job {
     }
 }
 
-/// Called after every commit with what the committed jobs left.
-pub(crate) type AfterCommit = Box<dyn Fn(TxEffects) + Send + Sync>;
+/// What happens after every commit with what the committed jobs left, in two steps around
+/// answering the jobs' callers.
+pub(crate) struct AfterCommit {
+    /// Before the callers are answered: what they may count on once their call returns (the
+    /// subscribers have the events).
+    pub announce: Box<dyn Fn(Vec<Event>) + Send + Sync>,
+    /// After the callers are answered: what only makes later reads faster (the caches). A caller
+    /// woken earlier comes back earlier with its next job, which then joins the next group
+    /// instead of waiting for the one after.
+    pub remember: Box<dyn Fn(CommittedNodes, CommittedOps) + Send + Sync>,
+}
+
+/// Nodes a group wrote, by row id.
+pub(crate) type CommittedNodes = Vec<(NodeId, Arc<Node>)>;
+/// Operations a group recorded, with their root node.
+pub(crate) type CommittedOps = Vec<(Arc<Operation>, NodeId)>;
 
 /// The single writer: one write connection, one queue of jobs, committed in groups (one
 /// transaction for all jobs waiting; a job refused before it writes does not undo the others, see
@@ -847,10 +861,12 @@ fn commit_group(
     }
     match committed {
         Ok(()) => {
-            after_commit(effects);
+            let TxEffects { events, nodes, ops } = effects;
+            (after_commit.announce)(events);
             for (_, fin) in finishers {
                 fin(None);
             }
+            (after_commit.remember)(nodes, ops);
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
@@ -936,10 +952,38 @@ mod tests {
             &conn,
             &mut Carried::default(),
             batch,
-            &(Box::new(|_| {}) as AfterCommit),
+            &AfterCommit {
+                announce: Box::new(|_| {}),
+                remember: Box::new(|_, _| {}),
+            },
         );
         assert!(conn.is_autocommit(), "no transaction is left open");
         (stored(&conn), outcomes(&replies))
+    }
+
+    #[test]
+    fn callers_are_answered_after_the_events_and_before_the_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer(&dir.path().join("db")).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (o1, o2, o3) = (order.clone(), order.clone(), order.clone());
+        let after = AfterCommit {
+            announce: Box::new(move |_| o1.lock().unwrap().push("announced")),
+            remember: Box::new(move |_, _| o2.lock().unwrap().push("remembered")),
+        };
+        let job = Job::new(
+            false,
+            |conn, _| Ok(conn.execute("INSERT INTO meta(name, value) VALUES ('x', 'y')", [])?),
+            move |r: Result<usize>| {
+                assert_eq!(r.unwrap(), 1);
+                o3.lock().unwrap().push("answered");
+            },
+        );
+        commit_group(&conn, &mut Carried::default(), vec![job], &after);
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["announced", "answered", "remembered"]
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::authz::{
 };
 use crate::blob::BlobStore;
 use crate::clock::{Clock, SystemClock};
-use crate::db::{self, DbNodes, NodeCache, ReadPool, TxEffects, Writer};
+use crate::db::{self, AfterCommit, DbNodes, NodeCache, ReadPool, TxEffects, Writer};
 use crate::error::{EnvError, Result};
 use crate::event::{Event, Publisher};
 use crate::hash::Hash;
@@ -167,10 +167,12 @@ impl LocalEnvironment {
         let hub = Arc::new(events::Hub::new(options.publisher.is_some()));
         let after_commit = {
             let (nodes, ops, hub) = (nodes.clone(), ops.clone(), hub.clone());
-            Box::new(move |fx: TxEffects| {
-                cache_committed(&nodes, &ops, fx.nodes, fx.ops);
-                hub.deliver(fx.events);
-            })
+            AfterCommit {
+                announce: Box::new(move |events| hub.deliver(events)),
+                remember: Box::new(move |new_nodes, new_ops| {
+                    cache_committed(&nodes, &ops, new_nodes, new_ops)
+                }),
+            }
         };
         let writer = Writer::start(conn, after_commit)?;
         let inner = Arc::new(Inner {
@@ -597,8 +599,8 @@ impl Inner {
 fn cache_committed(
     nodes: &NodeCache,
     ops: &OpCache,
-    new_nodes: Vec<(NodeId, Arc<Node>)>,
-    new_ops: Vec<(Arc<Operation>, NodeId)>,
+    new_nodes: db::CommittedNodes,
+    new_ops: db::CommittedOps,
 ) {
     let mut new_nodes: HashMap<NodeId, Arc<Node>> = new_nodes.into_iter().collect();
     let mut last_roots: HashMap<&str, NodeId> = HashMap::new();
