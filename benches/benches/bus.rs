@@ -54,23 +54,33 @@ fn round_trip_batches(bus: &Bus, consumer: &str, n: u64) {
     }
 }
 
-fn sqlite_raw(c: &mut Criterion) {
-    let dir = tempfile::tempdir().unwrap();
-    let conn = rusqlite::Connection::open(dir.path().join("raw.db")).unwrap();
+/// A database of one table, set up as the bus's (WAL, synchronous=NORMAL), for the raw rows.
+fn raw_table(dir: &tempfile::TempDir, name: &str) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(dir.path().join(name)).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
     conn.execute_batch("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
         .unwrap();
+    conn
+}
+
+fn insert_row(conn: &rusqlite::Connection, payload: &[u8]) {
+    conn.prepare_cached("INSERT INTO t(v) VALUES (?1)")
+        .unwrap()
+        .execute([payload])
+        .unwrap();
+}
+
+fn sqlite_raw(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = raw_table(&dir, "raw.db");
     let payload = vec![7u8; 64];
     let mut g = c.benchmark_group("bus");
     g.throughput(Throughput::Elements(1));
     g.bench_function("sqlite_raw_single_row_txn", |b| {
         b.iter(|| {
             conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-            conn.prepare_cached("INSERT INTO t(v) VALUES (?1)")
-                .unwrap()
-                .execute([&payload])
-                .unwrap();
+            insert_row(&conn, &payload);
             conn.execute_batch("COMMIT").unwrap();
         })
     });
@@ -94,12 +104,7 @@ fn sqlite_group_commit(c: &mut Criterion) {
         ready: Condvar,
     }
     let dir = tempfile::tempdir().unwrap();
-    let conn = rusqlite::Connection::open(dir.path().join("group.db")).unwrap();
-    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-    conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
-    conn.execute_batch("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
-        .unwrap();
-    let conn = Mutex::new(conn);
+    let conn = Mutex::new(raw_table(&dir, "group.db"));
     let mut g = c.benchmark_group("bus");
     g.throughput(Throughput::Elements(1));
     g.bench_function("sqlite_raw_group_commit_8_threads", |b| {
@@ -126,10 +131,7 @@ fn sqlite_group_commit(c: &mut Criterion) {
                             .execute([])
                             .unwrap();
                         for _ in &group {
-                            conn.prepare_cached("INSERT INTO t(v) VALUES (?1)")
-                                .unwrap()
-                                .execute([&payload])
-                                .unwrap();
+                            insert_row(&conn, &payload);
                         }
                         conn.prepare_cached("COMMIT").unwrap().execute([]).unwrap();
                         for slot in group {
