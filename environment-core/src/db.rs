@@ -12,6 +12,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use crate::error::{EnvError, Result};
 use crate::event::Event;
 use crate::hash::Hash;
+use crate::heads;
 use crate::op::{OpId, Operation};
 use crate::op_index;
 use crate::tree::{NewNode, Node, NodeId, NodeSource, Ptr, block};
@@ -20,7 +21,7 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, hash BLOB NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS node_blocks(first INTEGER PRIMARY KEY, last INTEGER NOT NULL, data BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL, branch TEXT);
 CREATE TABLE IF NOT EXISTS heads(name TEXT PRIMARY KEY, op BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS marks(name TEXT PRIMARY KEY, op BLOB NOT NULL, actor TEXT NOT NULL, time_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS forks(op BLOB PRIMARY KEY) WITHOUT ROWID;
@@ -45,7 +46,7 @@ CREATE TABLE IF NOT EXISTS blob_pins(hash BLOB NOT NULL, owner TEXT NOT NULL, PR
 
 /// The storage layout this build writes (`meta.schema`): earlier ones are migrated on open, a
 /// later one is refused (this build would not know how to keep it consistent).
-const LAYOUT: i64 = 3;
+const LAYOUT: i64 = 4;
 
 /// Opens the write connection and creates the schema.
 pub(crate) fn open_writer(path: &Path) -> Result<Connection> {
@@ -112,7 +113,8 @@ fn migrate(conn: &Connection) -> Result<()> {
     )?;
     let tail_table =
         exists("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'op_tail'")?;
-    if !old_index && !tail_table {
+    let no_branch = !exists("SELECT 1 FROM pragma_table_info('ops') WHERE name = 'branch'")?;
+    if !old_index && !tail_table && !no_branch {
         return Ok(());
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
@@ -127,6 +129,18 @@ fn migrate(conn: &Connection) -> Result<()> {
             op_index::rebuild(conn)?;
         }
         conn.execute_batch("DROP TABLE IF EXISTS op_tail")?;
+        if no_branch {
+            // Layout 4 finds heads from the log (see `heads`): the `heads` table, exact until
+            // now, becomes the snapshot as of the last operation, and only later rows need to
+            // name their branch.
+            conn.execute_batch(
+                "ALTER TABLE ops ADD COLUMN branch TEXT;
+                 INSERT INTO meta(name, value)
+                     SELECT 'heads_seq', CAST(COALESCE(MAX(seq), 0) AS TEXT) FROM ops
+                     WHERE true
+                 ON CONFLICT(name) DO UPDATE SET value = excluded.value;",
+            )?;
+        }
         conn.execute(
             "INSERT INTO meta(name, value) VALUES ('schema', ?1)
                  ON CONFLICT(name) DO UPDATE SET value = ?1",
@@ -234,6 +248,8 @@ struct Latest {
     /// The sequence number of the next operation, once known; it moves only when a job that
     /// recorded an operation succeeds, so the log has no gap where a job failed.
     next_seq: Option<i64>,
+    /// The sequence number the `heads` snapshot is complete to, once known (see `heads`).
+    heads_settled: Option<i64>,
 }
 
 /// What a committed group knew of the database's latest state, for the next group on the same
@@ -376,6 +392,15 @@ pub(crate) fn insert_nodes(nodes: &mut [NewNode], next_id: NodeId) {
         );
         p.latest.next_node = Some(next_id);
     });
+}
+
+/// Settles the heads snapshot if it lags too far behind `last_seq`, with what the writer knows
+/// of it.
+fn settle_heads(conn: &Connection, last_seq: i64) -> Result<()> {
+    let mut known = PENDING.with(|p| p.borrow().latest.heads_settled);
+    heads::settle(conn, last_seq, &mut known)?;
+    PENDING.with(|p| p.borrow_mut().latest.heads_settled = known);
+    Ok(())
 }
 
 /// Writes the nodes the open transaction created.
@@ -848,7 +873,7 @@ fn commit_group(
     let committed = if any_ok {
         flush_nodes(conn)
             .and_then(|()| match last_seq {
-                Some(seq) => op_index::compact(conn, seq),
+                Some(seq) => op_index::compact(conn, seq).and_then(|()| settle_heads(conn, seq)),
                 None => Ok(()),
             })
             .and_then(|()| exec(conn, "COMMIT").map_err(EnvError::from))

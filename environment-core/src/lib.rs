@@ -38,6 +38,7 @@ pub mod environment;
 pub mod error;
 pub mod event;
 pub mod hash;
+mod heads;
 pub mod key;
 pub mod local;
 pub mod merge;

@@ -1,6 +1,7 @@
 //! Finding operations by id once the log outgrows its tail: runs, merges, short prefixes,
 //! several handles on one home, the migration from earlier layouts (a B-tree over the ids and a
-//! row per tree node; a table for the tail), and `verify` catching a damaged index.
+//! row per tree node; a table for the tail; heads written with every operation), and `verify`
+//! catching a damaged index.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
@@ -120,6 +121,21 @@ fn short_prefixes_resolve_or_are_ambiguous_across_runs_and_tail() {
 
 /// Takes an environment written in the current layout back to an earlier one.
 fn downgrade(conn: &rusqlite::Connection, layout: u32) {
+    // Layout 3 moved the `heads` table with every operation, and the log did not name branches.
+    conn.execute_batch(
+        "BEGIN;
+         DELETE FROM heads;
+         INSERT INTO heads(name, op) SELECT branch, id FROM ops AS o
+             WHERE seq = (SELECT MAX(seq) FROM ops WHERE branch = o.branch);
+         ALTER TABLE ops DROP COLUMN branch;
+         DELETE FROM meta WHERE name = 'heads_seq';
+         UPDATE meta SET value = '3' WHERE name = 'schema';
+         COMMIT;",
+    )
+    .unwrap();
+    if layout == 3 {
+        return;
+    }
     // Layout 2 kept the operations no run covers in a table of their own.
     conn.execute_batch(
         "BEGIN;
@@ -177,15 +193,23 @@ fn downgrade(conn: &rusqlite::Connection, layout: u32) {
 
 #[test]
 fn an_environment_in_an_earlier_layout_opens_and_migrates() {
-    for layout in [1, 2] {
+    for layout in [1, 2, 3] {
         let home = tempfile::tempdir().unwrap();
         let (env, versions) = grown(home.path());
+        let from = env.head("main").unwrap();
+        env.create_branch(&actor(), "side", &from).unwrap();
+        let branches = env.branches().unwrap();
         drop(env);
         let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
         downgrade(&conn, layout);
         drop(conn);
         let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
         assert_all_found(&env, &versions);
+        assert_eq!(
+            env.branches().unwrap(),
+            branches,
+            "layout {layout}: the heads"
+        );
         env.verify().unwrap();
         let old_index: i64 = sql(
             home.path(),
@@ -201,10 +225,12 @@ fn an_environment_in_an_earlier_layout_opens_and_migrates() {
         );
         assert_eq!(tail_table, 0, "layout {layout}: the tail's table is gone");
         let schema: String = sql(home.path(), "SELECT value FROM meta WHERE name = 'schema'");
-        assert_eq!(schema, "3", "from layout {layout}");
-        // The writer goes on from the migrated index.
+        assert_eq!(schema, "4", "from layout {layout}");
+        // The writer goes on from the migrated index and heads; `side` stays where it was.
         let more = count_up(&env, "after migration", 300);
         assert_all_found(&env, &more);
+        assert_eq!(env.head("main").unwrap(), more[299].0);
+        assert_eq!(env.branches().unwrap()[1], branches[1]);
         env.verify().unwrap();
     }
 }

@@ -1,6 +1,6 @@
 //! Upkeep: garbage collection of blobs, pins, and the integrity check.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
@@ -247,6 +247,8 @@ impl Inner {
         // Then the log in order: ids, the hash chain, complete views whose every pointer names
         // the content it points to.
         let mut seqs: HashMap<OpId, u64> = HashMap::new();
+        // Each branch's last operation in the log, which is its head by definition.
+        let mut latest: BTreeMap<String, OpId> = BTreeMap::new();
         let mut walked = HashSet::new();
         let nodes = self.nodes_in(conn);
         let dropped: HashSet<i64> = {
@@ -286,6 +288,7 @@ impl Inner {
             if seqs.insert(id, op.seq).is_some() {
                 return Err(broken(at, "another operation has the same id"));
             }
+            latest.insert(op.branch.clone(), id);
             report.ops += 1;
             if dropped.contains(&seq) {
                 // Thinned out: the record is checked, its view is no longer kept.
@@ -336,6 +339,12 @@ impl Inner {
                     Some(_) => {}
                 }
             }
+        }
+        if crate::heads::all(conn)? != latest {
+            return Err(broken(
+                "the branch heads".into(),
+                "they are not the latest operations recorded on their branches",
+            ));
         }
         Ok(report)
     }

@@ -258,7 +258,7 @@ impl LocalEnvironment {
     pub fn branches(&self) -> Result<Vec<(String, OpId)>> {
         self.inner
             .readers
-            .with(|conn| named_ops(conn, "SELECT name, op FROM heads ORDER BY name"))
+            .with(|conn| Ok(crate::heads::all(conn)?.into_iter().collect()))
     }
 
     /// The operation record with this id.
@@ -549,24 +549,28 @@ impl Inner {
             effects: draft.effects,
         };
         op.id = op.compute_id();
-        let mut insert =
-            conn.prepare_cached("INSERT INTO ops(seq, id, root, record) VALUES (?1, ?2, ?3, ?4)")?;
-        crate::hash::with_encoding(&op, |record| {
-            insert.execute(params![seq, &op.id.0.0[..], draft.view.id, record])
-        })?;
-        let moved = match expected_head {
-            Some(old) => conn
-                .prepare_cached("UPDATE heads SET op = ?1 WHERE name = ?2 AND op = ?3")?
-                .execute(params![&op.id.0.0[..], op.branch, &old.0.0[..]])?,
-            None => conn
-                .prepare_cached("INSERT OR IGNORE INTO heads(name, op) VALUES (?1, ?2)")?
-                .execute(params![op.branch, &op.id.0.0[..]])?,
+        // Every caller read the head it builds on in this transaction, and heads move only by
+        // recording operations: a different head here would be a bug, refused before writing.
+        let current = match db::pending_head(&op.branch) {
+            Some(h) => Some(h),
+            None => crate::heads::of(conn, &op.branch)?,
         };
-        if moved != 1 {
-            // The writer is the only one moving heads inside its transaction, and it read the
-            // head in the same transaction: this means another process raced us.
+        if current.as_ref() != expected_head {
             return Err(EnvError::UnknownBranch(op.branch.clone()));
         }
+        // Recording the operation moves its branch's head (see `heads`).
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO ops(seq, id, root, record, branch) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        crate::hash::with_encoding(&op, |record| {
+            insert.execute(params![
+                seq,
+                &op.id.0.0[..],
+                draft.view.id,
+                record,
+                op.branch
+            ])
+        })?;
         let event = Event::from(&op);
         if self.hub.has_publisher() {
             let bytes = serde_json::to_vec(&event).map_err(|e| EnvError::Decode {
@@ -633,7 +637,7 @@ pub(crate) fn op_id_from(bytes: &[u8]) -> Result<OpId> {
     })
 }
 
-/// Rows of (name, operation id), for heads and marks.
+/// Rows of (name, operation id), for marks.
 pub(crate) fn named_ops(conn: &Connection, sql: &str) -> Result<Vec<(String, OpId)>> {
     let mut stmt = conn.prepare_cached(sql)?;
     let rows = stmt.query_map([], |r| {
@@ -648,11 +652,7 @@ pub(crate) fn named_ops(conn: &Connection, sql: &str) -> Result<Vec<(String, OpI
 }
 
 pub(crate) fn head_in(conn: &Connection, branch: &str) -> Result<Option<OpId>> {
-    let op: Option<Vec<u8>> = conn
-        .prepare_cached("SELECT op FROM heads WHERE name = ?1")?
-        .query_row([branch], |r| r.get(0))
-        .optional()?;
-    op.map(|b| op_id_from(&b)).transpose()
+    crate::heads::of(conn, branch)
 }
 
 fn resolve_in(conn: &Connection, index: &OpIndex, spec: &str) -> Result<OpId> {

@@ -108,8 +108,10 @@ pub(crate) fn dropped_in(conn: &Connection) -> Result<HashSet<OpId>> {
 /// The versions that must be kept, with why.
 pub(crate) fn protected_in(conn: &Connection) -> Result<BTreeMap<OpId, &'static str>> {
     let mut out = BTreeMap::new();
+    for op in crate::heads::all(conn)?.into_values() {
+        out.entry(op).or_insert("a branch head");
+    }
     for (sql, why) in [
-        ("SELECT op FROM heads", "a branch head"),
         ("SELECT op FROM marks", "a mark"),
         ("SELECT op FROM forks", "a fork point"),
     ] {
