@@ -324,27 +324,34 @@ impl Inner {
             }
         }
         crate::op_index::check(conn, &seqs)?;
-        for (table, column) in [("heads", "name"), ("marks", "name")] {
-            let sql = format!("SELECT {column}, op FROM {table}");
-            let mut stmt = conn.prepare(&sql)?;
-            let mut rows = stmt.query([])?;
-            while let Some(row) = rows.next()? {
-                let (name, op): (String, Vec<u8>) = (row.get(0)?, row.get(1)?);
-                let at = || format!("{table} {name}");
-                match op_id_from(&op).ok().and_then(|id| seqs.get(&id).copied()) {
-                    None => return Err(broken(at(), "names an operation that does not exist")),
-                    Some(seq) if dropped.contains(&(seq as i64)) => {
-                        return Err(broken(at(), "names an operation retention dropped"));
-                    }
-                    Some(_) => {}
-                }
-            }
-        }
-        if crate::heads::all(conn)? != latest {
+        // A head is the latest operation recorded on its branch. (The snapshot of heads may
+        // name operations the log has moved past, which retention is free to drop.)
+        let heads = crate::heads::all(conn)?;
+        if heads != latest {
             return Err(broken(
                 "the branch heads".into(),
                 "they are not the latest operations recorded on their branches",
             ));
+        }
+        let mut named: Vec<(&str, String, Option<OpId>)> = heads
+            .into_iter()
+            .map(|(name, op)| ("heads", name, Some(op)))
+            .collect();
+        let mut stmt = conn.prepare("SELECT name, op FROM marks")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let (name, op): (String, Vec<u8>) = (row.get(0)?, row.get(1)?);
+            named.push(("marks", name, op_id_from(&op).ok()));
+        }
+        for (kind, name, op) in named {
+            let at = || format!("{kind} {name}");
+            match op.and_then(|id| seqs.get(&id).copied()) {
+                None => return Err(broken(at(), "names an operation that does not exist")),
+                Some(seq) if dropped.contains(&(seq as i64)) => {
+                    return Err(broken(at(), "names an operation retention dropped"));
+                }
+                Some(_) => {}
+            }
         }
         Ok(report)
     }
