@@ -248,6 +248,8 @@ struct Latest {
     /// The sequence number of the next operation, once known; it moves only when a job that
     /// recorded an operation succeeds, so the log has no gap where a job failed.
     next_seq: Option<i64>,
+    /// The last sequence number the operation index covers with runs, once known.
+    indexed: Option<i64>,
     /// The sequence number the `heads` snapshot is complete to, once known (see `heads`).
     heads_settled: Option<i64>,
 }
@@ -394,12 +396,20 @@ pub(crate) fn insert_nodes(nodes: &mut [NewNode], next_id: NodeId) {
     });
 }
 
-/// Settles the heads snapshot if it lags too far behind `last_seq`, with what the writer knows
-/// of it.
-fn settle_heads(conn: &Connection, last_seq: i64) -> Result<()> {
-    let mut known = PENDING.with(|p| p.borrow().latest.heads_settled);
-    heads::settle(conn, last_seq, &mut known)?;
-    PENDING.with(|p| p.borrow_mut().latest.heads_settled = known);
+/// Brings the operation index and the heads snapshot up to `last_seq` where they lag too far
+/// behind, with what the writer knows of them.
+fn tidy_indexes(conn: &Connection, last_seq: i64) -> Result<()> {
+    let (mut indexed, mut settled) = PENDING.with(|p| {
+        let latest = &p.borrow().latest;
+        (latest.indexed, latest.heads_settled)
+    });
+    op_index::compact(conn, last_seq, &mut indexed)?;
+    heads::settle(conn, last_seq, &mut settled)?;
+    PENDING.with(|p| {
+        let latest = &mut p.borrow_mut().latest;
+        latest.indexed = indexed;
+        latest.heads_settled = settled;
+    });
     Ok(())
 }
 
@@ -873,7 +883,7 @@ fn commit_group(
     let committed = if any_ok {
         flush_nodes(conn)
             .and_then(|()| match last_seq {
-                Some(seq) => op_index::compact(conn, seq).and_then(|()| settle_heads(conn, seq)),
+                Some(seq) => tidy_indexes(conn, seq),
                 None => Ok(()),
             })
             .and_then(|()| exec(conn, "COMMIT").map_err(EnvError::from))

@@ -228,9 +228,14 @@ fn indexed(conn: &Connection) -> Result<i64> {
 /// Turns a full tail into a run, then merges runs while [`FANOUT`] of the newest are the same
 /// size. Called by the writer at the end of a group, inside its transaction.
 /// `last_seq` is the log's last sequence number: sequence numbers have no gaps, so counting
-/// the tail needs no scan.
-pub(crate) fn compact(conn: &Connection, last_seq: i64) -> Result<()> {
-    let indexed = indexed(conn)?;
+/// the tail needs no scan. `known` is what the writer last knew of the last indexed sequence
+/// number (read when `None`), and is kept up to date.
+pub(crate) fn compact(conn: &Connection, last_seq: i64, known: &mut Option<i64>) -> Result<()> {
+    let indexed = match *known {
+        Some(i) => i,
+        None => indexed(conn)?,
+    };
+    *known = Some(indexed);
     if last_seq.saturating_sub(indexed) < RUN_SIZE as i64 {
         return Ok(());
     }
@@ -240,7 +245,10 @@ pub(crate) fn compact(conn: &Connection, last_seq: i64) -> Result<()> {
     let last = entries.iter().map(|(_, s)| *s).max().unwrap_or(0);
     conn.prepare_cached("INSERT INTO op_runs(first, last, entries) VALUES (?1, ?2, ?3)")?
         .execute(params![first, last, encode(&entries)])?;
-    merge(conn)
+    merge(conn)?;
+    // Merging keeps the newest run's last entry.
+    *known = Some(last);
+    Ok(())
 }
 
 /// The size class of a run of `n` entries: runs of one class merge together.
@@ -341,8 +349,9 @@ fn all_entries(conn: &Connection) -> Result<Vec<(i64, u64)>> {
 pub(crate) fn rebuild(conn: &Connection) -> Result<()> {
     conn.execute_batch("DELETE FROM op_runs")?;
     let last: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM ops", [], |r| r.get(0))?;
+    let mut indexed = Some(0);
     for seq in (RUN_SIZE as i64..=last).step_by(RUN_SIZE) {
-        compact(conn, seq)?;
+        compact(conn, seq, &mut indexed)?;
     }
     Ok(())
 }
