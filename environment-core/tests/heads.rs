@@ -43,8 +43,9 @@ fn sql(home: &Path, statement: &str) {
 }
 
 /// An environment with three branches: `main` and `busy` move all the time, `idle` moves once
-/// and then waits through several settlings of the snapshot. Returns it with its heads.
-fn three_branches(home: &Path) -> (LocalEnvironment, BTreeMap<String, OpId>) {
+/// and then waits through several settlings of the snapshot. Returns it with its heads and the
+/// versions its acts made.
+fn three_branches(home: &Path) -> (LocalEnvironment, BTreeMap<String, OpId>, Vec<OpId>) {
     let env = LocalEnvironment::open(home, Options::default()).unwrap();
     let mut model = BTreeMap::new();
     model.insert("main".to_owned(), env.head("main").unwrap());
@@ -53,21 +54,24 @@ fn three_branches(home: &Path) -> (LocalEnvironment, BTreeMap<String, OpId>) {
         model.insert(name.to_owned(), id);
     }
     model.insert("idle".to_owned(), act(&env, "idle", 0));
+    let mut versions = Vec::new();
     for i in 0..1200 {
         let branch = if i % 3 == 0 { "main" } else { "busy" };
-        model.insert(branch.to_owned(), act(&env, branch, i));
+        let id = act(&env, branch, i);
+        versions.push(id);
+        model.insert(branch.to_owned(), id);
         if i % 97 == 0 {
             assert_heads(&env, &model);
         }
     }
     assert_heads(&env, &model);
-    (env, model)
+    (env, model, versions)
 }
 
 #[test]
 fn heads_stay_exact_through_settling_and_reopening() {
     let home = tempfile::tempdir().unwrap();
-    let (env, mut model) = three_branches(home.path());
+    let (env, mut model, _) = three_branches(home.path());
     env.verify().unwrap();
     drop(env);
     let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
@@ -88,7 +92,7 @@ fn heads_stay_exact_through_settling_and_reopening() {
 #[test]
 fn two_handles_on_one_home_see_each_others_heads() {
     let home = tempfile::tempdir().unwrap();
-    let (a, mut model) = three_branches(home.path());
+    let (a, mut model, _) = three_branches(home.path());
     let b = LocalEnvironment::open(home.path(), Options::default()).unwrap();
     for i in 0..600 {
         let (env, branch) = if i % 2 == 0 {
@@ -121,7 +125,7 @@ fn verify_catches_a_snapshot_that_disagrees_with_the_log() {
         "UPDATE meta SET value = CAST(value + 400 AS TEXT) WHERE name = 'heads_seq'",
     ] {
         let home = tempfile::tempdir().unwrap();
-        let (env, _) = three_branches(home.path());
+        let (env, ..) = three_branches(home.path());
         drop(env);
         sql(home.path(), damage);
         let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
@@ -131,4 +135,24 @@ fn verify_catches_a_snapshot_that_disagrees_with_the_log() {
             "{damage}: {err}"
         );
     }
+}
+
+#[test]
+fn versions_the_snapshot_named_before_their_branch_moved_on_can_be_dropped() {
+    let home = tempfile::tempdir().unwrap();
+    let (env, mut model, versions) = three_branches(home.path());
+    let protected = env.protected_versions().unwrap();
+    let droppable: Vec<OpId> = versions
+        .into_iter()
+        .filter(|v| !protected.contains_key(v))
+        .collect();
+    assert!(droppable.len() > 1000, "{} droppable", droppable.len());
+    env.drop_versions(&actor(), &droppable).unwrap();
+    assert_heads(&env, &model);
+    env.verify().unwrap();
+    for i in 0..300 {
+        model.insert("busy".to_owned(), act(&env, "busy", i));
+    }
+    assert_heads(&env, &model);
+    env.verify().unwrap();
 }
