@@ -21,7 +21,7 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, hash BLOB NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS node_blocks(first INTEGER PRIMARY KEY, last INTEGER NOT NULL, data BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL, branch TEXT);
+CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL, branch TEXT, nodes BLOB);
 CREATE TABLE IF NOT EXISTS heads(name TEXT PRIMARY KEY, op BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS marks(name TEXT PRIMARY KEY, op BLOB NOT NULL, actor TEXT NOT NULL, time_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS forks(op BLOB PRIMARY KEY) WITHOUT ROWID;
@@ -114,7 +114,8 @@ fn migrate(conn: &Connection) -> Result<()> {
     let tail_table =
         exists("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'op_tail'")?;
     let no_branch = !exists("SELECT 1 FROM pragma_table_info('ops') WHERE name = 'branch'")?;
-    if !old_index && !tail_table && !no_branch {
+    let no_nodes = !exists("SELECT 1 FROM pragma_table_info('ops') WHERE name = 'nodes'")?;
+    if !old_index && !tail_table && !no_branch && !no_nodes {
         return Ok(());
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
@@ -140,6 +141,11 @@ fn migrate(conn: &Connection) -> Result<()> {
                      WHERE true
                  ON CONFLICT(name) DO UPDATE SET value = excluded.value;",
             )?;
+        }
+        if no_nodes {
+            // Layout 4 stores the nodes an operation creates in its row; those written before
+            // stay in `node_blocks` (and `nodes`), under ids of their own (see `block`).
+            conn.execute_batch("ALTER TABLE ops ADD COLUMN nodes BLOB")?;
         }
         conn.execute(
             "INSERT INTO meta(name, value) VALUES ('schema', ?1)
@@ -231,8 +237,8 @@ struct Pending {
     nodes: HashMap<NodeId, Arc<Node>>,
     /// Operations recorded by the jobs already done, with their root node.
     ops: HashMap<OpId, (Arc<Operation>, NodeId)>,
-    /// New nodes (id, hash, encoding) in id order, written as blocks when the group commits:
-    /// one row for the nodes of all its jobs.
+    /// The running job's new nodes (id, hash, encoding) in id order, written with its
+    /// operation (see [`take_op_nodes`]).
     unflushed: Vec<(NodeId, Hash, Vec<u8>)>,
     latest: Latest,
 }
@@ -243,8 +249,6 @@ struct Latest {
     /// Branch heads moved by this connection's committed groups and by the jobs of the open
     /// one that succeeded (heads move only by recording an operation, so this is exact).
     heads: HashMap<String, OpId>,
-    /// The row id the next new node gets, once known.
-    next_node: Option<NodeId>,
     /// The sequence number of the next operation, once known; it moves only when a job that
     /// recorded an operation succeeds, so the log has no gap where a job failed.
     next_seq: Option<i64>,
@@ -342,29 +346,10 @@ fn pending_node(id: NodeId) -> Result<Option<Arc<Node>>> {
     })
 }
 
-/// The arguments of a `MAX(…)` that give the highest node id stored: in a row of its own, or
-/// at the end of the last block (blocks hold disjoint id ranges in the order of their `first`).
-macro_rules! highest_stored_node {
-    () => {
-        "COALESCE((SELECT MAX(id) FROM nodes), 0),
-         COALESCE((SELECT last FROM node_blocks ORDER BY first DESC LIMIT 1), 0)"
-    };
-}
-
-/// The row id the next stored node gets: above every id ever used, including those of nodes
-/// garbage collection removed (kept in `meta` as a high-water mark), so an id is never reused.
-/// Called by the writer inside its transaction.
+/// The id the next new node gets: the first of those of the operation the running job will
+/// record (see [`block::first_of_op`]). Called by the writer inside its transaction.
 pub(crate) fn next_node_id(conn: &Connection) -> Result<NodeId> {
-    if let Some(id) = PENDING.with(|p| p.borrow().latest.next_node) {
-        return Ok(id);
-    }
-    Ok(conn
-        .prepare_cached(concat!(
-            "SELECT MAX(",
-            highest_stored_node!(),
-            ", COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'node_high_water'), 0)) + 1"
-        ))?
-        .query_row([], |r| r.get(0))?)
+    Ok(block::first_of_op(next_seq(conn)?))
 }
 
 /// The sequence number the next operation gets. Called by the writer inside its transaction.
@@ -377,13 +362,10 @@ pub(crate) fn next_seq(conn: &Connection) -> Result<i64> {
         .query_row([], |r| r.get(0))?)
 }
 
-/// Stores new nodes under their allocated ids (their encodings are taken); `next_id` is the
-/// first id the edit did not allocate, where the next one starts. They are written when the
-/// group commits.
-pub(crate) fn insert_nodes(nodes: &mut [NewNode], next_id: NodeId) {
-    // Blocks list their nodes in id order, and ids only grow within a transaction, so the
-    // buffer stays sorted; new blocks land at the end of the table's B-tree, where SQLite
-    // appends to the last page.
+/// Keeps the running job's new nodes (their encodings are taken) until it records its
+/// operation, which stores them.
+pub(crate) fn insert_nodes(nodes: &mut [NewNode]) {
+    // A block lists its nodes in id order.
     nodes.sort_unstable_by_key(|n| n.ptr.id);
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
@@ -392,8 +374,26 @@ pub(crate) fn insert_nodes(nodes: &mut [NewNode], next_id: NodeId) {
                 .iter_mut()
                 .map(|n| (n.ptr.id, n.ptr.hash, std::mem::take(&mut n.bytes))),
         );
-        p.latest.next_node = Some(next_id);
+        p.unflushed.sort_unstable_by_key(|(id, _, _)| *id);
     });
+}
+
+/// The block of the nodes the running job created, for the row of operation `seq` (`None` if
+/// it created none). Refused if they do not fit the operation's ids.
+pub(crate) fn take_op_nodes(seq: i64) -> Result<Option<Vec<u8>>> {
+    let nodes = PENDING.with(|p| std::mem::take(&mut p.borrow_mut().unflushed));
+    let (Some(first), Some(last)) = (nodes.first(), nodes.last()) else {
+        return Ok(None);
+    };
+    if first.0 < block::first_of_op(seq) || last.0 > block::last_of_op(seq) {
+        return Err(EnvError::RequestTooLarge(format!(
+            "one operation may create at most {} tree nodes",
+            block::last_of_op(seq) - block::first_of_op(seq) + 1
+        )));
+    }
+    Ok(Some(block::encode_one(
+        nodes.iter().map(|(id, h, b)| (*id, *h, &b[..])),
+    )))
 }
 
 /// Brings the operation index and the heads snapshot up to `last_seq` where they lag too far
@@ -411,12 +411,6 @@ fn tidy_indexes(conn: &Connection, last_seq: i64) -> Result<()> {
         latest.heads_settled = settled;
     });
     Ok(())
-}
-
-/// Writes the nodes the open transaction created.
-fn flush_nodes(conn: &Connection) -> Result<()> {
-    let nodes = PENDING.with(|p| std::mem::take(&mut p.borrow_mut().unflushed));
-    insert_blocks(conn, nodes.iter().map(|(id, h, b)| (*id, *h, &b[..])))
 }
 
 fn insert_blocks<'a>(
@@ -444,9 +438,20 @@ fn block_holding(conn: &Connection, id: NodeId) -> Result<Option<(NodeId, NodeId
     Ok(nearest.filter(|(_, last, _)| *last >= id))
 }
 
-/// The encoding of stored node `id`: in the block whose range holds it, or in a row of its
-/// own (where nodes written before blocks existed stay).
+/// The encoding of stored node `id`: in the row of the operation that created it, or (for
+/// earlier layouts) in the block whose range holds it or in a row of its own.
 fn stored_node(conn: &Connection, id: NodeId) -> Result<Option<Vec<u8>>> {
+    if let Some(seq) = block::op_holding(id) {
+        let data: Option<Option<Vec<u8>>> = conn
+            .prepare_cached("SELECT nodes FROM ops WHERE seq = ?1")?
+            .query_row([seq], |r| r.get(0))
+            .optional()?;
+        if let Some(data) = data.flatten()
+            && let Some((_, bytes)) = block::find(seq, &data, id)?
+        {
+            return Ok(Some(bytes.to_vec()));
+        }
+    }
     if let Some((first, _, data)) = block_holding(conn, id)?
         && let Some((_, bytes)) = block::find(first, &data, id)?
     {
@@ -469,29 +474,53 @@ pub(crate) fn each_node(
         let (id, hash, data): (NodeId, Vec<u8>, Vec<u8>) = (row.get(0)?, row.get(1)?, row.get(2)?);
         f(id, &hash, &data)?;
     }
-    let mut stmt = conn.prepare_cached("SELECT first, data FROM node_blocks")?;
-    let mut rows = stmt.query([])?;
-    while let Some(row) = rows.next()? {
-        let (first, data): (NodeId, Vec<u8>) = (row.get(0)?, row.get(1)?);
-        for entry in block::entries(first, &data) {
-            let (id, hash, bytes) = entry?;
-            f(id, &hash.0, bytes)?;
+    // The blocks of earlier layouts, by their first id; those of operations, by sequence
+    // number (`entries` names the block in an error by that number).
+    for sql in [
+        "SELECT first, data FROM node_blocks",
+        "SELECT seq, nodes FROM ops WHERE nodes IS NOT NULL",
+    ] {
+        let mut stmt = conn.prepare_cached(sql)?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let (at, data): (i64, Vec<u8>) = (row.get(0)?, row.get(1)?);
+            for entry in block::entries(at, &data) {
+                let (id, hash, bytes) = entry?;
+                f(id, &hash.0, bytes)?;
+            }
         }
     }
     Ok(())
 }
 
-/// The highest node id stored.
-pub(crate) fn max_node_id(conn: &Connection) -> Result<NodeId> {
-    Ok(conn
-        .prepare_cached(concat!("SELECT MAX(", highest_stored_node!(), ")"))?
-        .query_row([], |r| r.get(0))?)
-}
-
 /// Deletes the nodes in `dead`: only the blocks that hold some of them are read, and a block
 /// keeping some of its nodes is rewritten with them alone.
 pub(crate) fn delete_nodes(conn: &Connection, dead: &HashSet<NodeId>) -> Result<()> {
-    let mut ids: Vec<NodeId> = dead.iter().copied().collect();
+    let mut by_op: HashMap<i64, Vec<NodeId>> = HashMap::new();
+    let mut ids = Vec::new();
+    for &id in dead {
+        match block::op_holding(id) {
+            Some(seq) => by_op.entry(seq).or_default().push(id),
+            None => ids.push(id),
+        }
+    }
+    for (seq, of_op) in by_op {
+        let data: Option<Option<Vec<u8>>> = conn
+            .prepare_cached("SELECT nodes FROM ops WHERE seq = ?1")?
+            .query_row([seq], |r| r.get(0))
+            .optional()?;
+        let Some(data) = data.flatten() else {
+            // Moved to a block of its own by an earlier layout.
+            ids.extend(of_op);
+            continue;
+        };
+        let kept: Vec<block::Stored<'_>> = block::entries(seq, &data)
+            .filter(|e| !matches!(e, Ok((id, _, _)) if dead.contains(id)))
+            .collect::<Result<_>>()?;
+        let kept = (!kept.is_empty()).then(|| block::encode_one(kept));
+        conn.prepare_cached("UPDATE ops SET nodes = ?1 WHERE seq = ?2")?
+            .execute(params![kept, seq])?;
+    }
     ids.sort_unstable();
     let mut del = conn.prepare_cached("DELETE FROM nodes WHERE id = ?1")?;
     let mut rest = &ids[..];
@@ -822,19 +851,10 @@ fn commit_group(
     while let Some(job) = jobs.next() {
         let mut fx = TxEffects::default();
         let changes_before = conn.total_changes();
-        let nodes_before = PENDING.with(|p| {
-            let p = p.borrow();
-            (p.unflushed.len(), p.latest.next_node)
-        });
         let (work_ok, fin) = (job.work)(Some(conn), &mut fx);
-        if !work_ok {
-            // Nodes of a refused job are not written (nor are their ids used).
-            PENDING.with(|p| {
-                let mut p = p.borrow_mut();
-                p.unflushed.truncate(nodes_before.0);
-                p.latest.next_node = nodes_before.1;
-            });
-        }
+        // Nodes a job made and did not record with an operation (it was refused) are not
+        // written, and their ids go to the next job's operation.
+        PENDING.with(|p| p.borrow_mut().unflushed.clear());
         // SQLite ends the transaction itself after some errors (disk full, I/O): what follows
         // would run outside any transaction, so that counts as spoiled too.
         let spoiled = (!work_ok && conn.total_changes() != changes_before) || conn.is_autocommit();
@@ -881,12 +901,11 @@ fn commit_group(
         .map(|next| next - 1);
     let any_ok = finishers.iter().any(|(ok, _)| *ok);
     let committed = if any_ok {
-        flush_nodes(conn)
-            .and_then(|()| match last_seq {
-                Some(seq) => tidy_indexes(conn, seq),
-                None => Ok(()),
-            })
-            .and_then(|()| exec(conn, "COMMIT").map_err(EnvError::from))
+        match last_seq {
+            Some(seq) => tidy_indexes(conn, seq),
+            None => Ok(()),
+        }
+        .and_then(|()| exec(conn, "COMMIT").map_err(EnvError::from))
     } else {
         exec(conn, "ROLLBACK").map_err(EnvError::from)
     };

@@ -1,7 +1,7 @@
 //! Finding operations by id once the log outgrows its tail: runs, merges, short prefixes,
 //! several handles on one home, the migration from earlier layouts (a B-tree over the ids and a
-//! row per tree node; a table for the tail; heads written with every operation), and `verify`
-//! catching a damaged index.
+//! row per tree node; a table for the tail; heads written with every operation and nodes in
+//! blocks of their own), and `verify` catching a damaged index.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
@@ -119,11 +119,42 @@ fn short_prefixes_resolve_or_are_ambiguous_across_runs_and_tail() {
     ));
 }
 
+/// The nodes of a node block: id, hash and encoding of each. Each entry is the node's id
+/// (8 bytes, little endian), its length (4), its hash (32) and its encoding.
+fn block_entries(data: &[u8]) -> Vec<(i64, &[u8], &[u8])> {
+    let mut out = Vec::new();
+    let mut rest = data;
+    while !rest.is_empty() {
+        let id = i64::from_le_bytes(rest[..8].try_into().unwrap());
+        let len = u32::from_le_bytes(rest[8..12].try_into().unwrap()) as usize;
+        out.push((id, &rest[12..44], &rest[44..44 + len]));
+        rest = &rest[44 + len..];
+    }
+    out
+}
+
 /// Takes an environment written in the current layout back to an earlier one.
 fn downgrade(conn: &rusqlite::Connection, layout: u32) {
-    // Layout 3 moved the `heads` table with every operation, and the log did not name branches.
+    // Layout 3 kept the nodes of an operation in a block of their own...
+    let blocks: Vec<Vec<u8>> = conn
+        .prepare("SELECT nodes FROM ops WHERE nodes IS NOT NULL")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    for data in blocks {
+        let entries = block_entries(&data);
+        conn.execute(
+            "INSERT INTO node_blocks(first, last, data) VALUES (?1, ?2, ?3)",
+            rusqlite::params![entries[0].0, entries[entries.len() - 1].0, data],
+        )
+        .unwrap();
+    }
+    // ...moved the `heads` table with every operation, and the log did not name branches.
     conn.execute_batch(
         "BEGIN;
+         ALTER TABLE ops DROP COLUMN nodes;
          DELETE FROM heads;
          INSERT INTO heads(name, op) SELECT branch, id FROM ops AS o
              WHERE seq = (SELECT MAX(seq) FROM ops WHERE branch = o.branch);
@@ -162,8 +193,7 @@ fn downgrade(conn: &rusqlite::Connection, layout: u32) {
          COMMIT;",
     )
     .unwrap();
-    // And a row per tree node, as before node blocks: each block entry is the node's id
-    // (8 bytes, little endian), its length (4), its hash (32) and its encoding.
+    // And a row per tree node, as before node blocks.
     let blocks: Vec<Vec<u8>> = conn
         .prepare("SELECT data FROM node_blocks")
         .unwrap()
@@ -173,17 +203,12 @@ fn downgrade(conn: &rusqlite::Connection, layout: u32) {
         .unwrap();
     let mut moved = 0;
     for data in blocks {
-        let mut rest = &data[..];
-        while !rest.is_empty() {
-            let id = i64::from_le_bytes(rest[..8].try_into().unwrap());
-            let len = u32::from_le_bytes(rest[8..12].try_into().unwrap()) as usize;
-            let (hash, bytes) = (&rest[12..44], &rest[44..44 + len]);
+        for (id, hash, bytes) in block_entries(&data) {
             conn.execute(
                 "INSERT INTO nodes(id, hash, data) VALUES (?1, ?2, ?3)",
                 rusqlite::params![id, hash, bytes],
             )
             .unwrap();
-            rest = &rest[44 + len..];
             moved += 1;
         }
     }

@@ -15,7 +15,8 @@ fn node_stats(env: &LocalEnvironment, home: &std::path::Path) -> (i64, i64) {
     let bytes = conn
         .query_row(
             "SELECT (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM nodes)
-                  + (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM node_blocks)",
+                  + (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM node_blocks)
+                  + (SELECT COALESCE(SUM(LENGTH(nodes)), 0) FROM ops)",
             [],
             |r| r.get(0),
         )

@@ -29,7 +29,8 @@ fn a_hundred_one_file_captures_cost_their_content_and_a_path_of_nodes() {
     });
     let home = s.home.path();
     let nodes_sql = "SELECT (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM nodes)
-                          + (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM node_blocks)";
+                          + (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM node_blocks)
+                  + (SELECT COALESCE(SUM(LENGTH(nodes)), 0) FROM ops)";
     let (nodes0, blobs0) = (db_bytes(home, nodes_sql), blob_bytes(&s.env));
     let count0 = s.env.verify().unwrap().nodes as i64;
     let mut content = 0u64;

@@ -104,7 +104,6 @@ impl LocalEnvironment {
                 };
                 tree::walk_nodes(&nodes, &root, &mut |p| live.insert(p.id), &mut |_| {})?;
             }
-            let high = db::max_node_id(conn)?;
             let mut dead: HashSet<NodeId> = HashSet::new();
             db::each_node(conn, |id, _, _| {
                 if !live.contains(&id) {
@@ -113,11 +112,6 @@ impl LocalEnvironment {
                 Ok(())
             })?;
             db::delete_nodes(conn, &dead)?;
-            conn.execute(
-                "INSERT INTO meta(name, value) VALUES ('node_high_water', ?1)
-                 ON CONFLICT(name) DO UPDATE SET value = MAX(CAST(value AS INTEGER), ?1)",
-                [high],
-            )?;
             for id in &dead {
                 inner.nodes.remove(id);
             }

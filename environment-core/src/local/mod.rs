@@ -558,9 +558,11 @@ impl Inner {
         if current.as_ref() != expected_head {
             return Err(EnvError::UnknownBranch(op.branch.clone()));
         }
-        // Recording the operation moves its branch's head (see `heads`).
+        // Recording the operation moves its branch's head (see `heads`), and stores the nodes
+        // the job created.
+        let nodes = db::take_op_nodes(seq)?;
         let mut insert = conn.prepare_cached(
-            "INSERT INTO ops(seq, id, root, record, branch) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO ops(seq, id, root, record, branch, nodes) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
         crate::hash::with_encoding(&op, |record| {
             insert.execute(params![
@@ -568,7 +570,8 @@ impl Inner {
                 &op.id.0.0[..],
                 draft.view.id,
                 record,
-                op.branch
+                op.branch,
+                nodes
             ])
         })?;
         let event = Event::from(&op);
@@ -586,12 +589,11 @@ impl Inner {
         Ok(op)
     }
 
-    /// Persists the nodes an edit created that `root` reaches (they are written when the
-    /// transaction commits), and schedules them for the cache.
+    /// Persists the nodes an edit created that `root` reaches (they are written with the
+    /// operation the job records), and schedules them for the cache.
     pub(crate) fn persist(&self, fx: &mut TxEffects, edit: TreeEdit<'_>, root: &Ptr) {
-        let next_id = edit.next_id();
         let mut new = edit.into_new_nodes(root);
-        db::insert_nodes(&mut new, next_id);
+        db::insert_nodes(&mut new);
         fx.nodes.extend(new.into_iter().map(|n| (n.ptr.id, n.node)));
     }
 }

@@ -1,4 +1,5 @@
-//! Node blocks: the nodes one edit creates, stored together in one database row.
+//! Node blocks: the nodes one edit creates, stored together in one database row (the row of the
+//! operation that created them; in earlier layouts, a row of `node_blocks`).
 //!
 //! An act creates a few nodes (the path from the changed key to the root). A row per node made
 //! each of them a B-tree insert of its own, about a quarter of the writer's time per act; one
@@ -22,6 +23,37 @@ const HEADER: usize = 8 + 4 + 32;
 /// One node of a block: its id, content hash and encoding.
 pub(crate) type Stored<'a> = (NodeId, Hash, &'a [u8]);
 
+/// How many node ids an operation has: see [`first_of_op`].
+const OP_NODE_BITS: u32 = 20;
+
+/// The first id of the nodes operation `seq` creates. Those nodes are stored in the operation's
+/// own row of the log, as one block, so a commit appends to one B-tree instead of two; their
+/// ids say which row. The ids of operation `seq` run from here up to [`last_of_op`]`(seq)`:
+/// negative, so they never meet the ids of earlier layouts (positive, allocated one after
+/// another and stored in blocks of their own), and small enough in magnitude to keep the
+/// pointers to them short.
+pub(crate) fn first_of_op(seq: i64) -> NodeId {
+    -((seq + 1) << OP_NODE_BITS)
+}
+
+/// The last id operation `seq` may give a node.
+pub(crate) fn last_of_op(seq: i64) -> NodeId {
+    -(seq << OP_NODE_BITS) - 1
+}
+
+/// The operation whose row stores node `id`, if it is stored with one.
+pub(crate) fn op_holding(id: NodeId) -> Option<i64> {
+    (id < 0).then(|| (-(id + 1)) >> OP_NODE_BITS)
+}
+
+fn push(data: &mut Vec<u8>, (id, hash, bytes): Stored<'_>) {
+    data.extend_from_slice(&id.to_le_bytes());
+    // A node's encoding is bounded far below 4 GiB (LEAF_MAX entries of bounded size).
+    data.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    data.extend_from_slice(&hash.0);
+    data.extend_from_slice(bytes);
+}
+
 /// Encodes nodes (in ascending id order) into blocks of about [`BLOCK_TARGET`] bytes each,
 /// returning each block's first and last id with its bytes.
 pub(crate) fn encode<'a>(
@@ -29,20 +61,26 @@ pub(crate) fn encode<'a>(
 ) -> Vec<(NodeId, NodeId, Vec<u8>)> {
     let mut blocks = Vec::new();
     let mut current: Option<(NodeId, NodeId, Vec<u8>)> = None;
-    for (id, hash, bytes) in nodes {
-        let (_, last, data) = current.get_or_insert_with(|| (id, id, Vec::new()));
-        *last = id;
-        data.extend_from_slice(&id.to_le_bytes());
-        // A node's encoding is bounded far below 4 GiB (LEAF_MAX entries of bounded size).
-        data.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        data.extend_from_slice(&hash.0);
-        data.extend_from_slice(bytes);
+    for node in nodes {
+        let (_, last, data) = current.get_or_insert_with(|| (node.0, node.0, Vec::new()));
+        *last = node.0;
+        push(data, node);
         if data.len() >= BLOCK_TARGET {
             blocks.extend(current.take());
         }
     }
     blocks.extend(current);
     blocks
+}
+
+/// Encodes nodes (in ascending id order) as one block, however large: the nodes of one
+/// operation, for its row.
+pub(crate) fn encode_one<'a>(nodes: impl IntoIterator<Item = Stored<'a>>) -> Vec<u8> {
+    let mut data = Vec::new();
+    for node in nodes {
+        push(&mut data, node);
+    }
+    data
 }
 
 /// The nodes of a block, in order; a truncated or malformed block is an integrity error.
@@ -109,6 +147,35 @@ mod tests {
         let (h, b) = find(13, &blocks[1].2, 14).unwrap().unwrap();
         assert_eq!((h, b), (Hash([14; 32]), &big[..]));
         assert_eq!(find(13, &blocks[1].2, 12).unwrap(), None);
+    }
+
+    #[test]
+    fn each_operation_has_its_own_ids_next_to_its_neighbours() {
+        for seq in [0, 1, 2, 1000, 1 << 40] {
+            let (first, last) = (first_of_op(seq), last_of_op(seq));
+            assert!(first < last && last < 0);
+            assert_eq!(last - first + 1, 1 << OP_NODE_BITS);
+            for id in [first, first + 1, last - 1, last] {
+                assert_eq!(op_holding(id), Some(seq), "id {id}");
+            }
+            assert_eq!(last_of_op(seq + 1) + 1, first);
+        }
+        assert_eq!(op_holding(0), None);
+        assert_eq!(op_holding(17), None);
+    }
+
+    #[test]
+    fn an_operations_block_round_trips() {
+        let nodes: Vec<Stored<'_>> = (0..5)
+            .map(|k| (first_of_op(7) + k, Hash([k as u8; 32]), &b"node"[..]))
+            .collect();
+        let data = encode_one(nodes.iter().copied());
+        let back: Vec<Stored<'_>> = entries(7, &data).collect::<Result<_>>().unwrap();
+        assert_eq!(back, nodes);
+        assert_eq!(
+            find(7, &data, first_of_op(7) + 3).unwrap(),
+            Some((Hash([3; 32]), &b"node"[..]))
+        );
     }
 
     #[test]

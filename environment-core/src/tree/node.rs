@@ -1,10 +1,10 @@
 //! Tree nodes, their encoding, and where they are read from and written to.
 //!
 //! A node is named two ways: by its content hash (what views, diffs and merges compare, and what
-//! `verify` re-computes) and by its row id in this environment's database (how it is found).
-//! Child pointers carry both. Row ids are allocated in increasing order, so writing the nodes of
-//! a commit appends to the end of one B-tree instead of touching a random page per node, which is
-//! what a hash-keyed table would do.
+//! `verify` re-computes) and by its id in this environment's database (how it is found: the id
+//! says which operation's row stores it, see [`super::block`]). Child pointers carry both. The
+//! nodes of a commit are thus written with its operations, at the end of the log's B-tree,
+//! instead of a random page per node, which is what a hash-keyed table would do.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -195,11 +195,6 @@ impl<'a> TreeEdit<'a> {
         self.by_hash.insert(hash, ptr);
         self.by_id.insert(ptr.id, Arc::new(node));
         ptr
-    }
-
-    /// The first row id this edit has not allocated.
-    pub fn next_id(&self) -> NodeId {
-        self.next_id
     }
 
     /// The new nodes reachable from `root`, to be stored with the operation that refers to them;
