@@ -378,9 +378,12 @@ pub(crate) fn insert_nodes(nodes: &mut [NewNode]) {
     });
 }
 
-/// The block of the nodes the running job created, for the row of operation `seq` (`None` if
-/// it created none). Refused if they do not fit the operation's ids.
-pub(crate) fn take_op_nodes(seq: i64) -> Result<Option<Vec<u8>>> {
+/// Stores the nodes the running job created for operation `seq`, and returns the block for
+/// the operation's row (`None` if it created none). Blocks are cut as ever, so reading one node
+/// never decodes much more: an operation that created more than a block's worth (a large
+/// import) keeps the first in its row and the others in `node_blocks`. Refused, before
+/// writing, if the nodes do not fit the operation's ids.
+pub(crate) fn store_op_nodes(conn: &Connection, seq: i64) -> Result<Option<Vec<u8>>> {
     let nodes = PENDING.with(|p| std::mem::take(&mut p.borrow_mut().unflushed));
     let (Some(first), Some(last)) = (nodes.first(), nodes.last()) else {
         return Ok(None);
@@ -391,9 +394,10 @@ pub(crate) fn take_op_nodes(seq: i64) -> Result<Option<Vec<u8>>> {
             block::last_of_op(seq) - block::first_of_op(seq) + 1
         )));
     }
-    Ok(Some(block::encode_one(
-        nodes.iter().map(|(id, h, b)| (*id, *h, &b[..])),
-    )))
+    let mut blocks = block::encode(nodes.iter().map(|(id, h, b)| (*id, *h, &b[..])));
+    let rest = blocks.split_off(1);
+    insert_encoded(conn, rest)?;
+    Ok(blocks.pop().map(|(_, _, data)| data))
 }
 
 /// Brings the operation index and the heads snapshot up to `last_seq` where they lag too far
@@ -417,9 +421,13 @@ fn insert_blocks<'a>(
     conn: &Connection,
     nodes: impl IntoIterator<Item = block::Stored<'a>>,
 ) -> Result<()> {
+    insert_encoded(conn, block::encode(nodes))
+}
+
+fn insert_encoded(conn: &Connection, blocks: Vec<(NodeId, NodeId, Vec<u8>)>) -> Result<()> {
     let mut stmt =
         conn.prepare_cached("INSERT INTO node_blocks(first, last, data) VALUES (?1, ?2, ?3)")?;
-    for (first, last, data) in block::encode(nodes) {
+    for (first, last, data) in blocks {
         stmt.execute(params![first, last, data])?;
     }
     Ok(())
@@ -510,13 +518,20 @@ pub(crate) fn delete_nodes(conn: &Connection, dead: &HashSet<NodeId>) -> Result<
             .query_row([seq], |r| r.get(0))
             .optional()?;
         let Some(data) = data.flatten() else {
-            // Moved to a block of its own by an earlier layout.
             ids.extend(of_op);
             continue;
         };
-        let kept: Vec<block::Stored<'_>> = block::entries(seq, &data)
-            .filter(|e| !matches!(e, Ok((id, _, _)) if dead.contains(id)))
-            .collect::<Result<_>>()?;
+        let entries: Vec<block::Stored<'_>> = block::entries(seq, &data).collect::<Result<_>>()?;
+        // Those past the row's block are in `node_blocks`.
+        ids.extend(
+            of_op
+                .iter()
+                .filter(|id| !entries.iter().any(|(at, _, _)| at == *id)),
+        );
+        let kept: Vec<block::Stored<'_>> = entries
+            .into_iter()
+            .filter(|(id, _, _)| !dead.contains(id))
+            .collect();
         let kept = (!kept.is_empty()).then(|| block::encode_one(kept));
         conn.prepare_cached("UPDATE ops SET nodes = ?1 WHERE seq = ?2")?
             .execute(params![kept, seq])?;

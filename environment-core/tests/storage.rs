@@ -203,3 +203,43 @@ fn gc_removes_the_nodes_only_dropped_versions_used_and_the_kept_versions_read_in
     }
     env.verify().unwrap();
 }
+
+#[test]
+fn imports_larger_than_a_block_read_back_cold_and_collect() {
+    let home = tempfile::tempdir().unwrap();
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let actor = ActorId::new("agent:import").unwrap();
+    let mut state = std::collections::BTreeMap::new();
+    let mut versions = Vec::new();
+    // Imports whose nodes fill many blocks (the third replaces all the second wrote), then a
+    // one-key change.
+    for (round, keys) in [(0, 2000), (1, 1000), (2, 1000), (3, 1)] {
+        let mut r = ActRequest::new(actor.clone(), Intent::edit("import"));
+        for i in 0..keys {
+            let key = Key::fs(format!("d{}/e{}/f{i}.txt", i % 13, i % 7)).unwrap();
+            let value = Value::file(format!("round {round} file {i}"));
+            state.insert(key.clone(), value.clone());
+            r = r.put(key, value);
+        }
+        versions.push((env.act_blocking(r).unwrap().version, state.clone()));
+    }
+    let nodes_before = env.verify().unwrap().nodes;
+    assert_eq!(env.drop_versions(&actor, &[versions[1].0]).unwrap(), 1);
+    let report = env.gc(&actor).unwrap();
+    assert!(report.nodes_removed > 50, "{report:?}");
+    assert_eq!(
+        env.verify().unwrap().nodes,
+        nodes_before - report.nodes_removed
+    );
+    drop(env);
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    for (v, expected) in [&versions[0], &versions[2], &versions[3]] {
+        let listed: std::collections::BTreeMap<Key, Value> = env
+            .list(&actor, &KeyPrefix::all(Namespace::Fs), v)
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(&listed, expected);
+    }
+    env.verify().unwrap();
+}

@@ -560,7 +560,7 @@ impl Inner {
         }
         // Recording the operation moves its branch's head (see `heads`), and stores the nodes
         // the job created.
-        let nodes = db::take_op_nodes(seq)?;
+        let nodes = db::store_op_nodes(conn, seq)?;
         let mut insert = conn.prepare_cached(
             "INSERT INTO ops(seq, id, root, record, branch, nodes) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
