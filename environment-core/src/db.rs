@@ -143,8 +143,9 @@ fn migrate(conn: &Connection) -> Result<()> {
             )?;
         }
         if no_nodes {
-            // Layout 4 stores the nodes an operation creates in its row; those written before
-            // stay in `node_blocks` (and `nodes`), under ids of their own (see `block`).
+            // Layout 4 stores the nodes an operation creates with it, under ids that name it;
+            // those written before stay in `node_blocks` (and `nodes`), under theirs, which
+            // were counted up from 1 and are far below (see `block::OP_NODES`).
             conn.execute_batch("ALTER TABLE ops ADD COLUMN nodes BLOB")?;
         }
         conn.execute(
@@ -378,11 +379,16 @@ pub(crate) fn insert_nodes(nodes: &mut [NewNode]) {
     });
 }
 
+/// The most bytes of nodes an operation's row holds. A small act's nodes (a path of a few
+/// directories) fit, and its commit then appends to the log alone; more would make rows spill
+/// into overflow pages, or hold a few per page, and cost more pages per commit than a block of
+/// their own does.
+const IN_ROW_MAX: usize = 2048;
+
 /// Stores the nodes the running job created for operation `seq`, and returns the block for
-/// the operation's row (`None` if it created none). Blocks are cut as ever, so reading one node
-/// never decodes much more: an operation that created more than a block's worth (a large
-/// import) keeps the first in its row and the others in `node_blocks`. Refused, before
-/// writing, if the nodes do not fit the operation's ids.
+/// the operation's row (`None` if it created none, or more than [`IN_ROW_MAX`] bytes of them:
+/// those go to `node_blocks`, cut as ever so that reading one node never decodes much more).
+/// Refused, before writing, if the nodes do not fit the operation's ids.
 pub(crate) fn store_op_nodes(conn: &Connection, seq: i64) -> Result<Option<Vec<u8>>> {
     let nodes = PENDING.with(|p| std::mem::take(&mut p.borrow_mut().unflushed));
     let (Some(first), Some(last)) = (nodes.first(), nodes.last()) else {
@@ -395,9 +401,13 @@ pub(crate) fn store_op_nodes(conn: &Connection, seq: i64) -> Result<Option<Vec<u
         )));
     }
     let mut blocks = block::encode(nodes.iter().map(|(id, h, b)| (*id, *h, &b[..])));
-    let rest = blocks.split_off(1);
-    insert_encoded(conn, rest)?;
-    Ok(blocks.pop().map(|(_, _, data)| data))
+    if let [(_, _, data)] = &mut blocks[..]
+        && data.len() <= IN_ROW_MAX
+    {
+        return Ok(Some(std::mem::take(data)));
+    }
+    insert_encoded(conn, blocks)?;
+    Ok(None)
 }
 
 /// Brings the operation index and the heads snapshot up to `last_seq` where they lag too far

@@ -1,5 +1,5 @@
 //! Node blocks: the nodes one edit creates, stored together in one database row (the row of the
-//! operation that created them; in earlier layouts, a row of `node_blocks`).
+//! operation that created them when they are few, else rows of `node_blocks`).
 //!
 //! An act creates a few nodes (the path from the changed key to the root). A row per node made
 //! each of them a B-tree insert of its own, about a quarter of the writer's time per act; one
@@ -26,24 +26,29 @@ pub(crate) type Stored<'a> = (NodeId, Hash, &'a [u8]);
 /// How many node ids an operation has: see [`first_of_op`].
 const OP_NODE_BITS: u32 = 20;
 
-/// The first id of the nodes operation `seq` creates. Those nodes are stored in the operation's
-/// own row of the log, as one block, so a commit appends to one B-tree instead of two; their
-/// ids say which row. The ids of operation `seq` run from here up to [`last_of_op`]`(seq)`:
-/// negative, so they never meet the ids of earlier layouts (positive, allocated one after
-/// another and stored in blocks of their own), and small enough in magnitude to keep the
-/// pointers to them short.
+/// Where the ids of nodes stored with their operation start. Ids below it were allocated one
+/// after another by earlier layouts (a trillion nodes is far beyond any environment), so the
+/// two never meet.
+pub(crate) const OP_NODES: NodeId = 1 << 40;
+
+/// The first id of the nodes operation `seq` creates. When they are few (a small act's), those
+/// nodes are stored in the operation's own row of the log, as one block, so a commit appends to
+/// one B-tree instead of two; their ids say which row. The ids of operation `seq` run from here
+/// up to [`last_of_op`]`(seq)`,
+/// above [`OP_NODES`], and grow with the log: blocks too large for the row still go to the end
+/// of `node_blocks`, where SQLite appends to the last page.
 pub(crate) fn first_of_op(seq: i64) -> NodeId {
-    -((seq + 1) << OP_NODE_BITS)
+    OP_NODES + (seq << OP_NODE_BITS)
 }
 
 /// The last id operation `seq` may give a node.
 pub(crate) fn last_of_op(seq: i64) -> NodeId {
-    -(seq << OP_NODE_BITS) - 1
+    first_of_op(seq + 1) - 1
 }
 
-/// The operation whose row stores node `id`, if it is stored with one.
+/// The operation that created node `id`, if its id says so (see [`first_of_op`]).
 pub(crate) fn op_holding(id: NodeId) -> Option<i64> {
-    (id < 0).then(|| (-(id + 1)) >> OP_NODE_BITS)
+    (id >= OP_NODES).then(|| (id - OP_NODES) >> OP_NODE_BITS)
 }
 
 fn push(data: &mut Vec<u8>, (id, hash, bytes): Stored<'_>) {
@@ -153,12 +158,12 @@ mod tests {
     fn each_operation_has_its_own_ids_next_to_its_neighbours() {
         for seq in [0, 1, 2, 1000, 1 << 40] {
             let (first, last) = (first_of_op(seq), last_of_op(seq));
-            assert!(first < last && last < 0);
+            assert!(OP_NODES <= first && first < last);
             assert_eq!(last - first + 1, 1 << OP_NODE_BITS);
             for id in [first, first + 1, last - 1, last] {
                 assert_eq!(op_holding(id), Some(seq), "id {id}");
             }
-            assert_eq!(last_of_op(seq + 1) + 1, first);
+            assert_eq!(last + 1, first_of_op(seq + 1));
         }
         assert_eq!(op_holding(0), None);
         assert_eq!(op_holding(17), None);
