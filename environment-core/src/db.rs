@@ -238,9 +238,9 @@ struct Pending {
     nodes: HashMap<NodeId, Arc<Node>>,
     /// Operations recorded by the jobs already done, with their root node.
     ops: HashMap<OpId, (Arc<Operation>, NodeId)>,
-    /// The running job's new nodes (id, hash, encoding) in id order, written with its
-    /// operation (see [`take_op_nodes`]).
-    unflushed: Vec<(NodeId, Hash, Vec<u8>)>,
+    /// The running job's new nodes (id, hash, node) in id order, written with its operation
+    /// (see [`store_op_nodes`]).
+    unflushed: Vec<(NodeId, Hash, Arc<Node>)>,
     latest: Latest,
 }
 
@@ -340,10 +340,10 @@ fn pending_node(id: NodeId) -> Result<Option<Arc<Node>>> {
         if let Some(n) = p.nodes.get(&id) {
             return Ok(Some(n.clone()));
         }
-        match p.unflushed.binary_search_by_key(&id, |(at, _, _)| *at) {
-            Ok(i) => Ok(Some(Arc::new(Node::decode(&p.unflushed[i].2)?))),
-            Err(_) => Ok(None),
-        }
+        Ok(p.unflushed
+            .binary_search_by_key(&id, |(at, _, _)| *at)
+            .ok()
+            .map(|i| p.unflushed[i].2.clone()))
     })
 }
 
@@ -363,18 +363,13 @@ pub(crate) fn next_seq(conn: &Connection) -> Result<i64> {
         .query_row([], |r| r.get(0))?)
 }
 
-/// Keeps the running job's new nodes (their encodings are taken) until it records its
-/// operation, which stores them.
-pub(crate) fn insert_nodes(nodes: &mut [NewNode]) {
-    // A block lists its nodes in id order.
-    nodes.sort_unstable_by_key(|n| n.ptr.id);
+/// Keeps the running job's new nodes until it records its operation, which stores them.
+pub(crate) fn insert_nodes(nodes: &[NewNode]) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
-        p.unflushed.extend(
-            nodes
-                .iter_mut()
-                .map(|n| (n.ptr.id, n.ptr.hash, std::mem::take(&mut n.bytes))),
-        );
+        p.unflushed
+            .extend(nodes.iter().map(|n| (n.ptr.id, n.ptr.hash, n.node.clone())));
+        // A block lists its nodes in id order.
         p.unflushed.sort_unstable_by_key(|(id, _, _)| *id);
     });
 }
@@ -400,7 +395,7 @@ pub(crate) fn store_op_nodes(conn: &Connection, seq: i64) -> Result<Option<Vec<u
             block::last_of_op(seq) - block::first_of_op(seq) + 1
         )));
     }
-    let mut blocks = block::encode(nodes.iter().map(|(id, h, b)| (*id, *h, &b[..])));
+    let mut blocks = block::encode(nodes.iter().map(|(id, h, n)| (*id, *h, &**n)));
     if let [(_, _, data)] = &mut blocks[..]
         && data.len() <= IN_ROW_MAX
     {

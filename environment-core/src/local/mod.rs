@@ -592,8 +592,8 @@ impl Inner {
     /// Persists the nodes an edit created that `root` reaches (they are written with the
     /// operation the job records), and schedules them for the cache.
     pub(crate) fn persist(&self, fx: &mut TxEffects, edit: TreeEdit<'_>, root: &Ptr) {
-        let mut new = edit.into_new_nodes(root);
-        db::insert_nodes(&mut new);
+        let new = edit.into_new_nodes(root);
+        db::insert_nodes(&new);
         fx.nodes.extend(new.into_iter().map(|n| (n.ptr.id, n.node)));
     }
 }

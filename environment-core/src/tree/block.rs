@@ -12,7 +12,7 @@
 
 use crate::error::{EnvError, Result};
 use crate::hash::Hash;
-use crate::tree::NodeId;
+use crate::tree::{Node, NodeId};
 
 /// A block is closed once it holds this many bytes: most blocks then fit one database page,
 /// so a node read that misses the cache costs about what a row of its own did.
@@ -51,23 +51,46 @@ pub(crate) fn op_holding(id: NodeId) -> Option<i64> {
     (id >= OP_NODES).then(|| (id - OP_NODES) >> OP_NODE_BITS)
 }
 
-fn push(data: &mut Vec<u8>, (id, hash, bytes): Stored<'_>) {
+/// What a block entry holds: a node's encoding, or the node to encode (written straight into
+/// the block, without an allocation of its own).
+pub(crate) trait Payload {
+    fn append_to(&self, data: &mut Vec<u8>);
+}
+
+impl Payload for &[u8] {
+    fn append_to(&self, data: &mut Vec<u8>) {
+        data.extend_from_slice(self);
+    }
+}
+
+impl Payload for &Node {
+    fn append_to(&self, data: &mut Vec<u8>) {
+        self.encode_into(data);
+    }
+}
+
+fn push<P: Payload>(data: &mut Vec<u8>, (id, hash, payload): (NodeId, Hash, P)) {
     data.extend_from_slice(&id.to_le_bytes());
-    // A node's encoding is bounded far below 4 GiB (LEAF_MAX entries of bounded size).
-    data.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    let len_at = data.len();
+    data.extend_from_slice(&[0; 4]);
     data.extend_from_slice(&hash.0);
-    data.extend_from_slice(bytes);
+    let start = data.len();
+    payload.append_to(data);
+    // A node's encoding is bounded far below 4 GiB (LEAF_MAX entries of bounded size).
+    let len = (data.len() - start) as u32;
+    data[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// Encodes nodes (in ascending id order) into blocks of about [`BLOCK_TARGET`] bytes each,
 /// returning each block's first and last id with its bytes.
-pub(crate) fn encode<'a>(
-    nodes: impl IntoIterator<Item = Stored<'a>>,
+pub(crate) fn encode<P: Payload>(
+    nodes: impl IntoIterator<Item = (NodeId, Hash, P)>,
 ) -> Vec<(NodeId, NodeId, Vec<u8>)> {
     let mut blocks = Vec::new();
     let mut current: Option<(NodeId, NodeId, Vec<u8>)> = None;
     for node in nodes {
-        let (_, last, data) = current.get_or_insert_with(|| (node.0, node.0, Vec::new()));
+        let (_, last, data) =
+            current.get_or_insert_with(|| (node.0, node.0, Vec::with_capacity(BLOCK_TARGET * 2)));
         *last = node.0;
         push(data, node);
         if data.len() >= BLOCK_TARGET {
@@ -78,9 +101,10 @@ pub(crate) fn encode<'a>(
     blocks
 }
 
-/// Encodes nodes (in ascending id order) as one block, however large: the nodes of one
-/// operation, for its row.
-pub(crate) fn encode_one<'a>(nodes: impl IntoIterator<Item = Stored<'a>>) -> Vec<u8> {
+/// Encodes nodes (in ascending id order) as one block, however large.
+pub(crate) fn encode_one<P: Payload>(
+    nodes: impl IntoIterator<Item = (NodeId, Hash, P)>,
+) -> Vec<u8> {
     let mut data = Vec::new();
     for node in nodes {
         push(&mut data, node);

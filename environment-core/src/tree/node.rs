@@ -89,9 +89,10 @@ impl Node {
         }
     }
 
-    /// The storage encoding (with child ids).
-    pub fn encode(&self) -> Vec<u8> {
-        crate::hash::with_encoding(self, <[u8]>::to_vec)
+    /// Appends the storage encoding (with child ids) to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        // Encoding plain data into memory does not fail.
+        *out = postcard::to_extend(self, std::mem::take(out)).unwrap_or_default();
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Node> {
@@ -160,7 +161,6 @@ pub(crate) trait NodeSource {
 pub(crate) struct NewNode {
     pub ptr: Ptr,
     pub node: Arc<Node>,
-    pub bytes: Vec<u8>,
 }
 
 /// A set of nodes being built on top of a source: reads see the new nodes first. New nodes get
@@ -205,11 +205,7 @@ impl<'a> TreeEdit<'a> {
         while let Some(p) = stack.pop() {
             if let Some(node) = self.by_id.remove(&p.id) {
                 stack.extend(node.children().copied());
-                out.push(NewNode {
-                    ptr: p,
-                    bytes: node.encode(),
-                    node,
-                });
+                out.push(NewNode { ptr: p, node });
             }
         }
         out
