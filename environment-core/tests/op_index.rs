@@ -133,16 +133,20 @@ fn block_entries(data: &[u8]) -> Vec<(i64, &[u8], &[u8])> {
     out
 }
 
-/// Takes an environment written in the current layout back to an earlier one.
-fn downgrade(conn: &rusqlite::Connection, layout: u32) {
-    // Layout 3 kept the nodes of an operation in a block of their own...
-    let blocks: Vec<Vec<u8>> = conn
-        .prepare("SELECT nodes FROM ops WHERE nodes IS NOT NULL")
+/// The values of the first column of `query`'s rows.
+fn column(conn: &rusqlite::Connection, query: &str) -> Vec<Vec<u8>> {
+    conn.prepare(query)
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
         .collect::<rusqlite::Result<_>>()
-        .unwrap();
+        .unwrap()
+}
+
+/// Takes an environment written in the current layout back to an earlier one.
+fn downgrade(conn: &rusqlite::Connection, layout: u32) {
+    // Layout 3 kept the nodes of an operation in a block of their own...
+    let blocks = column(conn, "SELECT nodes FROM ops WHERE nodes IS NOT NULL");
     for data in blocks {
         let entries = block_entries(&data);
         conn.execute(
@@ -194,13 +198,7 @@ fn downgrade(conn: &rusqlite::Connection, layout: u32) {
     )
     .unwrap();
     // And a row per tree node, as before node blocks.
-    let blocks: Vec<Vec<u8>> = conn
-        .prepare("SELECT data FROM node_blocks")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
+    let blocks = column(conn, "SELECT data FROM node_blocks");
     let mut moved = 0;
     for data in blocks {
         for (id, hash, bytes) in block_entries(&data) {
