@@ -451,19 +451,23 @@ fn block_holding(conn: &Connection, id: NodeId) -> Result<Option<(NodeId, NodeId
     Ok(nearest.filter(|(_, last, _)| *last >= id))
 }
 
+/// The block stored in operation `seq`'s row, if it has one.
+fn op_row_nodes(conn: &Connection, seq: i64) -> Result<Option<Vec<u8>>> {
+    let data: Option<Option<Vec<u8>>> = conn
+        .prepare_cached("SELECT nodes FROM ops WHERE seq = ?1")?
+        .query_row([seq], |r| r.get(0))
+        .optional()?;
+    Ok(data.flatten())
+}
+
 /// The encoding of stored node `id`: in the row of the operation that created it, or (for
 /// earlier layouts) in the block whose range holds it or in a row of its own.
 fn stored_node(conn: &Connection, id: NodeId) -> Result<Option<Vec<u8>>> {
-    if let Some(seq) = block::op_holding(id) {
-        let data: Option<Option<Vec<u8>>> = conn
-            .prepare_cached("SELECT nodes FROM ops WHERE seq = ?1")?
-            .query_row([seq], |r| r.get(0))
-            .optional()?;
-        if let Some(data) = data.flatten()
-            && let Some((_, bytes)) = block::find(seq, &data, id)?
-        {
-            return Ok(Some(bytes.to_vec()));
-        }
+    if let Some(seq) = block::op_holding(id)
+        && let Some(data) = op_row_nodes(conn, seq)?
+        && let Some((_, bytes)) = block::find(seq, &data, id)?
+    {
+        return Ok(Some(bytes.to_vec()));
     }
     if let Some((first, _, data)) = block_holding(conn, id)?
         && let Some((_, bytes)) = block::find(first, &data, id)?
@@ -518,11 +522,7 @@ pub(crate) fn delete_nodes(conn: &Connection, dead: &HashSet<NodeId>) -> Result<
         }
     }
     for (seq, of_op) in by_op {
-        let data: Option<Option<Vec<u8>>> = conn
-            .prepare_cached("SELECT nodes FROM ops WHERE seq = ?1")?
-            .query_row([seq], |r| r.get(0))
-            .optional()?;
-        let Some(data) = data.flatten() else {
+        let Some(data) = op_row_nodes(conn, seq)? else {
             ids.extend(of_op);
             continue;
         };
@@ -770,9 +770,6 @@ impl Drop for Writer {
     }
 }
 
-/// The writer thread: commits what asynchronous callers queue, one group at a time, and
-/// replies to them (handing the replies to a thread of their own was measured slower: the
-/// extra wake-up cost more than the replies).
 /// How long the writer thread looks for the next job before it sleeps. The callers the last
 /// commit answered come back within tens of microseconds; finding their jobs saves a wake-up of
 /// this thread, which costs them a system call and everyone a scheduling delay.
@@ -790,6 +787,9 @@ fn linger(shared: &Shared) {
     }
 }
 
+/// The writer thread: commits what asynchronous callers queue, one group at a time, and
+/// replies to them (handing the replies to a thread of their own was measured slower: the
+/// extra wake-up cost more than the replies).
 fn background(shared: &Shared) {
     loop {
         linger(shared);
@@ -1076,6 +1076,36 @@ mod tests {
             *order.lock().unwrap(),
             ["announced", "answered", "remembered"]
         );
+    }
+
+    #[test]
+    fn nodes_past_their_operations_ids_are_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer(&dir.path().join("db")).unwrap();
+        let seq = 5;
+        let node = Arc::new(Node::Leaf(Vec::new()));
+        let new: Vec<NewNode> = [block::first_of_op(seq), block::last_of_op(seq) + 1]
+            .into_iter()
+            .map(|id| NewNode {
+                ptr: Ptr {
+                    hash: node.hash(),
+                    id,
+                },
+                node: node.clone(),
+            })
+            .collect();
+        insert_nodes(&new);
+        assert!(matches!(
+            store_op_nodes(&conn, seq),
+            Err(EnvError::RequestTooLarge(_))
+        ));
+        let blocks: i64 = conn
+            .query_row("SELECT COUNT(*) FROM node_blocks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(blocks, 0);
+        // Within the operation's ids, the node goes to its row.
+        insert_nodes(&new[..1]);
+        assert!(store_op_nodes(&conn, seq).unwrap().is_some());
     }
 
     #[test]

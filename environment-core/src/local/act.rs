@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
-use super::{Inner, LocalEnvironment, MAIN, OpDraft, head_in};
+use super::{Inner, LocalEnvironment, MAIN, OpDraft};
 use crate::authz::{Action, ActorId, Resource};
 use crate::blob::WriteGuard;
 use crate::db::{self, TxEffects};
@@ -293,7 +293,7 @@ impl Inner {
         let req = &p.req;
         let head_id = match db::pending_head(&req.branch) {
             Some(h) => h,
-            None => head_in(conn, &req.branch)?
+            None => crate::heads::of(conn, &req.branch)?
                 .ok_or_else(|| EnvError::UnknownBranch(req.branch.clone()))?,
         };
         let (head, head_view) = self.stored_op_in(conn, &head_id)?;

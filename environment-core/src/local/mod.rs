@@ -250,7 +250,7 @@ impl LocalEnvironment {
     /// The operation at the head of `branch`.
     pub fn head(&self, branch: &str) -> Result<OpId> {
         self.inner.readers.with(|conn| {
-            head_in(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))
+            crate::heads::of(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))
         })
     }
 
@@ -653,12 +653,8 @@ pub(crate) fn named_ops(conn: &Connection, sql: &str) -> Result<Vec<(String, OpI
     Ok(out)
 }
 
-pub(crate) fn head_in(conn: &Connection, branch: &str) -> Result<Option<OpId>> {
-    crate::heads::of(conn, branch)
-}
-
 fn resolve_in(conn: &Connection, index: &OpIndex, spec: &str) -> Result<OpId> {
-    if let Some(h) = head_in(conn, spec)? {
+    if let Some(h) = crate::heads::of(conn, spec)? {
         return Ok(h);
     }
     if let Some(m) = branch::mark_in(conn, spec)? {
