@@ -1,12 +1,13 @@
 //! SQLite: the schema, the writer thread with group commit, and the pool of read connections.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 
+use foldhash::{HashMap, HashMapExt};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::error::{EnvError, Result};

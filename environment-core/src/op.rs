@@ -337,3 +337,54 @@ impl Operation {
         self.compute_id() == self.id
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Operation ids chain the log, and records are stored as encoded: those written by earlier
+    /// builds must hash and decode the same. These digests were computed by the build that
+    /// introduced layout 4.
+    #[test]
+    fn operation_ids_stay_as_written() {
+        let id = |s: &[u8]| OpId(Hash::of(b"test", s));
+        let op = Operation {
+            id: id(b"unused"),
+            seq: 12,
+            parents: vec![id(b"p1"), id(b"p2")],
+            view: Hash::of(b"test", b"view"),
+            branch: "main".into(),
+            actor: ActorId::new("agent:coder-1").unwrap(),
+            intent: Intent::new(IntentKind::Merge, "merge feature ✓"),
+            base_version: Some(id(b"base")),
+            summary: ChangeSummary {
+                added: 1,
+                modified: 2,
+                removed: 3,
+                keys: vec![
+                    Key::fs("src/lib.rs").unwrap(),
+                    Key::fs(vec![b'b', 0xff]).unwrap(),
+                ],
+                files: 2,
+            },
+            flags: OpFlags::MERGE | OpFlags::REBASED,
+            time_ms: 1_700_000_000_000,
+            decision: Some(DecisionRef {
+                policy_version: 4,
+                rules: vec!["allow-writers".into()],
+            }),
+            restored_from: Some(id(b"restored")),
+            effects: vec![7, 1 << 40],
+        };
+        assert_eq!(
+            op.compute_id().0.to_hex(),
+            "999d8ff76d34f88eb9e1d81e0a15fd99298ba7476f12dd06f20446478a5df320"
+        );
+        let record = crate::hash::with_encoding(&op, <[u8]>::to_vec);
+        assert_eq!(
+            blake3::hash(&record).to_hex().as_str(),
+            "7b78c7eadf7e6ae3830a196298a31b7449af1e09104823a577ab3e90ace4ae5b"
+        );
+        assert_eq!(postcard::from_bytes::<Operation>(&record).unwrap(), op);
+    }
+}

@@ -219,6 +219,7 @@ impl Serialize for SecretValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::Key;
 
     #[test]
     fn secret_values_never_print() {
@@ -226,5 +227,30 @@ mod tests {
         assert_eq!(format!("{s:?} {s}"), "[redacted] [redacted]");
         assert_eq!(serde_json::to_string(&s).unwrap(), "\"[redacted]\"");
         assert_eq!(s.expose(), "hunter2");
+    }
+
+    /// Values reach tools as JSON (events, `envctl --json`, MCP): the spelling stays as it was.
+    #[test]
+    fn values_keep_their_json_spelling() {
+        let v = (
+            Value::file(vec![0, 1, 0xff]),
+            Value::symlink(vec![b't', 0xff]).attr("k", "v"),
+        );
+        let json = serde_json::to_string(&v).unwrap();
+        assert_eq!(
+            json,
+            r#"[{"content":{"Inline":[0,1,255]},"meta":{"kind":"File","mode":420,"size":3,"symlink_target":null,"mtime_ns":null,"attributes":{}}},{"content":{"Inline":[]},"meta":{"kind":"Symlink","mode":511,"size":2,"symlink_target":[116,255],"mtime_ns":null,"attributes":{"k":"v"}}}]"#
+        );
+        assert_eq!(serde_json::from_str::<(Value, Value)>(&json).unwrap(), v);
+        let key = Key::fs(vec![b'b', 0xff]).unwrap();
+        let json = serde_json::to_string(&(key.clone(), Key::fs("a/b").unwrap())).unwrap();
+        assert_eq!(
+            json,
+            r#"[{"ns":"Fs","path":[98,255]},{"ns":"Fs","path":"a/b"}]"#
+        );
+        assert_eq!(
+            serde_json::from_str::<(Key, Key)>(&json).unwrap(),
+            (key, Key::fs("a/b").unwrap())
+        );
     }
 }

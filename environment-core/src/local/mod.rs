@@ -8,10 +8,10 @@ mod history;
 mod maintain;
 mod retention;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use foldhash::{HashMap, HashMapExt};
 use rusqlite::{Connection, OptionalExtension, params};
 
 pub use act::{ActRequest, Change, Observation};
