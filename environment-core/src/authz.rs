@@ -20,8 +20,8 @@ pub const MAX_ACTOR_LEN: usize = 128;
 
 /// Who acts: a human, an agent or a service, spelled `kind:name` by convention
 /// (`agent:coder-1`, `human:alice`).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(try_from = "String")]
 pub struct ActorId(String);
 
 /// An actor id that is empty, too long or contains control characters.
@@ -60,6 +60,13 @@ impl TryFrom<String> for ActorId {
 impl From<ActorId> for String {
     fn from(a: ActorId) -> String {
         a.0
+    }
+}
+
+/// Written as its string, borrowed (an actor is encoded in every operation record).
+impl Serialize for ActorId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 

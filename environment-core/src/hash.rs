@@ -64,6 +64,34 @@ impl FromStr for Hash {
     }
 }
 
+/// Byte strings (names, paths, inline content) are encoded with `serialize_bytes`, which
+/// serde's derive does not use for `Vec<u8>`: it spells them as sequences, one call per byte. Both
+/// give the same output in postcard (a length, then the bytes) and in JSON (an array of
+/// numbers), so nothing stored or hashed changes; the derived `Deserialize` still reads them.
+pub(crate) fn bytes<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bytes(v)
+}
+
+/// [`bytes`] for an optional byte string.
+pub(crate) fn opt_bytes<S: serde::Serializer>(
+    v: &Option<Vec<u8>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(b) => s.serialize_some(&Bytes(b)),
+        None => s.serialize_none(),
+    }
+}
+
+/// A byte string that serializes as [`bytes`] does.
+pub(crate) struct Bytes<'a>(pub &'a [u8]);
+
+impl Serialize for Bytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
 thread_local! {
     /// Scratch space for encodings that are hashed or copied right away: encoding into a fresh
     /// `Vec` grows it a few bytes at a time, which showed as a tenth of the writer's work.

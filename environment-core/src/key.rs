@@ -94,33 +94,44 @@ pub enum KeyError {
 }
 
 /// A validated, normalized key: namespace plus relative path bytes with `/` separators.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "RawKey", into = "RawKey")]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(try_from = "RawKey")]
 pub struct Key {
     ns: Namespace,
     path: Vec<u8>,
 }
 
-#[derive(Serialize, Deserialize)]
+/// A key as read, before it is validated.
+#[derive(Deserialize)]
 struct RawKey {
     ns: Namespace,
-    #[serde(with = "serde_bytes_compat")]
+    #[serde(deserialize_with = "serde_bytes_compat::deserialize")]
     path: Vec<u8>,
+}
+
+/// A key as written: [`RawKey`]'s shape, borrowed (keys are encoded in every operation record).
+#[derive(Serialize)]
+#[serde(rename = "RawKey")]
+struct KeyRef<'a> {
+    ns: Namespace,
+    #[serde(serialize_with = "serde_bytes_compat::serialize")]
+    path: &'a [u8],
+}
+
+impl Serialize for Key {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        KeyRef {
+            ns: self.ns,
+            path: &self.path,
+        }
+        .serialize(s)
+    }
 }
 
 impl TryFrom<RawKey> for Key {
     type Error = KeyError;
     fn try_from(raw: RawKey) -> Result<Self, KeyError> {
         Key::new(raw.ns, raw.path)
-    }
-}
-
-impl From<Key> for RawKey {
-    fn from(k: Key) -> Self {
-        RawKey {
-            ns: k.ns,
-            path: k.path,
-        }
     }
 }
 
@@ -139,7 +150,7 @@ mod serde_bytes_compat {
         match std::str::from_utf8(v) {
             Ok(t) if s.is_human_readable() => Repr::Text(t.to_owned()).serialize(s),
             _ if s.is_human_readable() => Repr::Bytes(v.to_vec()).serialize(s),
-            _ => v.serialize(s),
+            _ => s.serialize_bytes(v),
         }
     }
 

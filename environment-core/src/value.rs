@@ -45,7 +45,7 @@ pub enum EntryKind {
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Content {
     /// Small content held in the tree node itself.
-    Inline(Vec<u8>),
+    Inline(#[serde(serialize_with = "crate::hash::bytes")] Vec<u8>),
     /// Content in the blob store, named by its blake3 hash.
     Blob(Hash),
 }
@@ -69,6 +69,7 @@ pub struct Meta {
     /// Length of the content in bytes (for a sparse file, its apparent size).
     pub size: u64,
     /// The target of a symlink, as bytes.
+    #[serde(serialize_with = "crate::hash::opt_bytes")]
     pub symlink_target: Option<Vec<u8>>,
     /// Modification time in nanoseconds since the epoch, when the value came from a file.
     pub mtime_ns: Option<i64>,

@@ -129,6 +129,14 @@ pub(crate) struct Prepared {
     _guard: Option<WriteGuard>,
 }
 
+/// What is left of a prepared act once it is recorded: the caller drops it after the commit, so
+/// its blob write guard lasts until the operation that refers to the blobs is committed, and its
+/// memory is freed on the caller's thread, not the writer's.
+pub(crate) struct Spent {
+    _puts: Vec<Put>,
+    _guard: Option<WriteGuard>,
+}
+
 impl LocalEnvironment {
     /// Performs an act and waits for it to commit. Blocks: from async code use
     /// [`crate::Environment::act`].
@@ -138,7 +146,7 @@ impl LocalEnvironment {
         self.inner
             .writer
             .run(false, move |conn, fx| inner.apply_act(conn, fx, prepared))
-            .map(|(observation, _prepared)| observation)
+            .map(|(observation, _spent)| observation)
     }
 
     /// Performs an act without blocking the async runtime: content that needs the blob store is
@@ -165,7 +173,7 @@ impl LocalEnvironment {
             .submit(false, move |conn, fx| inner.apply_act(conn, fx, prepared))
             .await
             .map_err(|_| EnvError::Closed)?
-            .map(|(observation, _prepared)| observation)
+            .map(|(observation, _spent)| observation)
     }
 
     /// Checks limits and authorization, and stores large content (before the transaction:
@@ -280,24 +288,40 @@ impl LocalEnvironment {
 }
 
 impl Inner {
-    /// Runs a prepared act in the writer's transaction. The request comes back with the
-    /// observation: the caller drops it after the commit, so its blob write guard lasts until
-    /// the operation that refers to the blobs is committed, and its memory is freed on the
-    /// caller's thread, not the writer's.
+    /// Runs a prepared act in the writer's transaction. The request's parts move into the
+    /// operation; what is left comes back with the observation (see [`Spent`]).
     pub(crate) fn apply_act(
         self: &Arc<Self>,
         conn: &Connection,
         fx: &mut TxEffects,
         p: Prepared,
-    ) -> Result<(Observation, Prepared)> {
-        let req = &p.req;
-        let head_id = match db::pending_head(&req.branch) {
+    ) -> Result<(Observation, Spent)> {
+        let Prepared {
+            req,
+            puts,
+            decision,
+            _guard,
+        } = p;
+        let ActRequest {
+            actor,
+            branch,
+            base,
+            intent,
+            changes: _,
+            mut flags,
+            effects,
+        } = req;
+        let spent = |puts| Spent {
+            _puts: puts,
+            _guard,
+        };
+        let head_id = match db::pending_head(&branch) {
             Some(h) => h,
-            None => crate::heads::of(conn, &req.branch)?
-                .ok_or_else(|| EnvError::UnknownBranch(req.branch.clone()))?,
+            None => crate::heads::of(conn, &branch)?
+                .ok_or_else(|| EnvError::UnknownBranch(branch.clone()))?,
         };
         let (head, head_view) = self.stored_op_in(conn, &head_id)?;
-        let base_id = req.base.unwrap_or(head_id);
+        let base_id = base.unwrap_or(head_id);
         let nodes = self.writer_nodes(conn);
         let mut rebased = false;
         if base_id != head_id {
@@ -306,7 +330,7 @@ impl Inner {
                 return Err(EnvError::VersionDropped(base_id));
             }
             let moved =
-                self.moved_keys(conn, &base_view, &head_view, p.puts.iter().map(|(k, _)| k))?;
+                self.moved_keys(conn, &base_view, &head_view, puts.iter().map(|(k, _)| k))?;
             if !moved.is_empty() {
                 let ops = self.ops_that_changed(conn, &head_id, &base_id, &moved)?;
                 return Err(EnvError::Conflict(Box::new(StaleWrite {
@@ -319,21 +343,20 @@ impl Inner {
             rebased = true;
         }
         let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
-        let (view, applied) = tree::apply(&mut edit, &head_view, &p.puts)?;
+        let (view, applied) = tree::apply(&mut edit, &head_view, &puts)?;
         if applied.is_empty() {
             let observation = Observation {
                 version: head_id,
                 seq: head.seq,
-                branch: req.branch.clone(),
+                branch,
                 rebased,
                 noop: true,
                 summary: ChangeSummary::default(),
             };
-            return Ok((observation, p));
+            return Ok((observation, spent(puts)));
         }
         let summary = summarize(&applied);
         self.persist(fx, edit, &view);
-        let mut flags = req.flags;
         if rebased {
             flags |= OpFlags::REBASED;
         }
@@ -343,15 +366,15 @@ impl Inner {
             OpDraft {
                 parents: vec![head_id],
                 view,
-                branch: req.branch.clone(),
-                actor: req.actor.clone(),
-                intent: req.intent.clone(),
+                branch,
+                actor,
+                intent,
                 base_version: Some(base_id),
                 summary: summary.clone(),
                 flags,
-                decision: p.decision.clone(),
+                decision,
                 restored_from: None,
-                effects: req.effects.clone(),
+                effects,
             },
             Some(&head_id),
         )?;
@@ -363,7 +386,7 @@ impl Inner {
             noop: false,
             summary,
         };
-        Ok((observation, p))
+        Ok((observation, spent(puts)))
     }
 
     /// Of `keys`, those whose values differ between `base` and `head`: O(k · depth).

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EnvError, Result};
-use crate::hash::Hash;
+use crate::hash::{Bytes, Hash};
 use crate::value::Value;
 
 /// A directory keeps at most this many entries in one node; past it, the directory splits by the
@@ -63,7 +63,7 @@ pub(crate) type Named = Arc<(Vec<u8>, Entry)>;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Node {
     /// Entries sorted by name.
-    Leaf(Vec<Named>),
+    Leaf(#[serde(serialize_with = "leaf_entries")] Vec<Named>),
     /// Children by bucket (ascending), with the total number of names below.
     Split {
         count: u64,
@@ -71,10 +71,15 @@ pub(crate) enum Node {
     },
 }
 
+/// A leaf's entries as the derive would write `(name, entry)` pairs, names as byte strings.
+fn leaf_entries<S: serde::Serializer>(es: &[Named], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(es.iter().map(|named| (Bytes(&named.0), &named.1)))
+}
+
 /// The hashed form of a node: everything but the storage ids.
 #[derive(Serialize)]
 enum HashForm<'a> {
-    Leaf(Vec<(&'a [u8], Option<&'a Value>, Option<&'a Hash>)>),
+    Leaf(Vec<(Bytes<'a>, Option<&'a Value>, Option<&'a Hash>)>),
     Split {
         count: u64,
         children: Vec<(u8, &'a Hash)>,
@@ -110,11 +115,7 @@ impl Node {
                 es.iter()
                     .map(|named| {
                         let (n, e) = &**named;
-                        (
-                            n.as_slice(),
-                            e.value.as_ref(),
-                            e.tree.as_ref().map(|p| &p.hash),
-                        )
+                        (Bytes(n), e.value.as_ref(), e.tree.as_ref().map(|p| &p.hash))
                     })
                     .collect(),
             ),
