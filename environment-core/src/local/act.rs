@@ -448,9 +448,9 @@ pub(crate) fn summarize(applied: &[Applied]) -> ChangeSummary {
         if a.key.namespace() == crate::key::Namespace::Fs {
             s.files += 1;
         }
-        match (&a.before, &a.after) {
-            (None, Some(_)) => s.added += 1,
-            (Some(_), None) => s.removed += 1,
+        match (a.before, a.after) {
+            (false, true) => s.added += 1,
+            (true, false) => s.removed += 1,
             _ => s.modified += 1,
         }
     }

@@ -7,6 +7,11 @@ use crate::error::Result;
 
 /// The entry named `name` in the directory rooted at `root`.
 pub(crate) fn get(src: &dyn NodeSource, root: &Ptr, name: &[u8]) -> Result<Option<Entry>> {
+    Ok(get_named(src, root, name)?.map(|named| named.1.clone()))
+}
+
+/// The entry named `name` in the directory rooted at `root`, shared with the node holding it.
+pub(crate) fn get_named(src: &dyn NodeSource, root: &Ptr, name: &[u8]) -> Result<Option<Named>> {
     let mut node = src.node(root)?;
     let mut level = 0;
     loop {
@@ -15,7 +20,7 @@ pub(crate) fn get(src: &dyn NodeSource, root: &Ptr, name: &[u8]) -> Result<Optio
                 return Ok(es
                     .binary_search_by(|named| named.0.as_slice().cmp(name))
                     .ok()
-                    .map(|i| es[i].1.clone()));
+                    .map(|i| es[i].clone()));
             }
             Node::Split { children, .. } => {
                 let b = bucket(name, level);
@@ -58,7 +63,7 @@ type Change = (Vec<u8>, Option<Entry>);
 pub(crate) fn update(
     edit: &mut TreeEdit<'_>,
     root: Option<&Ptr>,
-    changes: &[Change],
+    changes: Vec<Change>,
 ) -> Result<Option<Ptr>> {
     update_at(edit, root, 0, changes)
 }
@@ -67,7 +72,7 @@ fn update_at(
     edit: &mut TreeEdit<'_>,
     root: Option<&Ptr>,
     level: usize,
-    changes: &[Change],
+    changes: Vec<Change>,
 ) -> Result<Option<Ptr>> {
     if changes.is_empty() {
         return Ok(root.copied());
@@ -83,7 +88,7 @@ fn update_at(
             let mut count = 0u64;
             let mut groups: Vec<Vec<Change>> = vec![Vec::new(); 16];
             for c in changes {
-                groups[bucket(&c.0, level) as usize].push(c.clone());
+                groups[bucket(&c.0, level) as usize].push(c);
             }
             for (b, group) in groups.into_iter().enumerate() {
                 let b = b as u8;
@@ -91,7 +96,7 @@ fn update_at(
                 let new = if group.is_empty() {
                     old
                 } else {
-                    update_at(edit, old.as_ref(), level + 1, &group)?
+                    update_at(edit, old.as_ref(), level + 1, group)?
                 };
                 if let Some(h) = new {
                     count += edit.node(&h)?.count();
@@ -115,33 +120,21 @@ fn update_at(
     }
 }
 
-fn merge_sorted(old: &[Named], changes: &[Change]) -> Vec<Named> {
+/// `old` with `changes` applied (both sorted by name).
+fn merge_sorted(old: &[Named], changes: Vec<Change>) -> Vec<Named> {
     let mut out = Vec::with_capacity(old.len() + changes.len());
-    let (mut i, mut j) = (0, 0);
-    while i < old.len() || j < changes.len() {
-        let take_change = match (old.get(i), changes.get(j)) {
-            (Some(o), Some(c)) => match o.0.cmp(&c.0) {
-                std::cmp::Ordering::Less => false,
-                std::cmp::Ordering::Equal => {
-                    i += 1;
-                    true
-                }
-                std::cmp::Ordering::Greater => true,
-            },
-            (Some(_), None) => false,
-            (None, _) => true,
-        };
-        if take_change {
-            let (name, entry) = &changes[j];
-            if let Some(e) = entry.as_ref().filter(|e| !e.is_empty()) {
-                out.push(Arc::new((name.clone(), e.clone())));
-            }
-            j += 1;
-        } else {
-            out.push(old[i].clone());
-            i += 1;
+    let mut old = old.iter().peekable();
+    for (name, entry) in changes {
+        while let Some(kept) = old.next_if(|o| o.0 < name) {
+            out.push(kept.clone());
+        }
+        // The entry this change replaces, if any.
+        old.next_if(|o| o.0 == name);
+        if let Some(e) = entry.filter(|e| !e.is_empty()) {
+            out.push(Arc::new((name, e)));
         }
     }
+    out.extend(old.cloned());
     out
 }
 

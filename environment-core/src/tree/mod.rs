@@ -58,19 +58,19 @@ pub(crate) fn get(src: &dyn NodeSource, root: &Ptr, key: &Key) -> Result<Option<
 /// A change to apply: the key and its new value (`None` deletes).
 pub(crate) type Put = (Key, Option<Value>);
 
-/// What applying changes did to one key.
+/// What applying changes did to one key: whether it had a value before, and has one after.
 pub(crate) struct Applied {
     pub key: Key,
-    pub before: Option<Value>,
-    pub after: Option<Value>,
+    pub before: bool,
+    pub after: bool,
 }
 
 impl From<KeyChange> for Applied {
     fn from(c: KeyChange) -> Applied {
         Applied {
             key: c.key,
-            before: c.before,
-            after: c.after,
+            before: c.before.is_some(),
+            after: c.after.is_some(),
         }
     }
 }
@@ -117,34 +117,46 @@ fn apply_dir(
         }
         let group = &items[i..j];
         let current = match dir {
-            Some(d) => dir::get(edit, d, name)?,
+            Some(d) => dir::get_named(edit, d, name)?,
             None => None,
         };
-        let mut entry = current.clone().unwrap_or_default();
+        let (value, tree) = match &current {
+            Some(named) => (named.1.value.as_ref(), named.1.tree),
+            None => (None, None),
+        };
         // Sorted by segments, so a key ending here comes first in its group.
         let (here, below) = match group.first() {
             Some(first) if first.0.len() == depth + 1 => (Some(first), &group[1..]),
             _ => (None, group),
         };
-        if let Some((_, (key, value))) = here
-            && entry.value != *value
+        let mut new_value = None;
+        if let Some((_, (key, put))) = here
+            && value != put.as_ref()
         {
             applied.push(Applied {
                 key: key.clone(),
-                before: entry.value.clone(),
-                after: value.clone(),
+                before: value.is_some(),
+                after: put.is_some(),
             });
-            entry.value = value.clone();
+            new_value = Some(put);
         }
-        if !below.is_empty() {
-            entry.tree = apply_dir(edit, entry.tree.as_ref(), below, depth + 1, applied)?;
-        }
-        if Some(&entry) != current.as_ref() && !(entry.is_empty() && current.is_none()) {
+        let new_tree = match below {
+            [] => tree,
+            _ => apply_dir(edit, tree.as_ref(), below, depth + 1, applied)?,
+        };
+        if new_value.is_some() || new_tree != tree {
+            let entry = Entry {
+                value: match new_value {
+                    Some(put) => put.clone(),
+                    None => value.cloned(),
+                },
+                tree: new_tree,
+            };
             updates.push((name.to_vec(), Some(entry).filter(|e| !e.is_empty())));
         }
         i = j;
     }
-    dir::update(edit, dir, &updates)
+    dir::update(edit, dir, updates)
 }
 
 /// Every key under `prefix` (the prefix key itself included), ordered segment by segment.
