@@ -103,14 +103,24 @@ pub(crate) fn with_encoding<T: serde::Serialize + ?Sized, R>(
     value: &T,
     f: impl FnOnce(&[u8]) -> R,
 ) -> R {
+    with_written(|buf| encode_into(value, buf), f)
+}
+
+/// Calls `f` with what `write` appends to an empty, reused per-thread buffer.
+pub(crate) fn with_written<R>(write: impl FnOnce(&mut Vec<u8>), f: impl FnOnce(&[u8]) -> R) -> R {
     SCRATCH.with(|cell| {
         // Taken, not borrowed: `f` may encode something itself.
         let mut buf = cell.take();
         buf.clear();
-        // Encoding plain data into memory does not fail.
-        let buf = postcard::to_extend(value, buf).unwrap_or_default();
+        write(&mut buf);
         let r = f(&buf);
         cell.replace(buf);
         r
     })
+}
+
+/// Appends the postcard encoding of `value` to `out`.
+pub(crate) fn encode_into<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    // Encoding plain data into memory does not fail.
+    *out = postcard::to_extend(value, std::mem::take(out)).unwrap_or_default();
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EnvError, Result};
-use crate::hash::{Bytes, Hash};
+use crate::hash::Hash;
 use crate::value::Value;
 
 /// A directory keeps at most this many entries in one node; past it, the directory splits by the
@@ -29,6 +29,34 @@ pub(crate) type NodeId = i64;
 pub(crate) struct Ptr {
     pub hash: Hash,
     pub id: NodeId,
+}
+
+impl Ptr {
+    /// The hash, and in the stored form the id (see [`Node::write`]).
+    fn write(&self, out: &mut Vec<u8>, form: Form) {
+        out.extend_from_slice(&self.hash.0);
+        if form == Form::Stored {
+            // postcard writes a signed integer zigzag-encoded.
+            varint(out, ((self.id << 1) ^ (self.id >> 63)) as u64);
+        }
+    }
+}
+
+/// Which encoding of a node: the one stored (child pointers with ids) or the one hashed
+/// (child pointers by hash alone, so equal content hashes equally wherever it is stored).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Stored,
+    Hashed,
+}
+
+/// An unsigned integer as postcard writes it: seven bits a byte, low bits first.
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
 }
 
 impl PartialEq for Ptr {
@@ -63,26 +91,11 @@ pub(crate) type Named = Arc<(Vec<u8>, Entry)>;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Node {
     /// Entries sorted by name.
-    Leaf(#[serde(serialize_with = "leaf_entries")] Vec<Named>),
+    Leaf(Vec<Named>),
     /// Children by bucket (ascending), with the total number of names below.
     Split {
         count: u64,
         children: Vec<(u8, Ptr)>,
-    },
-}
-
-/// A leaf's entries as the derive would write `(name, entry)` pairs, names as byte strings.
-fn leaf_entries<S: serde::Serializer>(es: &[Named], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(es.iter().map(|named| (Bytes(&named.0), &named.1)))
-}
-
-/// The hashed form of a node: everything but the storage ids.
-#[derive(Serialize)]
-enum HashForm<'a> {
-    Leaf(Vec<(Bytes<'a>, Option<&'a Value>, Option<&'a Hash>)>),
-    Split {
-        count: u64,
-        children: Vec<(u8, &'a Hash)>,
     },
 }
 
@@ -96,8 +109,7 @@ impl Node {
 
     /// Appends the storage encoding (with child ids) to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        // Encoding plain data into memory does not fail.
-        *out = postcard::to_extend(self, std::mem::take(out)).unwrap_or_default();
+        self.write(out, Form::Stored);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Node> {
@@ -110,21 +122,51 @@ impl Node {
     /// The content hash: covers names, values and the children's hashes, not where anything is
     /// stored.
     pub fn hash(&self) -> Hash {
-        let form = match self {
-            Node::Leaf(es) => HashForm::Leaf(
-                es.iter()
-                    .map(|named| {
-                        let (n, e) = &**named;
-                        (Bytes(n), e.value.as_ref(), e.tree.as_ref().map(|p| &p.hash))
-                    })
-                    .collect(),
-            ),
-            Node::Split { count, children } => HashForm::Split {
-                count: *count,
-                children: children.iter().map(|(b, p)| (*b, &p.hash)).collect(),
-            },
-        };
-        crate::hash::with_encoding(&form, |bytes| Hash::of(b"environment-node-v1", bytes))
+        crate::hash::with_written(
+            |buf| self.write(buf, Form::Hashed),
+            |bytes| Hash::of(b"environment-node-v1", bytes),
+        )
+    }
+
+    /// Writes the node in postcard's wire format: the stored form as the derived `Serialize`
+    /// would (the derived `Deserialize` reads it back), the hashed form as the same with child
+    /// pointers reduced to their hashes. Written by hand because serde hands a hash over one
+    /// byte at a time, and a commit writes each of its nodes twice: that was a tenth of an act.
+    fn write(&self, out: &mut Vec<u8>, form: Form) {
+        match self {
+            Node::Leaf(es) => {
+                varint(out, 0);
+                varint(out, es.len() as u64);
+                for named in es {
+                    let (name, entry) = &**named;
+                    varint(out, name.len() as u64);
+                    out.extend_from_slice(name);
+                    match &entry.value {
+                        None => out.push(0),
+                        Some(v) => {
+                            out.push(1);
+                            crate::hash::encode_into(v, out);
+                        }
+                    }
+                    match &entry.tree {
+                        None => out.push(0),
+                        Some(p) => {
+                            out.push(1);
+                            p.write(out, form);
+                        }
+                    }
+                }
+            }
+            Node::Split { count, children } => {
+                varint(out, 1);
+                varint(out, *count);
+                varint(out, children.len() as u64);
+                for (b, p) in children {
+                    out.push(*b);
+                    p.write(out, form);
+                }
+            }
+        }
     }
 
     /// Every child pointer.
@@ -225,6 +267,8 @@ impl NodeSource for TreeEdit<'_> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
     use crate::value::{Content, EntryKind};
 
@@ -255,6 +299,97 @@ mod tests {
             named(b"link", Some(Value::symlink("../a.txt")), None),
             named(&[0xff, 0x01, b'x'], None, Some(sub)),
         ])
+    }
+
+    /// The hashed form as a derive would write it: what [`Node::write`] must match.
+    #[derive(Serialize)]
+    enum HashedForm<'a> {
+        Leaf(Vec<(&'a Vec<u8>, &'a Option<Value>, Option<&'a Hash>)>),
+        Split {
+            count: u64,
+            children: Vec<(u8, &'a Hash)>,
+        },
+    }
+
+    fn hashed_form(node: &Node) -> HashedForm<'_> {
+        match node {
+            Node::Leaf(es) => HashedForm::Leaf(
+                es.iter()
+                    .map(|n| (&n.0, &n.1.value, n.1.tree.as_ref().map(|p| &p.hash)))
+                    .collect(),
+            ),
+            Node::Split { count, children } => HashedForm::Split {
+                count: *count,
+                children: children.iter().map(|(b, p)| (*b, &p.hash)).collect(),
+            },
+        }
+    }
+
+    fn arb_ptr() -> impl Strategy<Value = Ptr> {
+        (any::<[u8; 32]>(), any::<i64>()).prop_map(|(h, id)| Ptr { hash: Hash(h), id })
+    }
+
+    fn arb_value() -> impl Strategy<Value = Value> {
+        (
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..300).prop_map(Content::Inline),
+                any::<[u8; 32]>().prop_map(|h| Content::Blob(Hash(h))),
+            ],
+            any::<(u32, u64, Option<i64>)>(),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..200)),
+            proptest::collection::btree_map(".{0,8}", ".{0,8}", 0..3),
+        )
+            .prop_map(
+                |(content, (mode, size, mtime_ns), symlink_target, attributes)| Value {
+                    content,
+                    meta: crate::value::Meta {
+                        mode,
+                        size,
+                        mtime_ns,
+                        symlink_target,
+                        attributes,
+                        ..crate::value::Meta::of(EntryKind::Artifact)
+                    },
+                },
+            )
+    }
+
+    fn arb_node() -> impl Strategy<Value = Node> {
+        prop_oneof![
+            proptest::collection::vec(
+                (
+                    proptest::collection::vec(any::<u8>(), 1..200),
+                    proptest::option::of(arb_value()),
+                    proptest::option::of(arb_ptr()),
+                ),
+                0..70,
+            )
+            .prop_map(|es| Node::Leaf(
+                es.into_iter()
+                    .map(|(name, value, tree)| named(&name, value, tree))
+                    .collect()
+            )),
+            (
+                any::<u64>(),
+                proptest::collection::vec((any::<u8>(), arb_ptr()), 0..17)
+            )
+                .prop_map(|(count, children)| Node::Split { count, children }),
+        ]
+    }
+
+    proptest! {
+        /// Both forms are written exactly as the derives would write them, for any node.
+        #[test]
+        fn nodes_are_written_as_the_derives_write_them(node in arb_node()) {
+            let mut stored = Vec::new();
+            node.encode_into(&mut stored);
+            prop_assert_eq!(&stored, &postcard::to_stdvec(&node).unwrap());
+            prop_assert_eq!(&Node::decode(&stored).unwrap(), &node);
+            let mut hashed = Vec::new();
+            node.write(&mut hashed, Form::Hashed);
+            prop_assert_eq!(&hashed, &postcard::to_stdvec(&hashed_form(&node)).unwrap());
+            prop_assert_eq!(node.hash(), Hash::of(b"environment-node-v1", &hashed));
+        }
     }
 
     /// Node hashes and stored encodings are formats: views written by earlier builds must hash
