@@ -34,6 +34,7 @@ pub mod blob;
 pub mod checkpoint;
 pub mod clock;
 mod db;
+mod encoding;
 pub mod environment;
 pub mod error;
 pub mod event;

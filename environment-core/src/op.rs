@@ -329,7 +329,7 @@ impl Operation {
             restored_from: &self.restored_from,
             effects: &self.effects,
         };
-        crate::hash::with_encoding(&body, |bytes| OpId(Hash::of(b"environment-op-v1", bytes)))
+        crate::encoding::with_encoding(&body, |bytes| OpId(Hash::of(b"environment-op-v1", bytes)))
     }
 
     /// Whether the id matches the record.
@@ -380,7 +380,7 @@ mod tests {
             op.compute_id().0.to_hex(),
             "999d8ff76d34f88eb9e1d81e0a15fd99298ba7476f12dd06f20446478a5df320"
         );
-        let record = crate::hash::with_encoding(&op, <[u8]>::to_vec);
+        let record = crate::encoding::with_encoding(&op, <[u8]>::to_vec);
         assert_eq!(
             blake3::hash(&record).to_hex().as_str(),
             "7b78c7eadf7e6ae3830a196298a31b7449af1e09104823a577ab3e90ace4ae5b"

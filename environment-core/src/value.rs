@@ -5,6 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::encoding::{byte_string, signed, varint};
 use crate::hash::Hash;
 
 /// Content at most this long is kept inline in the tree node; longer content goes to the blob
@@ -45,7 +46,7 @@ pub enum EntryKind {
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Content {
     /// Small content held in the tree node itself.
-    Inline(#[serde(serialize_with = "crate::hash::bytes")] Vec<u8>),
+    Inline(Vec<u8>),
     /// Content in the blob store, named by its blake3 hash.
     Blob(Hash),
 }
@@ -69,7 +70,6 @@ pub struct Meta {
     /// Length of the content in bytes (for a sparse file, its apparent size).
     pub size: u64,
     /// The target of a symlink, as bytes.
-    #[serde(serialize_with = "crate::hash::opt_bytes")]
     pub symlink_target: Option<Vec<u8>>,
     /// Modification time in nanoseconds since the epoch, when the value came from a file.
     pub mtime_ns: Option<i64>,
@@ -101,6 +101,52 @@ pub struct Value {
 }
 
 impl Value {
+    /// Writes the value as its derived `Serialize` does in postcard (see [`crate::encoding`]):
+    /// a commit writes every value of the directories it changes, twice.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        match &self.content {
+            Content::Inline(bytes) => {
+                varint(out, 0);
+                byte_string(out, bytes);
+            }
+            Content::Blob(hash) => {
+                varint(out, 1);
+                out.extend_from_slice(&hash.0);
+            }
+        }
+        let Meta {
+            kind,
+            mode,
+            size,
+            symlink_target,
+            mtime_ns,
+            attributes,
+        } = &self.meta;
+        // The variant's index in declaration order, as the derive numbers it.
+        varint(out, *kind as u64);
+        varint(out, u64::from(*mode));
+        varint(out, *size);
+        match symlink_target {
+            None => out.push(0),
+            Some(target) => {
+                out.push(1);
+                byte_string(out, target);
+            }
+        }
+        match mtime_ns {
+            None => out.push(0),
+            Some(ns) => {
+                out.push(1);
+                signed(out, *ns);
+            }
+        }
+        varint(out, attributes.len() as u64);
+        for (name, value) in attributes {
+            byte_string(out, name.as_bytes());
+            byte_string(out, value.as_bytes());
+        }
+    }
+
     /// A regular file with mode 0644.
     pub fn file(bytes: impl Into<Vec<u8>>) -> Value {
         Value::with_kind(EntryKind::File, bytes).mode(0o644)
@@ -218,9 +264,64 @@ impl Serialize for SecretValue {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use proptest::prelude::*;
+
     use super::*;
     use crate::key::Key;
+
+    /// Any value: inline or blob content, every kind, any metadata.
+    pub(crate) fn arb_value() -> impl Strategy<Value = Value> {
+        use EntryKind::*;
+        let kinds = [
+            File,
+            Symlink,
+            Dir,
+            Fifo,
+            Socket,
+            Device,
+            Artifact,
+            Review,
+            TestResult,
+            ExternalRef,
+            SecretRef,
+            Conflict,
+        ];
+        (
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..300).prop_map(Content::Inline),
+                any::<[u8; 32]>().prop_map(|h| Content::Blob(Hash(h))),
+            ],
+            proptest::sample::select(kinds.to_vec()),
+            any::<(u32, u64, Option<i64>)>(),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..200)),
+            proptest::collection::btree_map(".{0,8}", ".{0,8}", 0..3),
+        )
+            .prop_map(
+                |(content, kind, (mode, size, mtime_ns), symlink_target, attributes)| Value {
+                    content,
+                    meta: Meta {
+                        kind,
+                        mode,
+                        size,
+                        symlink_target,
+                        mtime_ns,
+                        attributes,
+                    },
+                },
+            )
+    }
+
+    proptest! {
+        /// A value is written exactly as its derived `Serialize` writes it.
+        #[test]
+        fn values_are_written_as_the_derive_writes_them(v in arb_value()) {
+            let mut written = Vec::new();
+            v.write(&mut written);
+            prop_assert_eq!(&written, &postcard::to_stdvec(&v).unwrap());
+            prop_assert_eq!(postcard::from_bytes::<Value>(&written).unwrap(), v);
+        }
+    }
 
     #[test]
     fn secret_values_never_print() {

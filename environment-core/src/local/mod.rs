@@ -564,7 +564,7 @@ impl Inner {
         let mut insert = conn.prepare_cached(
             "INSERT INTO ops(seq, id, root, record, branch, nodes) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
-        crate::hash::with_encoding(&op, |record| {
+        crate::encoding::with_encoding(&op, |record| {
             insert.execute(params![
                 seq,
                 &op.id.0.0[..],

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::encoding::{byte_string, signed, varint};
 use crate::error::{EnvError, Result};
 use crate::hash::Hash;
 use crate::value::Value;
@@ -36,8 +37,7 @@ impl Ptr {
     fn write(&self, out: &mut Vec<u8>, form: Form) {
         out.extend_from_slice(&self.hash.0);
         if form == Form::Stored {
-            // postcard writes a signed integer zigzag-encoded.
-            varint(out, ((self.id << 1) ^ (self.id >> 63)) as u64);
+            signed(out, self.id);
         }
     }
 }
@@ -48,15 +48,6 @@ impl Ptr {
 enum Form {
     Stored,
     Hashed,
-}
-
-/// An unsigned integer as postcard writes it: seven bits a byte, low bits first.
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 impl PartialEq for Ptr {
@@ -122,7 +113,7 @@ impl Node {
     /// The content hash: covers names, values and the children's hashes, not where anything is
     /// stored.
     pub fn hash(&self) -> Hash {
-        crate::hash::with_written(
+        crate::encoding::with_written(
             |buf| self.write(buf, Form::Hashed),
             |bytes| Hash::of(b"environment-node-v1", bytes),
         )
@@ -139,13 +130,12 @@ impl Node {
                 varint(out, es.len() as u64);
                 for named in es {
                     let (name, entry) = &**named;
-                    varint(out, name.len() as u64);
-                    out.extend_from_slice(name);
+                    byte_string(out, name);
                     match &entry.value {
                         None => out.push(0),
                         Some(v) => {
                             out.push(1);
-                            crate::hash::encode_into(v, out);
+                            v.write(out);
                         }
                     }
                     match &entry.tree {
@@ -329,37 +319,12 @@ mod tests {
         (any::<[u8; 32]>(), any::<i64>()).prop_map(|(h, id)| Ptr { hash: Hash(h), id })
     }
 
-    fn arb_value() -> impl Strategy<Value = Value> {
-        (
-            prop_oneof![
-                proptest::collection::vec(any::<u8>(), 0..300).prop_map(Content::Inline),
-                any::<[u8; 32]>().prop_map(|h| Content::Blob(Hash(h))),
-            ],
-            any::<(u32, u64, Option<i64>)>(),
-            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..200)),
-            proptest::collection::btree_map(".{0,8}", ".{0,8}", 0..3),
-        )
-            .prop_map(
-                |(content, (mode, size, mtime_ns), symlink_target, attributes)| Value {
-                    content,
-                    meta: crate::value::Meta {
-                        mode,
-                        size,
-                        mtime_ns,
-                        symlink_target,
-                        attributes,
-                        ..crate::value::Meta::of(EntryKind::Artifact)
-                    },
-                },
-            )
-    }
-
     fn arb_node() -> impl Strategy<Value = Node> {
         prop_oneof![
             proptest::collection::vec(
                 (
                     proptest::collection::vec(any::<u8>(), 1..200),
-                    proptest::option::of(arb_value()),
+                    proptest::option::of(crate::value::tests::arb_value()),
                     proptest::option::of(arb_ptr()),
                 ),
                 0..70,
