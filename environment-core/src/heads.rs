@@ -70,7 +70,9 @@ pub(crate) fn all(conn: &Connection) -> Result<BTreeMap<String, OpId>> {
 
 /// The last operation of each branch recorded after sequence number `since`.
 fn moved_since(conn: &Connection, since: i64) -> Result<HashMap<String, Vec<u8>>> {
-    let mut stmt = conn.prepare_cached("SELECT branch, id FROM ops WHERE seq > ?1 ORDER BY seq")?;
+    // With `max()`, SQLite takes the other columns from the row holding the maximum.
+    let mut stmt =
+        conn.prepare_cached("SELECT branch, id, max(seq) FROM ops WHERE seq > ?1 GROUP BY branch")?;
     let mut rows = stmt.query([since])?;
     let mut moved = HashMap::new();
     while let Some(row) = rows.next()? {

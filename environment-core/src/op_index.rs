@@ -210,8 +210,7 @@ fn tail(conn: &Connection, indexed: i64, upto: i64) -> Result<Vec<(u64, i64)>> {
     Ok(conn
         .prepare_cached("SELECT id, seq FROM ops WHERE seq > ?1 AND seq <= ?2")?
         .query_map([indexed, upto], |r| {
-            let id: Vec<u8> = r.get(0)?;
-            Ok((prefix(&id), r.get(1)?))
+            Ok((prefix(r.get_ref(0)?.as_blob()?), r.get(1)?))
         })?
         .collect::<rusqlite::Result<_>>()?)
 }

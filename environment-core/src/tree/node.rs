@@ -200,6 +200,8 @@ pub(crate) struct NewNode {
 /// row ids from `next_id` upwards.
 pub(crate) struct TreeEdit<'a> {
     src: &'a dyn NodeSource,
+    /// The first id of the edit's own nodes: every stored node's id is below it.
+    first_id: NodeId,
     next_id: NodeId,
     by_id: HashMap<NodeId, Arc<Node>>,
     by_hash: HashMap<Hash, Ptr>,
@@ -209,6 +211,7 @@ impl<'a> TreeEdit<'a> {
     pub fn new(src: &'a dyn NodeSource, next_id: NodeId) -> TreeEdit<'a> {
         TreeEdit {
             src,
+            first_id: next_id,
             next_id,
             by_id: HashMap::new(),
             by_hash: HashMap::new(),
@@ -233,11 +236,12 @@ impl<'a> TreeEdit<'a> {
     /// The new nodes reachable from `root`, to be stored with the operation that refers to them;
     /// intermediate nodes the edit superseded are left out.
     pub fn into_new_nodes(mut self, root: &Ptr) -> Vec<NewNode> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.by_id.len());
         let mut stack = vec![*root];
         while let Some(p) = stack.pop() {
             if let Some(node) = self.by_id.remove(&p.id) {
-                stack.extend(node.children().copied());
+                let first_id = self.first_id;
+                stack.extend(node.children().filter(|c| c.id >= first_id).copied());
                 out.push(NewNode { ptr: p, node });
             }
         }
@@ -247,11 +251,13 @@ impl<'a> TreeEdit<'a> {
 
 impl NodeSource for TreeEdit<'_> {
     fn node(&self, ptr: &Ptr) -> Result<Arc<Node>> {
-        // Ids at or above the edit's start are its own; below are stored nodes.
-        match self.by_id.get(&ptr.id) {
-            Some(n) => Ok(n.clone()),
-            None => self.src.node(ptr),
+        // Only the edit's own ids are worth looking up here.
+        if ptr.id >= self.first_id
+            && let Some(n) = self.by_id.get(&ptr.id)
+        {
+            return Ok(n.clone());
         }
+        self.src.node(ptr)
     }
 }
 
