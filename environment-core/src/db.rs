@@ -256,8 +256,8 @@ struct Latest {
     next_seq: Option<i64>,
     /// The last sequence number the operation index covers with runs, once known.
     indexed: Option<i64>,
-    /// The sequence number the `heads` snapshot is complete to, once known (see `heads`).
-    heads_settled: Option<i64>,
+    /// What is known of the `heads` snapshot (see `heads`).
+    snapshot: heads::Known,
 }
 
 /// What a committed group knew of the database's latest state, for the next group on the same
@@ -409,18 +409,18 @@ pub(crate) fn store_op_nodes(conn: &Connection, seq: i64) -> Result<Option<Vec<u
 /// Brings the operation index and the heads snapshot up to `last_seq` where they lag too far
 /// behind, with what the writer knows of them.
 fn tidy_indexes(conn: &Connection, last_seq: i64) -> Result<()> {
-    let (mut indexed, mut settled) = PENDING.with(|p| {
-        let latest = &p.borrow().latest;
-        (latest.indexed, latest.heads_settled)
+    let (mut indexed, mut snapshot) = PENDING.with(|p| {
+        let latest = &mut p.borrow_mut().latest;
+        (latest.indexed, std::mem::take(&mut latest.snapshot))
     });
-    op_index::compact(conn, last_seq, &mut indexed)?;
-    heads::settle(conn, last_seq, &mut settled)?;
+    let tidied = op_index::compact(conn, last_seq, &mut indexed)
+        .and_then(|()| heads::settle(conn, last_seq, &mut snapshot));
     PENDING.with(|p| {
         let latest = &mut p.borrow_mut().latest;
         latest.indexed = indexed;
-        latest.heads_settled = settled;
+        latest.snapshot = snapshot;
     });
-    Ok(())
+    tidied
 }
 
 fn insert_blocks<'a>(
@@ -924,7 +924,13 @@ fn commit_group(
                 p.nodes.extend(fx.nodes.iter().cloned());
                 for (op, root) in &fx.ops {
                     p.ops.insert(op.id, (op.clone(), *root));
-                    p.latest.heads.insert(op.branch.clone(), op.id);
+                    match p.latest.heads.get_mut(&op.branch) {
+                        Some(head) => *head = op.id,
+                        None => {
+                            p.latest.heads.insert(op.branch.clone(), op.id);
+                        }
+                    }
+                    p.latest.snapshot.record(&op.branch, op.id);
                     p.latest.next_seq = Some(op.seq as i64 + 1);
                 }
             });

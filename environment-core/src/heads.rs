@@ -70,9 +70,7 @@ pub(crate) fn all(conn: &Connection) -> Result<BTreeMap<String, OpId>> {
 
 /// The last operation of each branch recorded after sequence number `since`.
 fn moved_since(conn: &Connection, since: i64) -> Result<HashMap<String, Vec<u8>>> {
-    // With `max()`, SQLite takes the other columns from the row holding the maximum.
-    let mut stmt =
-        conn.prepare_cached("SELECT branch, id, max(seq) FROM ops WHERE seq > ?1 GROUP BY branch")?;
+    let mut stmt = conn.prepare_cached("SELECT branch, id FROM ops WHERE seq > ?1 ORDER BY seq")?;
     let mut rows = stmt.query([since])?;
     let mut moved = HashMap::new();
     while let Some(row) = rows.next()? {
@@ -81,30 +79,66 @@ fn moved_since(conn: &Connection, since: i64) -> Result<HashMap<String, Vec<u8>>
     Ok(moved)
 }
 
+/// What the writer knows of the snapshot between groups.
+#[derive(Default)]
+pub(crate) struct Known {
+    /// The sequence number the snapshot is complete to (read when `None`).
+    seq: Option<i64>,
+    /// The heads moved since, when the writer has seen every operation since: it settled the
+    /// snapshot itself and no other connection has committed after. Settling then reads nothing
+    /// from the log.
+    moved: Option<HashMap<String, OpId>>,
+}
+
+impl Known {
+    /// An operation this connection recorded on `branch`.
+    pub fn record(&mut self, branch: &str, id: OpId) {
+        if let Some(moved) = &mut self.moved {
+            match moved.get_mut(branch) {
+                Some(head) => *head = id,
+                None => {
+                    moved.insert(branch.to_owned(), id);
+                }
+            }
+        }
+    }
+}
+
 /// Brings the snapshot up to `last_seq` (the log's last operation) if it lags [`SETTLE_EVERY`]
-/// behind. Called by the writer at the end of a group, inside its transaction; `known` is what
-/// the writer last knew of the snapshot's sequence number (read when `None`), and is kept up to
-/// date.
-pub(crate) fn settle(conn: &Connection, last_seq: i64, known: &mut Option<i64>) -> Result<()> {
-    let since = match *known {
+/// behind. Called by the writer at the end of a group, inside its transaction, with what it
+/// knows of the snapshot, which is kept up to date.
+pub(crate) fn settle(conn: &Connection, last_seq: i64, known: &mut Known) -> Result<()> {
+    let since = match known.seq {
         Some(s) => s,
         None => settled(conn)?,
     };
-    *known = Some(since);
+    known.seq = Some(since);
     if last_seq - since < SETTLE_EVERY {
         return Ok(());
     }
     let mut upsert = conn.prepare_cached(
         "INSERT INTO heads(name, op) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET op = excluded.op",
     )?;
-    for (branch, id) in moved_since(conn, since)? {
-        upsert.execute(params![branch, id])?;
+    match known.moved.take() {
+        Some(moved) => {
+            for (branch, id) in moved {
+                upsert.execute(params![branch, &id.0.0[..]])?;
+            }
+        }
+        None => {
+            for (branch, id) in moved_since(conn, since)? {
+                upsert.execute(params![branch, id])?;
+            }
+        }
     }
     conn.prepare_cached(
         "INSERT INTO meta(name, value) VALUES ('heads_seq', ?1)
          ON CONFLICT(name) DO UPDATE SET value = excluded.value",
     )?
     .execute([last_seq.to_string()])?;
-    *known = Some(last_seq);
+    *known = Known {
+        seq: Some(last_seq),
+        moved: Some(HashMap::new()),
+    };
     Ok(())
 }

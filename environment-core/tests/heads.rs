@@ -42,9 +42,9 @@ fn sql(home: &Path, statement: &str) {
     conn.execute_batch(statement).unwrap();
 }
 
-/// An environment with three branches: `main` and `busy` move all the time, `idle` moves once
-/// and then waits through several settlings of the snapshot. Returns it with its heads and the
-/// versions its acts made.
+/// An environment with three branches: `main` and `busy` move all the time, `idle` moves at the
+/// start and once between two settlings of the snapshot, then waits through several more.
+/// Returns it with its heads and the versions its acts made.
 fn three_branches(home: &Path) -> (LocalEnvironment, BTreeMap<String, OpId>, Vec<OpId>) {
     let env = LocalEnvironment::open(home, Options::default()).unwrap();
     let mut model = BTreeMap::new();
@@ -56,7 +56,11 @@ fn three_branches(home: &Path) -> (LocalEnvironment, BTreeMap<String, OpId>, Vec
     model.insert("idle".to_owned(), act(&env, "idle", 0));
     let mut versions = Vec::new();
     for i in 0..1200 {
-        let branch = if i % 3 == 0 { "main" } else { "busy" };
+        let branch = match i {
+            400 => "idle",
+            _ if i % 3 == 0 => "main",
+            _ => "busy",
+        };
         let id = act(&env, branch, i);
         versions.push(id);
         model.insert(branch.to_owned(), id);
