@@ -313,9 +313,8 @@ impl Operation {
         })
     }
 
-    /// Computes the id this record must have.
-    pub fn compute_id(&self) -> OpId {
-        let body = OpBody {
+    fn body(&self) -> OpBody<'_> {
+        OpBody {
             parents: &self.parents,
             view: &self.view,
             branch: &self.branch,
@@ -328,8 +327,34 @@ impl Operation {
             decision: &self.decision,
             restored_from: &self.restored_from,
             effects: &self.effects,
-        };
-        crate::encoding::with_encoding(&body, |bytes| OpId(Hash::of(b"environment-op-v1", bytes)))
+        }
+    }
+
+    /// Computes the id this record must have.
+    pub fn compute_id(&self) -> OpId {
+        crate::encoding::with_encoding(&self.body(), |bytes| {
+            OpId(Hash::of(b"environment-op-v1", bytes))
+        })
+    }
+
+    /// Calls `f` with the id this record must have and the record's stored encoding (its
+    /// postcard encoding with that id). The encoding is the id, the sequence number, then the
+    /// hashed part (`Operation`'s fields are `OpBody`'s after those two), so the hashed part is
+    /// encoded once for both.
+    pub(crate) fn sealed<R>(&self, f: impl FnOnce(OpId, &[u8]) -> R) -> R {
+        let id = std::cell::Cell::new(Hash([0; 32]));
+        crate::encoding::with_written(
+            |buf| {
+                buf.extend_from_slice(&[0; 32]);
+                crate::encoding::varint(buf, self.seq);
+                let body = buf.len();
+                crate::encoding::encode_into(&self.body(), buf);
+                let hash = Hash::of(b"environment-op-v1", &buf[body..]);
+                buf[..32].copy_from_slice(&hash.0);
+                id.set(hash);
+            },
+            |record| f(OpId(id.get()), record),
+        )
     }
 
     /// Whether the id matches the record.
@@ -380,11 +405,18 @@ mod tests {
             op.compute_id().0.to_hex(),
             "999d8ff76d34f88eb9e1d81e0a15fd99298ba7476f12dd06f20446478a5df320"
         );
-        let record = crate::encoding::with_encoding(&op, <[u8]>::to_vec);
+        let record = postcard::to_stdvec(&op).unwrap();
         assert_eq!(
             blake3::hash(&record).to_hex().as_str(),
             "7b78c7eadf7e6ae3830a196298a31b7449af1e09104823a577ab3e90ace4ae5b"
         );
         assert_eq!(postcard::from_bytes::<Operation>(&record).unwrap(), op);
+        // The writer's encoding: the same record, with the id it must have.
+        let (id, sealed) = op.sealed(|id, record| (id, record.to_vec()));
+        assert_eq!(id, op.compute_id());
+        assert_eq!(
+            sealed,
+            postcard::to_stdvec(&Operation { id, ..op }).unwrap()
+        );
     }
 }

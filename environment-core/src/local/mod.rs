@@ -548,7 +548,6 @@ impl Inner {
             restored_from: draft.restored_from,
             effects: draft.effects,
         };
-        op.id = op.compute_id();
         // Every caller read the head it builds on in this transaction, and heads move only by
         // recording operations: a different head here would be a bug, refused before writing.
         let current = match db::pending_head(&op.branch) {
@@ -564,15 +563,17 @@ impl Inner {
         let mut insert = conn.prepare_cached(
             "INSERT INTO ops(seq, id, root, record, branch, nodes) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
-        crate::encoding::with_encoding(&op, |record| {
-            insert.execute(params![
-                seq,
-                &op.id.0.0[..],
-                draft.view.id,
-                record,
-                op.branch,
-                nodes
-            ])
+        op.id = op.sealed(|id, record| {
+            insert
+                .execute(params![
+                    seq,
+                    &id.0.0[..],
+                    draft.view.id,
+                    record,
+                    op.branch,
+                    nodes
+                ])
+                .map(|_| id)
         })?;
         let event = Event::from(&op);
         if self.hub.has_publisher() {
