@@ -11,7 +11,6 @@ use foldhash::{HashMap, HashMapExt};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::error::{EnvError, Result};
-use crate::event::Event;
 use crate::hash::Hash;
 use crate::heads;
 use crate::op::{OpId, Operation};
@@ -567,11 +566,9 @@ pub(crate) fn delete_nodes(conn: &Connection, dead: &HashSet<NodeId>) -> Result<
 /// What a job leaves for after its transaction commits.
 #[derive(Default)]
 pub(crate) struct TxEffects {
-    /// Events to hand to subscribers and the outbox thread.
-    pub events: Vec<Event>,
     /// Nodes to put in the cache.
     pub nodes: CommittedNodes,
-    /// Operations (with their root node) to put in the cache.
+    /// Operations (with their root node) to announce and put in the cache.
     pub ops: CommittedOps,
 }
 
@@ -617,8 +614,8 @@ impl Job {
 /// answering the jobs' callers.
 pub(crate) struct AfterCommit {
     /// Before the callers are answered: what they may count on once their call returns (the
-    /// subscribers have the events).
-    pub announce: Box<dyn Fn(Vec<Event>) + Send + Sync>,
+    /// subscribers have the operations' events).
+    pub announce: Box<dyn Fn(&CommittedOps) + Send + Sync>,
     /// After the callers are answered: what only makes later reads faster (the caches). A caller
     /// woken earlier comes back earlier with its next job, which then joins the next group
     /// instead of waiting for the one after.
@@ -934,7 +931,6 @@ fn commit_group(
                     p.latest.next_seq = Some(op.seq as i64 + 1);
                 }
             });
-            effects.events.append(&mut fx.events);
             effects.nodes.append(&mut fx.nodes);
             effects.ops.append(&mut fx.ops);
         }
@@ -960,8 +956,8 @@ fn commit_group(
     }
     match committed {
         Ok(()) => {
-            let TxEffects { events, nodes, ops } = effects;
-            (after_commit.announce)(events);
+            let TxEffects { nodes, ops } = effects;
+            (after_commit.announce)(&ops);
             for (_, fin) in finishers {
                 fin(None);
             }

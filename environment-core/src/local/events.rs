@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::Inner;
+use crate::db;
 use crate::error::Result;
 use crate::event::{Event, EventFilter};
 
@@ -60,12 +61,16 @@ impl Hub {
         Subscription { rx }
     }
 
-    /// Called by the writer after a commit.
-    pub fn deliver(&self, events: Vec<Event>) {
-        if events.is_empty() {
+    /// Called by the writer after a commit, with the operations it recorded. Their events are
+    /// made only when someone subscribes.
+    pub fn deliver(&self, ops: &db::CommittedOps) {
+        if ops.is_empty() {
             return;
         }
-        if let Ok(mut subs) = self.subscribers.lock() {
+        if let Ok(mut subs) = self.subscribers.lock()
+            && !subs.is_empty()
+        {
+            let events: Vec<Event> = ops.iter().map(|(op, _)| Event::from(&**op)).collect();
             subs.retain(|(filter, tx)| {
                 events
                     .iter()

@@ -168,7 +168,7 @@ impl LocalEnvironment {
         let after_commit = {
             let (nodes, ops, hub) = (nodes.clone(), ops.clone(), hub.clone());
             AfterCommit {
-                announce: Box::new(move |events| hub.deliver(events)),
+                announce: Box::new(move |ops| hub.deliver(ops)),
                 remember: Box::new(move |new_nodes, new_ops| {
                     cache_committed(&nodes, &ops, new_nodes, new_ops)
                 }),
@@ -575,9 +575,8 @@ impl Inner {
                 ])
                 .map(|_| id)
         })?;
-        let event = Event::from(&op);
         if self.hub.has_publisher() {
-            let bytes = serde_json::to_vec(&event).map_err(|e| EnvError::Decode {
+            let bytes = serde_json::to_vec(&Event::from(&op)).map_err(|e| EnvError::Decode {
                 what: "event",
                 detail: e.to_string(),
             })?;
@@ -585,7 +584,6 @@ impl Inner {
                 .execute([bytes])?;
         }
         let op = Arc::new(op);
-        fx.events.push(event);
         fx.ops.push((op.clone(), draft.view.id));
         Ok(op)
     }

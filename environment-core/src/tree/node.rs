@@ -237,7 +237,8 @@ impl<'a> TreeEdit<'a> {
     /// intermediate nodes the edit superseded are left out.
     pub fn into_new_nodes(mut self, root: &Ptr) -> Vec<NewNode> {
         let mut out = Vec::with_capacity(self.by_id.len());
-        let mut stack = vec![*root];
+        let mut stack = Vec::with_capacity(16);
+        stack.push(*root);
         while let Some(p) = stack.pop() {
             if let Some(node) = self.by_id.remove(&p.id) {
                 let first_id = self.first_id;
