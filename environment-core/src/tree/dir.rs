@@ -37,10 +37,18 @@ pub(crate) fn get_named(src: &dyn NodeSource, root: &Ptr, name: &[u8]) -> Result
 
 /// Every entry of the directory, sorted by name.
 pub(crate) fn entries(src: &dyn NodeSource, root: &Ptr) -> Result<Vec<(Vec<u8>, Entry)>> {
+    Ok(shared_entries(src, root)?
+        .into_iter()
+        .map(Arc::unwrap_or_clone)
+        .collect())
+}
+
+/// Every entry of the directory, sorted by name, shared with the nodes holding them.
+fn shared_entries(src: &dyn NodeSource, root: &Ptr) -> Result<Vec<Named>> {
     let mut out = Vec::new();
     collect(src, root, &mut out)?;
     out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out.into_iter().map(Arc::unwrap_or_clone).collect())
+    Ok(out)
 }
 
 fn collect(src: &dyn NodeSource, h: &Ptr, out: &mut Vec<Named>) -> Result<()> {
@@ -196,12 +204,13 @@ fn diff_at(
         }
         return Ok(());
     }
+    // Shared, not copied: only the entries that differ are copied out.
     let ea = match a {
-        Some(h) => entries(src, h)?,
+        Some(h) => shared_entries(src, h)?,
         None => Vec::new(),
     };
     let eb = match b {
-        Some(h) => entries(src, h)?,
+        Some(h) => shared_entries(src, h)?,
         None => Vec::new(),
     };
     let (mut i, mut j) = (0, 0);
