@@ -374,17 +374,26 @@ pub(crate) fn insert_nodes(nodes: &[NewNode]) {
     });
 }
 
-/// The most bytes of nodes an operation's row holds. A small act's nodes (a path of a few
-/// directories) fit, and its commit then appends to the log alone; more would make rows spill
-/// into overflow pages, or hold a few per page, and cost more pages per commit than a block of
-/// their own does.
-const IN_ROW_MAX: usize = 2048;
+/// The most bytes an operation's row (its record and nodes, and the other columns) should
+/// take: SQLite keeps a row of up to 4,061 bytes on its 4 KiB page, and moves the rest of a
+/// longer one to overflow pages.
+const ROW_MAX: usize = 4000;
 
-/// Stores the nodes the running job created for operation `seq`, and returns the block for
-/// the operation's row (`None` if it created none, or more than [`IN_ROW_MAX`] bytes of them:
-/// those go to `node_blocks`, cut as ever so that reading one node never decodes much more).
-/// Refused, before writing, if the nodes do not fit the operation's ids.
-pub(crate) fn store_op_nodes(conn: &Connection, seq: i64) -> Result<Option<Vec<u8>>> {
+/// What an operation's row takes besides its record and its nodes (the other columns and the
+/// row's header), at most.
+const ROW_OVERHEAD: usize = 128;
+
+/// Stores the nodes the running job created for operation `seq`, whose record takes `record`
+/// bytes, and returns the block for the operation's row. They go there when the row stays
+/// within [`ROW_MAX`]: an act's nodes (the path from its keys to the root) then cost its commit
+/// no B-tree insert of their own. Otherwise (`None`, also when it created none) they go to
+/// `node_blocks`, cut as ever so that reading one node never decodes much more. Refused, before
+/// writing, if the nodes do not fit the operation's ids.
+pub(crate) fn store_op_nodes(
+    conn: &Connection,
+    seq: i64,
+    record: usize,
+) -> Result<Option<Vec<u8>>> {
     let nodes = PENDING.with(|p| std::mem::take(&mut p.borrow_mut().unflushed));
     let (Some(first), Some(last)) = (nodes.first(), nodes.last()) else {
         return Ok(None);
@@ -395,11 +404,15 @@ pub(crate) fn store_op_nodes(conn: &Connection, seq: i64) -> Result<Option<Vec<u
             block::last_of_op(seq) - block::first_of_op(seq) + 1
         )));
     }
-    let mut blocks = block::encode(nodes.iter().map(|(id, h, n)| (*id, *h, &**n)));
-    if let [(_, _, data)] = &mut blocks[..]
-        && data.len() <= IN_ROW_MAX
-    {
-        return Ok(Some(std::mem::take(data)));
+    let blocks = block::encode(nodes.iter().map(|(id, h, n)| (*id, *h, &**n)));
+    let size: usize = blocks.iter().map(|(_, _, data)| data.len()).sum();
+    if record + ROW_OVERHEAD + size <= ROW_MAX {
+        // Consecutive blocks make one block: each entry says its own id and length.
+        let mut data = Vec::with_capacity(size);
+        for (_, _, part) in blocks {
+            data.extend_from_slice(&part);
+        }
+        return Ok(Some(data));
     }
     insert_encoded(conn, blocks)?;
     Ok(None)
@@ -1104,7 +1117,7 @@ mod tests {
             .collect();
         insert_nodes(&new);
         assert!(matches!(
-            store_op_nodes(&conn, seq),
+            store_op_nodes(&conn, seq, 0),
             Err(EnvError::RequestTooLarge(_))
         ));
         let blocks: i64 = conn
@@ -1113,7 +1126,7 @@ mod tests {
         assert_eq!(blocks, 0);
         // Within the operation's ids, the node goes to its row.
         insert_nodes(&new[..1]);
-        assert!(store_op_nodes(&conn, seq).unwrap().is_some());
+        assert!(store_op_nodes(&conn, seq, 0).unwrap().is_some());
     }
 
     #[test]

@@ -246,3 +246,60 @@ fn imports_larger_than_a_block_read_back_cold_and_collect() {
     versions.remove(1);
     read_back_cold(home.path(), &actor, &versions);
 }
+
+#[test]
+fn an_act_whose_nodes_fill_more_than_a_block_keeps_them_in_its_row() {
+    let home = tempfile::tempdir().unwrap();
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let actor = ActorId::new("agent:row").unwrap();
+    // The bytes of nodes in the last operation's row, and the rows of `node_blocks`.
+    let stored = || -> (Option<i64>, i64) {
+        let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
+        conn.query_row(
+            "SELECT (SELECT LENGTH(nodes) FROM ops ORDER BY seq DESC LIMIT 1),
+                    (SELECT COUNT(*) FROM node_blocks)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    };
+    // A directory of 44 files with inline content: about 3.3 KB of nodes, more than a block of
+    // `node_blocks` holds and less than a row of the log does.
+    let mut state = std::collections::BTreeMap::new();
+    let mut r = ActRequest::new(actor.clone(), Intent::edit("many small files"));
+    for i in 0..44 {
+        let key = Key::fs(format!("big/file-{i:02}.txt")).unwrap();
+        let value = Value::file(format!("{i:050}"));
+        state.insert(key.clone(), value.clone());
+        r = r.put(key, value);
+    }
+    let first = env.act_blocking(r).unwrap().version;
+    let (_, blocks) = stored();
+    // One change there rewrites the whole directory node, which its operation's row holds (its
+    // record names one key, where the first named all it could).
+    let key = Key::fs("big/file-07.txt").unwrap();
+    state.insert(key.clone(), Value::file("changed"));
+    let one = ActRequest::new(actor.clone(), Intent::edit("one")).put(key, Value::file("changed"));
+    let second = env.act_blocking(one).unwrap().version;
+    let (in_row, blocks_after) = stored();
+    let in_row = in_row.expect("the nodes are in the operation's row");
+    assert!(
+        (3 * 1024..4000).contains(&in_row),
+        "{in_row} bytes in the row"
+    );
+    assert_eq!(blocks_after, blocks);
+    // Put the file back, then drop the second version: its nodes die, and its row is rewritten
+    // without them.
+    let mut kept = state.clone();
+    let (key, value) = (
+        Key::fs("big/file-07.txt").unwrap(),
+        Value::file(format!("{:050}", 7)),
+    );
+    kept.insert(key.clone(), value.clone());
+    let back = ActRequest::new(actor.clone(), Intent::edit("back")).put(key, value);
+    let third = env.act_blocking(back).unwrap().version;
+    assert_eq!(env.drop_versions(&actor, &[second]).unwrap(), 1);
+    collect_nodes(&env, &actor, 1);
+    drop(env);
+    read_back_cold(home.path(), &actor, &[(first, kept.clone()), (third, kept)]);
+}

@@ -559,21 +559,21 @@ impl Inner {
         }
         // Recording the operation moves its branch's head (see `heads`), and stores the nodes
         // the job created.
-        let nodes = db::store_op_nodes(conn, seq)?;
-        let mut insert = conn.prepare_cached(
-            "INSERT INTO ops(seq, id, root, record, branch, nodes) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?;
-        op.id = op.sealed(|id, record| {
-            insert
-                .execute(params![
-                    seq,
-                    &id.0.0[..],
-                    draft.view.id,
-                    record,
-                    op.branch,
-                    nodes
-                ])
-                .map(|_| id)
+        op.id = op.sealed(|id, record| -> Result<OpId> {
+            let nodes = db::store_op_nodes(conn, seq, record.len())?;
+            conn.prepare_cached(
+                "INSERT INTO ops(seq, id, root, record, branch, nodes) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                seq,
+                &id.0.0[..],
+                draft.view.id,
+                record,
+                op.branch,
+                nodes
+            ])?;
+            Ok(id)
         })?;
         if self.hub.has_publisher() {
             let bytes = serde_json::to_vec(&Event::from(&op)).map_err(|e| EnvError::Decode {

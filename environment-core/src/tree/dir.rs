@@ -91,9 +91,9 @@ fn update_at(
     };
     match &*node {
         Node::Leaf(es) => Ok(build(edit, level, merge_sorted(es, changes))),
-        Node::Split { children, .. } => {
+        Node::Split { children, count } => {
             let mut new_children: Vec<(u8, Ptr)> = Vec::with_capacity(16);
-            let mut count = 0u64;
+            let mut count = *count;
             let mut groups: Vec<Vec<Change>> = vec![Vec::new(); 16];
             for c in changes {
                 groups[bucket(&c.0, level) as usize].push(c);
@@ -104,10 +104,16 @@ fn update_at(
                 let new = if group.is_empty() {
                     old
                 } else {
-                    update_at(edit, old.as_ref(), level + 1, group)?
+                    // The count changes by what this child's did: the others are not read.
+                    let new = update_at(edit, old.as_ref(), level + 1, group)?;
+                    let counted = |p: Option<Ptr>| match p {
+                        Some(h) => edit.node(&h).map(|n| n.count()),
+                        None => Ok(0),
+                    };
+                    count = count.saturating_sub(counted(old)?) + counted(new)?;
+                    new
                 };
                 if let Some(h) = new {
-                    count += edit.node(&h)?.count();
                     new_children.push((b, h));
                 }
             }
