@@ -782,18 +782,87 @@ impl Drop for Writer {
 }
 
 /// How long the writer thread waits for the callers its last group answered to come back with
-/// their next jobs. They come back within tens of microseconds; taking the next group only when
-/// they are all there (or this long has passed) makes groups as large as the callers are many,
-/// and every commit's cost (its locks and the pages it writes) is shared by more of them. With
-/// eight callers, this raised acts per second by a tenth over taking whatever was queued first.
+/// their next jobs. They come back within tens of microseconds: waiting for them makes groups as
+/// large as the callers are many, so every commit's cost (its locks and the pages it writes) is
+/// shared by more of them, and the writer runs the jobs that are back while it waits (see
+/// [`Feed`]). With eight callers, this raised acts per second by a fifth over committing
+/// whatever was queued first.
 const LINGER: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// Yields for up to [`LINGER`] while fewer than `expected` jobs are queued.
-fn linger(shared: &Shared, expected: usize) {
+/// The jobs of one group: those queued when it begins, then (on the writer thread) those that
+/// arrive while it runs. Jobs already queued are always taken, up to [`MAX_GROUP`]; more are
+/// waited for while fewer than `expected` have run and [`LINGER`] has not passed since the
+/// group began.
+struct Feed<'a> {
+    queued: std::vec::IntoIter<Job>,
+    more: Option<More<'a>>,
+    /// Whether the group commits durably (chosen before it begins: see [`More::next`]).
+    full_sync: bool,
+    taken: usize,
+}
+
+/// Where a group's later jobs come from, and how long it waits for them.
+struct More<'a> {
+    shared: &'a Shared,
+    expected: usize,
+    until: std::time::Instant,
+}
+
+impl<'a> Feed<'a> {
+    fn new(queued: Vec<Job>, more: Option<More<'a>>) -> Feed<'a> {
+        Feed {
+            full_sync: queued.iter().any(|j| j.full_sync),
+            queued: queued.into_iter(),
+            more,
+            taken: 0,
+        }
+    }
+
+    fn next(&mut self) -> Option<Job> {
+        let job = match self.queued.next() {
+            Some(job) => Some(job),
+            None if self.taken < MAX_GROUP => {
+                let (full_sync, taken) = (self.full_sync, self.taken);
+                self.more.as_mut().and_then(|m| m.next(full_sync, taken))
+            }
+            None => None,
+        };
+        self.taken += usize::from(job.is_some());
+        job
+    }
+}
+
+impl More<'_> {
+    fn next(&mut self, full_sync: bool, taken: usize) -> Option<Job> {
+        loop {
+            {
+                let mut q = self.shared.queue.lock().ok()?;
+                if let Some(front) = q.jobs.front() {
+                    // A job asking for a durable commit waits for the next group: the setting
+                    // cannot change inside a transaction.
+                    return (full_sync || !front.full_sync)
+                        .then(|| q.jobs.pop_front())
+                        .flatten();
+                }
+                if q.closed {
+                    return None;
+                }
+            }
+            if taken >= self.expected || std::time::Instant::now() >= self.until {
+                return None;
+            }
+            thread::yield_now();
+        }
+    }
+}
+
+/// Yields for up to [`LINGER`] while no job is queued: the callers the last group answered are
+/// about to come back, and waking this thread from its sleep would cost them a system call.
+fn linger(shared: &Shared) {
     let until = std::time::Instant::now() + LINGER;
     while std::time::Instant::now() < until {
         match shared.queue.lock() {
-            Ok(q) if q.jobs.len() < expected && !q.closed => {}
+            Ok(q) if q.jobs.is_empty() && !q.closed => {}
             _ => return,
         }
         thread::yield_now();
@@ -807,7 +876,7 @@ fn background(shared: &Shared) {
     // As many jobs as the last group had: its callers, back with their next.
     let mut expected = 1;
     loop {
-        linger(shared, expected);
+        linger(shared);
         let batch = {
             let Ok(mut q) = shared.queue.lock() else {
                 return;
@@ -825,10 +894,19 @@ fn background(shared: &Shared) {
             }
             take_group(&mut q)
         };
-        expected = batch.len();
+        let more = More {
+            shared,
+            expected,
+            until: std::time::Instant::now() + LINGER,
+        };
         let mut held = lock_conn(shared);
         let Held { conn, carried } = &mut *held;
-        commit_group(conn, carried, batch, &shared.after_commit);
+        expected = commit_group(
+            conn,
+            carried,
+            Feed::new(batch, Some(more)),
+            &shared.after_commit,
+        );
     }
 }
 
@@ -860,7 +938,7 @@ fn drain(shared: &Shared) {
         if batch.is_empty() {
             return;
         }
-        commit_group(conn, carried, batch, &shared.after_commit);
+        commit_group(conn, carried, Feed::new(batch, None), &shared.after_commit);
     }
 }
 
@@ -878,10 +956,10 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 fn commit_group(
     conn: &Connection,
     carried: &mut Carried,
-    batch: Vec<Job>,
+    mut jobs: Feed<'_>,
     after_commit: &AfterCommit,
-) {
-    let full_sync = batch.iter().any(|j| j.full_sync);
+) -> usize {
+    let full_sync = jobs.full_sync;
     let began = (|| -> Result<()> {
         if full_sync {
             conn.pragma_update(None, "synchronous", "FULL")?;
@@ -891,17 +969,17 @@ fn commit_group(
     })();
     if let Err(e) = began {
         end_pending(carried, false);
-        for job in batch {
+        // Only the jobs already taken from the queue: the others wait for the next group.
+        for job in jobs.queued.by_ref() {
             let (_, fin) = (job.work)(None, &mut TxEffects::default());
             fin(Some(&e));
         }
         let _ = conn.execute_batch("ROLLBACK");
-        return;
+        return jobs.taken;
     }
     // Each finisher with whether its job succeeded (a failed job reports its own error).
-    let mut finishers: Vec<(bool, Finisher)> = Vec::with_capacity(batch.len());
+    let mut finishers: Vec<(bool, Finisher)> = Vec::with_capacity(jobs.queued.len());
     let mut effects = TxEffects::default();
-    let mut jobs = batch.into_iter();
     while let Some(job) = jobs.next() {
         let mut fx = TxEffects::default();
         let changes_before = conn.total_changes();
@@ -927,11 +1005,8 @@ fn commit_group(
             for (ok, fin) in finishers {
                 fin(ok.then_some(&err));
             }
-            let rest: Vec<Job> = jobs.collect();
-            if !rest.is_empty() {
-                commit_group(conn, carried, rest, after_commit);
-            }
-            return;
+            // The jobs after it run in a new transaction.
+            return commit_group(conn, carried, jobs, after_commit);
         }
         if work_ok {
             PENDING.with(|p| {
@@ -988,6 +1063,7 @@ fn commit_group(
             }
         }
     }
+    jobs.taken
 }
 
 #[cfg(test)]
@@ -1064,7 +1140,7 @@ mod tests {
         commit_group(
             &conn,
             &mut Carried::default(),
-            batch,
+            Feed::new(batch, None),
             &AfterCommit {
                 announce: Box::new(|_| {}),
                 remember: Box::new(|_, _| {}),
@@ -1092,7 +1168,12 @@ mod tests {
                 o3.lock().unwrap().push("answered");
             },
         );
-        commit_group(&conn, &mut Carried::default(), vec![job], &after);
+        commit_group(
+            &conn,
+            &mut Carried::default(),
+            Feed::new(vec![job], None),
+            &after,
+        );
         assert_eq!(
             *order.lock().unwrap(),
             ["announced", "answered", "remembered"]
