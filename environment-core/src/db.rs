@@ -1180,6 +1180,65 @@ mod tests {
         );
     }
 
+    /// Jobs that arrive while a group runs join it, as many as it expects; one that asks for
+    /// a durable commit waits for a group of its own.
+    #[test]
+    fn a_group_takes_the_jobs_that_arrive_while_it_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer(&dir.path().join("db")).unwrap();
+        let commits = Arc::new(Mutex::new(0));
+        let counted = commits.clone();
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            conn: Mutex::new(Held {
+                conn: Connection::open_in_memory().unwrap(),
+                carried: Carried::default(),
+            }),
+            after_commit: AfterCommit {
+                announce: Box::new(|_| {}),
+                remember: Box::new(|_, _| {}),
+            },
+        });
+        let replies = Replies::default();
+        let queue = shared.clone();
+        let (r2, r3) = (replies.clone(), replies.clone());
+        // The first job queues a second while it runs, then a durable third.
+        let first = Job::new(
+            false,
+            move |conn, _| {
+                let mut q = queue.queue.lock().unwrap();
+                q.jobs.push_back(job(&r2, 2, None));
+                let mut durable = job(&r3, 3, None);
+                durable.full_sync = true;
+                q.jobs.push_back(durable);
+                Ok(conn.execute("INSERT INTO meta(name, value) VALUES ('1', 'x')", [])?)
+            },
+            |r| assert_eq!(r.unwrap(), 1),
+        );
+        let more = More {
+            shared: &shared,
+            expected: 3,
+            until: std::time::Instant::now() + std::time::Duration::from_secs(60),
+        };
+        let after = AfterCommit {
+            announce: Box::new(move |_| *counted.lock().unwrap() += 1),
+            remember: Box::new(|_, _| {}),
+        };
+        let taken = commit_group(
+            &conn,
+            &mut Carried::default(),
+            Feed::new(vec![first], Some(more)),
+            &after,
+        );
+        assert_eq!(taken, 2);
+        assert_eq!(*commits.lock().unwrap(), 1, "one transaction");
+        assert_eq!(stored(&conn), ["1", "2"]);
+        assert_eq!(outcomes(&replies), [(2, "ok")]);
+        let left = shared.queue.lock().unwrap().jobs.len();
+        assert_eq!(left, 1, "the durable job waits for the next group");
+    }
+
     #[test]
     fn nodes_past_their_operations_ids_are_refused_before_anything_is_written() {
         let dir = tempfile::tempdir().unwrap();
