@@ -308,9 +308,19 @@ pub(crate) fn pending_op(id: &OpId) -> Option<(Arc<Operation>, NodeId)> {
     PENDING.with(|p| p.borrow().ops.get(id).cloned())
 }
 
-/// The head of `branch` if a job earlier in the open transaction moved it.
-pub(crate) fn pending_head(branch: &str) -> Option<OpId> {
-    PENDING.with(|p| p.borrow().latest.heads.get(branch).copied())
+/// The head of `branch` as the open write transaction sees it: where this connection last moved
+/// it (kept in memory, see [`Latest`]), else where the log says. Called by the writer inside its
+/// transaction.
+pub(crate) fn head(conn: &Connection, branch: &str) -> Result<Option<OpId>> {
+    match PENDING.with(|p| p.borrow().latest.heads.get(branch).copied()) {
+        Some(h) => Ok(Some(h)),
+        None => heads::of(conn, branch),
+    }
+}
+
+/// [`head`] of a branch that must exist.
+pub(crate) fn existing_head(conn: &Connection, branch: &str) -> Result<OpId> {
+    head(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))
 }
 
 impl NodeSource for DbNodes<'_> {
@@ -404,17 +414,13 @@ pub(crate) fn store_op_nodes(
             block::last_of_op(seq) - block::first_of_op(seq) + 1
         )));
     }
-    let blocks = block::encode(nodes.iter().map(|(id, h, n)| (*id, *h, &**n)));
-    let size: usize = blocks.iter().map(|(_, _, data)| data.len()).sum();
-    if record + ROW_OVERHEAD + size <= ROW_MAX {
-        // Consecutive blocks make one block: each entry says its own id and length.
-        let mut data = Vec::with_capacity(size);
-        for (_, _, part) in blocks {
-            data.extend_from_slice(&part);
-        }
+    let data = block::encode_one(nodes.iter().map(|(id, h, n)| (*id, *h, &**n)));
+    if record + ROW_OVERHEAD + data.len() <= ROW_MAX {
         return Ok(Some(data));
     }
-    insert_encoded(conn, blocks)?;
+    // Too large for the row: the same encodings, cut into blocks.
+    let entries: Vec<block::Stored<'_>> = block::entries(first.0, &data).collect::<Result<_>>()?;
+    insert_blocks(conn, entries)?;
     Ok(None)
 }
 
@@ -439,13 +445,9 @@ fn insert_blocks<'a>(
     conn: &Connection,
     nodes: impl IntoIterator<Item = block::Stored<'a>>,
 ) -> Result<()> {
-    insert_encoded(conn, block::encode(nodes))
-}
-
-fn insert_encoded(conn: &Connection, blocks: Vec<(NodeId, NodeId, Vec<u8>)>) -> Result<()> {
     let mut stmt =
         conn.prepare_cached("INSERT INTO node_blocks(first, last, data) VALUES (?1, ?2, ?3)")?;
-    for (first, last, data) in blocks {
+    for (first, last, data) in block::encode(nodes) {
         stmt.execute(params![first, last, data])?;
     }
     Ok(())
@@ -1014,12 +1016,7 @@ fn commit_group(
                 p.nodes.extend(fx.nodes.iter().cloned());
                 for (op, root) in &fx.ops {
                     p.ops.insert(op.id, (op.clone(), *root));
-                    match p.latest.heads.get_mut(&op.branch) {
-                        Some(head) => *head = op.id,
-                        None => {
-                            p.latest.heads.insert(op.branch.clone(), op.id);
-                        }
-                    }
+                    heads::set(&mut p.latest.heads, &op.branch, op.id);
                     p.latest.snapshot.record(&op.branch, op.id);
                     p.latest.next_seq = Some(op.seq as i64 + 1);
                 }

@@ -59,24 +59,37 @@ pub(crate) fn all(conn: &Connection) -> Result<BTreeMap<String, OpId>> {
     let mut stmt = conn.prepare_cached("SELECT name, op FROM heads")?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
-        heads.insert(row.get(0)?, row.get(1)?);
+        let op: Vec<u8> = row.get(1)?;
+        heads.insert(row.get(0)?, crate::local::op_id_from(&op)?);
     }
     heads.extend(moved_since(conn, settled(conn)?)?);
-    heads
-        .into_iter()
-        .map(|(name, op)| Ok((name, crate::local::op_id_from(&op)?)))
-        .collect()
+    Ok(heads)
 }
 
 /// The last operation of each branch recorded after sequence number `since`.
-fn moved_since(conn: &Connection, since: i64) -> Result<HashMap<String, Vec<u8>>> {
+fn moved_since(conn: &Connection, since: i64) -> Result<HashMap<String, OpId>> {
     let mut stmt = conn.prepare_cached("SELECT branch, id FROM ops WHERE seq > ?1 ORDER BY seq")?;
     let mut rows = stmt.query([since])?;
     let mut moved = HashMap::new();
     while let Some(row) = rows.next()? {
-        moved.insert(row.get(0)?, row.get(1)?);
+        let (branch, id): (String, Vec<u8>) = (row.get(0)?, row.get(1)?);
+        set(&mut moved, &branch, crate::local::op_id_from(&id)?);
     }
     Ok(moved)
+}
+
+/// Moves `branch`'s head in `heads` to `id`, copying the name only for a branch not there yet.
+pub(crate) fn set<S: std::hash::BuildHasher>(
+    heads: &mut HashMap<String, OpId, S>,
+    branch: &str,
+    id: OpId,
+) {
+    match heads.get_mut(branch) {
+        Some(head) => *head = id,
+        None => {
+            heads.insert(branch.to_owned(), id);
+        }
+    }
 }
 
 /// What the writer knows of the snapshot between groups.
@@ -94,12 +107,7 @@ impl Known {
     /// An operation this connection recorded on `branch`.
     pub fn record(&mut self, branch: &str, id: OpId) {
         if let Some(moved) = &mut self.moved {
-            match moved.get_mut(branch) {
-                Some(head) => *head = id,
-                None => {
-                    moved.insert(branch.to_owned(), id);
-                }
-            }
+            set(moved, branch, id);
         }
     }
 }
@@ -119,17 +127,12 @@ pub(crate) fn settle(conn: &Connection, last_seq: i64, known: &mut Known) -> Res
     let mut upsert = conn.prepare_cached(
         "INSERT INTO heads(name, op) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET op = excluded.op",
     )?;
-    match known.moved.take() {
-        Some(moved) => {
-            for (branch, id) in moved {
-                upsert.execute(params![branch, &id.0.0[..]])?;
-            }
-        }
-        None => {
-            for (branch, id) in moved_since(conn, since)? {
-                upsert.execute(params![branch, id])?;
-            }
-        }
+    let moved = match known.moved.take() {
+        Some(moved) => moved,
+        None => moved_since(conn, since)?,
+    };
+    for (branch, id) in moved {
+        upsert.execute(params![branch, &id.0.0[..]])?;
     }
     conn.prepare_cached(
         "INSERT INTO meta(name, value) VALUES ('heads_seq', ?1)

@@ -315,11 +315,7 @@ impl Inner {
             _puts: puts,
             _guard,
         };
-        let head_id = match db::pending_head(&branch) {
-            Some(h) => h,
-            None => crate::heads::of(conn, &branch)?
-                .ok_or_else(|| EnvError::UnknownBranch(branch.clone()))?,
-        };
+        let head_id = db::existing_head(conn, &branch)?;
         let (head, head_view) = self.stored_op_in(conn, &head_id)?;
         let base_id = base.unwrap_or(head_id);
         let nodes = self.writer_nodes(conn);

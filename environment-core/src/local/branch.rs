@@ -39,7 +39,7 @@ impl LocalEnvironment {
         let (inner, name, from, actor) =
             (self.inner.clone(), name.to_owned(), *from, actor.clone());
         self.inner.writer.run(false, move |conn, fx| {
-            if crate::heads::of(conn, &name)?.is_some() {
+            if db::head(conn, &name)?.is_some() {
                 return Err(EnvError::BranchExists(name));
             }
             let (_, base_view) = inner.stored_op_in(conn, &from)?;
@@ -83,7 +83,7 @@ impl LocalEnvironment {
             (self.inner.clone(), name.to_owned(), *version, actor.clone());
         self.inner.writer.run(false, move |conn, _| {
             inner.op_in(conn, &version)?;
-            if crate::heads::of(conn, &name)?.is_some() {
+            if db::head(conn, &name)?.is_some() {
                 return Err(EnvError::BranchExists(name));
             }
             let now = inner.options.clock.now_ms();
@@ -148,8 +148,7 @@ impl LocalEnvironment {
     /// Restores `branch` to the version before its last operation.
     pub fn undo(&self, actor: &ActorId, branch: &str) -> Result<OpId> {
         self.write_branch(actor, branch, "undo", |inner, conn, fx, branch, actor| {
-            let head_id = crate::heads::of(conn, branch)?
-                .ok_or_else(|| EnvError::UnknownBranch(branch.into()))?;
+            let head_id = db::existing_head(conn, branch)?;
             let head = inner.op_in(conn, &head_id)?;
             let parent = head
                 .parents
@@ -243,8 +242,7 @@ impl Inner {
         actor: ActorId,
         intent: Intent,
     ) -> Result<OpId> {
-        let head_id = crate::heads::of(conn, branch)?
-            .ok_or_else(|| EnvError::UnknownBranch(branch.into()))?;
+        let head_id = db::existing_head(conn, branch)?;
         let (_, head_view) = self.stored_op_in(conn, &head_id)?;
         let (target_op, target_view) = self.stored_op_in(conn, target)?;
         if super::retention::seq_dropped(conn, target_op.seq)? {
@@ -283,10 +281,8 @@ impl Inner {
         actor: ActorId,
         intent: Intent,
     ) -> Result<MergeOutcome> {
-        let ours_id = crate::heads::of(conn, target)?
-            .ok_or_else(|| EnvError::UnknownBranch(target.into()))?;
-        let theirs_id = crate::heads::of(conn, source)?
-            .ok_or_else(|| EnvError::UnknownBranch(source.into()))?;
+        let ours_id = db::existing_head(conn, target)?;
+        let theirs_id = db::existing_head(conn, source)?;
         let base_id = self
             .common_ancestor_in(conn, &ours_id, &theirs_id)?
             .ok_or_else(|| {

@@ -550,11 +550,7 @@ impl Inner {
         };
         // Every caller read the head it builds on in this transaction, and heads move only by
         // recording operations: a different head here would be a bug, refused before writing.
-        let current = match db::pending_head(&op.branch) {
-            Some(h) => Some(h),
-            None => crate::heads::of(conn, &op.branch)?,
-        };
-        if current.as_ref() != expected_head {
+        if db::head(conn, &op.branch)?.as_ref() != expected_head {
             return Err(EnvError::UnknownBranch(op.branch.clone()));
         }
         // Recording the operation moves its branch's head (see `heads`), and stores the nodes

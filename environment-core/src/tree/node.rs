@@ -239,9 +239,9 @@ impl<'a> TreeEdit<'a> {
         let mut out = Vec::with_capacity(self.by_id.len());
         let mut stack = Vec::with_capacity(16);
         stack.push(*root);
+        let first_id = self.first_id;
         while let Some(p) = stack.pop() {
             if let Some(node) = self.by_id.remove(&p.id) {
-                let first_id = self.first_id;
                 stack.extend(node.children().filter(|c| c.id >= first_id).copied());
                 out.push(NewNode { ptr: p, node });
             }
