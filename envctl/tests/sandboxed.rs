@@ -23,7 +23,9 @@ fn sandboxes(test: &str) -> bool {
     match Isolation::probe() {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("SKIPPED {test}: this host refuses unprivileged user namespaces: {e}");
+            common::missing_prerequisite(&format!(
+                "{test}: this host refuses unprivileged user namespaces: {e}"
+            ));
             false
         }
     }
@@ -550,7 +552,9 @@ fn an_agent_runs_in_the_managed_rootfs() {
         .into_iter()
         .find(|p| Path::new(p).exists())
     else {
-        eprintln!("SKIPPED an_agent_runs_in_the_managed_rootfs: no busybox to make a rootfs of");
+        common::missing_prerequisite(
+            "an_agent_runs_in_the_managed_rootfs: no busybox to make a rootfs of",
+        );
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

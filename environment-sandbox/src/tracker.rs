@@ -531,7 +531,8 @@ fn take_pending(
 /// The drain thread: waits for the inotify descriptor and empties the kernel queue, whatever
 /// the capturer is doing.
 fn drain_loop(shared: &Shared) {
-    let fd = match rustix::io::dup(lock(&shared.watcher).as_fd()) {
+    // Close-on-exec: nothing the supervisor starts may hold (and empty) the watcher.
+    let fd = match rustix::io::fcntl_dupfd_cloexec(lock(&shared.watcher).as_fd(), 0) {
         Ok(fd) => fd,
         Err(e) => {
             tracing::error!(error = %e, "cannot poll the watcher; automatic capture stops");

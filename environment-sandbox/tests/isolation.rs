@@ -477,7 +477,7 @@ fn limits_apply_to_the_agent() {
 #[test]
 fn invalid_specs_are_refused() {
     if let Err(e) = Isolation::probe() {
-        eprintln!("skipped: {e}");
+        common::missing_prerequisite(&e.to_string());
         return;
     }
     let ws = tempfile::tempdir().unwrap();
@@ -518,7 +518,7 @@ fn probe_reports_support_or_a_reason() {
         }
         Err(SandboxError::Isolation { missing, hint }) => {
             assert!(!missing.is_empty() && !hint.is_empty());
-            eprintln!("skipped: {missing}; {hint}");
+            common::missing_prerequisite(&format!("{missing}; {hint}"));
         }
         Err(other) => panic!("unexpected error {other}"),
     }
@@ -528,7 +528,7 @@ fn probe_reports_support_or_a_reason() {
 #[test]
 fn missing_program_fails_spawn() {
     if let Err(e) = Isolation::probe() {
-        eprintln!("skipped: {e}");
+        common::missing_prerequisite(&e.to_string());
         return;
     }
     let ws = tempfile::tempdir().unwrap();
@@ -568,7 +568,7 @@ fn scenario_dev() {
         );
         assert_eq!(stdout(&out), "/dev/pts/0\n");
     } else {
-        eprintln!("PTY check skipped: no /usr/bin/python3");
+        common::missing_prerequisite("the PTY check needs /usr/bin/python3");
     }
 }
 

@@ -127,7 +127,7 @@ fn three_candidates_one_winner() {
 #[test]
 fn a_winner_is_merged_into_a_main_that_moved() {
     if let Err(e) = Isolation::probe() {
-        eprintln!("SKIPPED: {e}");
+        common::missing_prerequisite(&e.to_string());
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -17,16 +17,23 @@ use rustix::fs::{Mode, OFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::thread::UnshareFlags;
 
+use super::lockdown;
 use super::plan::{Plan, Step};
 
 /// Installs the sandbox as the command's first `pre_exec` step.
-pub(crate) fn install(command: &mut Command, plan: Arc<Plan>, cwd: CString) {
+/// `ruleset` is the Landlock ruleset of this spawn, made before the fork (close-on-exec).
+pub(crate) fn install(
+    command: &mut Command,
+    plan: Arc<Plan>,
+    cwd: CString,
+    ruleset: Option<OwnedFd>,
+) {
     #[allow(unsafe_code)]
     // SAFETY: `outer` runs between fork and exec and keeps to async-signal-safe system calls on
-    // data prepared before the fork (the plan and the working directory are owned by the
-    // closure); it never returns in the intermediate processes (they `_exit`).
+    // data prepared before the fork (the plan, the working directory and the ruleset are owned
+    // by the closure); it never returns in the intermediate processes (they `_exit`).
     unsafe {
-        command.pre_exec(move || outer(&plan, &cwd));
+        command.pre_exec(move || outer(&plan, &cwd, ruleset.as_ref()));
     }
 }
 
@@ -138,27 +145,87 @@ fn exit(code: i32) -> ! {
     }
 }
 
-/// Closes every descriptor except `keep`: the intermediate processes never exec, so they must
-/// not hold the caller's descriptors (std's exec-status pipe, sockets, stdio) open.
-fn close_all_but(keep: RawFd) {
-    #[allow(unsafe_code)]
-    // SAFETY: close_range only closes descriptors; none of them is used afterwards except
-    // `keep`.
-    unsafe {
-        let mut ok = true;
-        if keep > 0 {
-            ok &= libc::syscall(libc::SYS_close_range, 0u32, (keep - 1) as u32, 0u32) == 0;
+/// Closes every descriptor except those in `keep` (ascending): the intermediate processes never
+/// exec, so they must not hold the caller's descriptors (std's exec-status pipe, sockets,
+/// stdio) open.
+fn close_all_but(keep: &[RawFd]) {
+    let mut from: u32 = 0;
+    let mut ok = true;
+    for &k in keep {
+        if (k as u32) > from {
+            ok &= close_range(from, k as u32 - 1);
         }
-        ok &= libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32) == 0;
-        if !ok {
-            // Before Linux 5.9: one by one, up to the descriptor limit.
-            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-                .current
-                .unwrap_or(65536)
-                .min(65536) as RawFd;
-            for fd in (0..limit).filter(|fd| *fd != keep) {
+        from = k as u32 + 1;
+    }
+    ok &= close_range(from, u32::MAX);
+    if !ok {
+        // Before Linux 5.9: one by one, up to the descriptor limit.
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(65536)
+            .min(65536) as RawFd;
+        for fd in (0..limit).filter(|fd| !keep.contains(fd)) {
+            #[allow(unsafe_code)]
+            // SAFETY: closes a descriptor that is not used afterwards.
+            unsafe {
                 libc::close(fd);
             }
+        }
+    }
+}
+
+fn close_range(first: u32, last: u32) -> bool {
+    #[allow(unsafe_code)]
+    // SAFETY: close_range only closes descriptors; none in the range is used afterwards.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, first, last, 0u32) == 0
+    }
+}
+
+/// The write end of a pipe the calling process holds until it dies, close-on-exec, so that
+/// nothing it starts keeps it: every sandbox's outer watches the read end and ends the sandbox
+/// when it reads end of file. (A parent-death signal fires when the *thread* that forked dies,
+/// and a runtime's threads come and go; the process's death is what matters.)
+pub(crate) fn lifeline() -> io::Result<RawFd> {
+    static LIFELINE: std::sync::OnceLock<(OwnedFd, OwnedFd)> = std::sync::OnceLock::new();
+    if let Some((r, _)) = LIFELINE.get() {
+        return Ok(r.as_raw_fd());
+    }
+    let pair = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let (r, _) = LIFELINE.get_or_init(|| pair);
+    Ok(r.as_raw_fd())
+}
+
+/// Waits for init to end, or for the caller's process to die (its lifeline reads end of file),
+/// in which case init is killed, and with it the whole pid namespace.
+fn watch_init(init: libc::pid_t, lifeline: RawFd) {
+    let Some(pid) = rustix::process::Pid::from_raw(init) else {
+        return;
+    };
+    let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: the lifeline's read end stays open in this process until it exits.
+    let line = unsafe { std::os::fd::BorrowedFd::borrow_raw(lifeline) };
+    loop {
+        use rustix::event::{PollFd, PollFlags, poll};
+        let mut fds = [
+            PollFd::new(&pidfd, PollFlags::IN),
+            PollFd::new(&line, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) if !fds[0].revents().is_empty() => return,
+            Ok(_) if !fds[1].revents().is_empty() => {
+                #[allow(unsafe_code)]
+                // SAFETY: kill is async-signal-safe; init is our child, not yet reaped.
+                unsafe {
+                    libc::kill(init, libc::SIGKILL);
+                }
+                return;
+            }
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
         }
     }
 }
@@ -253,7 +320,8 @@ fn stage_name(plan: &Plan, stage: u32) -> &str {
 }
 
 /// Runs in `outer`, the process std forked. Returns only in the agent.
-fn outer(plan: &Plan, cwd: &CStr) -> io::Result<()> {
+fn outer(plan: &Plan, cwd: &CStr, ruleset: Option<&OwnedFd>) -> io::Result<()> {
+    // outer dies with the caller's process (see `lifeline`), init with outer.
     let mut flags = UnshareFlags::NEWUSER
         | UnshareFlags::NEWNS
         | UnshareFlags::NEWPID
@@ -281,7 +349,7 @@ fn outer(plan: &Plan, cwd: &CStr) -> io::Result<()> {
     if init == 0 {
         drop(setup_r);
         drop(status_r);
-        return init_process(plan, cwd, setup_w, status_w, &mask);
+        return init_process(plan, cwd, ruleset, setup_w, status_w, &mask);
     }
     drop(setup_w);
     drop(status_w);
@@ -298,11 +366,13 @@ fn outer(plan: &Plan, cwd: &CStr) -> io::Result<()> {
     }
     FORWARD_TO.store(init, Ordering::Relaxed);
     handlers(true);
-    let status_fd = status_r.as_raw_fd();
-    close_all_but(status_fd);
+    let mut keep = [status_r.as_raw_fd(), plan.lifeline];
+    keep.sort_unstable();
+    close_all_but(&keep);
     std::mem::forget(setup_r); // already closed by close_all_but
     set_mask(&mask);
 
+    watch_init(init, plan.lifeline);
     let own = waitpid(init).map(|(_, s)| s).unwrap_or(0);
     let mut buf = [0u8; 4];
     let status = if read_full(&status_r, &mut buf) == 4 {
@@ -344,6 +414,7 @@ fn mirror(status: i32) -> ! {
 fn init_process(
     plan: &Plan,
     cwd: &CStr,
+    ruleset: Option<&OwnedFd>,
     setup_w: OwnedFd,
     status_w: OwnedFd,
     mask: &libc::sigset_t,
@@ -391,12 +462,16 @@ fn init_process(
             };
             rustix::process::setrlimit(l.resource, new)?;
         }
+        lock_down(plan, ruleset)?;
         drop(setup_w); // close-on-exec as well; the exec closes the last writer
         return Ok(());
     }
     FORWARD_TO.store(agent, Ordering::Relaxed);
-    let keep = status_w.as_raw_fd();
-    close_all_but(keep);
+    // init keeps no privilege either: it only reaps and forwards signals, and a process that
+    // holds none and is not dumpable is no target for the agent (ptrace, /proc/1/mem).
+    let _ = lockdown::child::drop_capabilities();
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    close_all_but(&[status_w.as_raw_fd()]);
     std::mem::forget(setup_w); // already closed by close_all_but
     set_mask(mask);
     // Reap everything; when the agent ends, report its status and end the namespace.
@@ -410,6 +485,47 @@ fn init_process(
             Err(_) => exit(1),
         }
     }
+}
+
+/// The agent's last steps before exec, in the order bubblewrap, nsjail and minijail use (see
+/// `lockdown`): no descriptor of the caller's survives the exec but stdio, every capability
+/// is dropped, no-new-privs is set, Landlock restricts the filesystem, and the seccomp filter
+/// goes on last. A failure names its step on stderr and fails the spawn: the agent never runs
+/// with a layer missing that the plan holds.
+fn lock_down(plan: &Plan, ruleset: Option<&OwnedFd>) -> io::Result<()> {
+    let step = |what: &'static str| {
+        move |e: rustix::io::Errno| {
+            report(what, e.raw_os_error());
+            io::Error::from_raw_os_error(e.raw_os_error())
+        }
+    };
+    // Close-on-exec for every descriptor above stderr: whatever the caller's process had open
+    // (a watcher, a database, a socket) is not the agent's. std's own exec-status pipe and the
+    // ruleset are close-on-exec already.
+    #[allow(unsafe_code)]
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC (4) only sets a flag on descriptors.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 4u32) };
+    if r != 0 {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(65536)
+            .min(1 << 20) as RawFd;
+        for fd in 3..limit {
+            #[allow(unsafe_code)]
+            // SAFETY: sets FD_CLOEXEC; a descriptor that is not open fails with EBADF.
+            unsafe {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+    }
+    lockdown::child::drop_capabilities().map_err(step("drop every capability"))?;
+    rustix::thread::set_no_new_privs(true).map_err(step("set no_new_privs"))?;
+    if let (Some(ll), Some(fd)) = (&plan.landlock, ruleset) {
+        lockdown::child::landlock(ll, fd, plan.landlock_file_rights)
+            .map_err(step("restrict the filesystem with Landlock"))?;
+    }
+    lockdown::child::seccomp(&plan.seccomp).map_err(step("install the seccomp filter"))?;
+    Ok(())
 }
 
 /// Assembles the root and pivots into it. On failure, the stage and errno.

@@ -59,6 +59,7 @@
 //! ```
 
 mod child;
+mod lockdown;
 mod plan;
 mod probe;
 mod rootfs;
@@ -68,6 +69,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+pub use lockdown::{DENIED, Denied, OTHER_RULES};
 pub use probe::{CgroupSupport, Support};
 pub use rootfs::Rootfs;
 
@@ -362,7 +364,11 @@ impl Launcher for Isolation {
         self.filter_env(command);
         // The host's chdir happens before the sandbox exists; the real one happens inside.
         command.current_dir("/");
-        child::install(command, Arc::clone(&self.inner.plan), cwd);
+        let ruleset = match &self.inner.plan.landlock {
+            Some(ll) => ll.ruleset()?,
+            None => None,
+        };
+        child::install(command, Arc::clone(&self.inner.plan), cwd, ruleset);
         Ok(())
     }
 

@@ -9,6 +9,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
+use super::lockdown::{self, LandlockPlan};
 use super::probe::Support;
 use super::{IsolationSpec, Root, Workspace};
 use crate::error::{Result, SandboxError};
@@ -90,6 +91,14 @@ pub(crate) struct Plan {
     pub hostname: Vec<u8>,
     pub network: bool,
     pub limits: Vec<Rlimit>,
+    /// The seccomp programs the agent installs last (empty: the kernel runs no filters).
+    pub seccomp: Vec<seccompiler::BpfProgram>,
+    /// What Landlock grants, when the kernel offers it.
+    pub landlock: Option<LandlockPlan>,
+    /// The Landlock rights a rule on a regular file may grant.
+    pub landlock_file_rights: u64,
+    /// The read end of the caller's lifeline (see `child::lifeline`).
+    pub lifeline: std::os::fd::RawFd,
 }
 
 pub(crate) fn cstring(what: &str, p: &Path) -> Result<CString> {
@@ -261,6 +270,18 @@ impl Plan {
             mounts.push((b.inside.clone(), Mount::Bind(&b.host, b.writable)));
         }
         mounts.sort_by_key(|(inside, _)| inside.components().count());
+        // Landlock grants writes where the mounts do, and nowhere else.
+        let mut writable: Vec<PathBuf> = match &spec.root {
+            Root::Host => vec![PathBuf::from("/tmp"), PathBuf::from("/dev")],
+            Root::Rootfs(_) => vec![PathBuf::from("/")],
+        };
+        writable.extend(mounts.iter().filter_map(|(inside, m)| match m {
+            Mount::Bind(_, true) | Mount::Overlay(..) => Some(inside.clone()),
+            Mount::Bind(_, false) => None,
+        }));
+        if let (Root::Rootfs(_), None) = (&spec.root, &spec.workspace) {
+            writable.push(workspace_inside.to_path_buf());
+        }
         for (inside, m) in mounts {
             match m {
                 Mount::Bind(host, writable) => s.bind(host, &inside, !writable, false)?,
@@ -341,6 +362,24 @@ impl Plan {
             hostname: spec.hostname.as_bytes().to_vec(),
             network: spec.network,
             limits,
+            seccomp: if support.seccomp {
+                lockdown::seccomp_programs()?
+            } else {
+                Vec::new()
+            },
+            landlock: if support.landlock_abi > 0 {
+                LandlockPlan::new(
+                    writable
+                        .iter()
+                        .map(|p| cstring("writable path", p))
+                        .collect::<Result<_>>()?,
+                )
+            } else {
+                None
+            },
+            lifeline: super::child::lifeline()
+                .map_err(|e| SandboxError::io("make the sandbox's lifeline", "pipe")(e))?,
+            landlock_file_rights: lockdown::file_rights(landlock::ABI::from(support.landlock_abi)),
         })
     }
 }

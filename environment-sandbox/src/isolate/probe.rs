@@ -1,7 +1,8 @@
 //! Whether the host supports rootless isolation, found by trying: a child process unshares the
 //! namespaces, maps its uid, and (as pid 1 of its own pid namespace) mounts a tmpfs, a fresh
 //! `/proc` and makes a mount read-only. A refusal becomes [`SandboxError::Isolation`] naming
-//! what is missing and how to enable it.
+//! what is missing and how to enable it. The layers that confine the agent further (Landlock,
+//! seccomp) are asked of the kernel; one it lacks is named by [`Support::missing_layers`].
 
 use std::fmt;
 use std::io;
@@ -22,6 +23,34 @@ pub struct Support {
     pub fresh_proc: bool,
     /// Resource control through cgroup v2.
     pub cgroup: CgroupSupport,
+    /// The Landlock ABI the kernel offers (0: none; writes are then confined by the read-only
+    /// mounts alone).
+    pub landlock_abi: i32,
+    /// Whether the kernel runs seccomp filters (without, the refused system calls rest on the
+    /// dropped capabilities alone).
+    pub seccomp: bool,
+}
+
+impl Support {
+    /// The confinement layers this kernel lacks, each with what holds without it; empty when
+    /// every layer is on.
+    pub fn missing_layers(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        if self.landlock_abi == 0 {
+            missing.push(
+                "Landlock (the kernel offers none: writes are confined by read-only mounts alone)"
+                    .to_owned(),
+            );
+        }
+        if !self.seccomp {
+            missing.push(
+                "seccomp (the kernel runs no filters: the refused system calls rest on the \
+                 dropped capabilities alone)"
+                    .to_owned(),
+            );
+        }
+        missing
+    }
 }
 
 /// Whether cgroup v2 limits could be applied.
@@ -117,6 +146,8 @@ pub(crate) fn probe() -> Result<Support> {
     Ok(Support {
         fresh_proc: rec[5] == 1,
         cgroup: cgroup_support(),
+        landlock_abi: super::lockdown::landlock_abi(),
+        seccomp: super::lockdown::seccomp_available(),
     })
 }
 

@@ -120,6 +120,15 @@ pub fn write(root: &Path, rel: &str, content: &[u8]) {
 const SCENARIO: &str = "ENVIRONMENT_SANDBOX_UNPRIVILEGED_SCENARIO";
 pub const NOBODY: u32 = 65534;
 
+/// A prerequisite of the test is missing: under `CI=true` (CI sets it) the test fails, since a
+/// skip there would report success for a test that never ran; elsewhere it says SKIPPED and why.
+pub fn missing_prerequisite(reason: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("a prerequisite is missing under CI=true: {reason}");
+    }
+    eprintln!("SKIPPED: {reason}");
+}
+
 /// No requirement beyond the test itself.
 pub fn always() -> Option<String> {
     None
@@ -132,7 +141,7 @@ pub fn always() -> Option<String> {
 pub fn both(name: &str, unavailable: fn() -> Option<String>, scenario: impl Fn(&Path)) {
     if std::env::var_os(SCENARIO).is_none() {
         if let Some(reason) = unavailable() {
-            eprintln!("SKIPPED: {reason}");
+            missing_prerequisite(&reason);
             return;
         }
         scenario(tempfile::tempdir().unwrap().path());
@@ -156,6 +165,7 @@ pub fn as_nobody(name: &str, unavailable: fn() -> Option<String>, scenario: impl
         if which == name {
             assert_ne!(rustix::process::geteuid().as_raw(), 0, "must not be root");
             if let Some(reason) = unavailable() {
+                missing_prerequisite(&reason);
                 println!("SCENARIO-SKIPPED {reason}");
                 return;
             }
@@ -166,7 +176,7 @@ pub fn as_nobody(name: &str, unavailable: fn() -> Option<String>, scenario: impl
     }
     if !rustix::process::geteuid().is_root() {
         if let Some(reason) = unavailable() {
-            eprintln!("SKIPPED: {reason}");
+            missing_prerequisite(&reason);
             return;
         }
         scenario(tempfile::tempdir().unwrap().path());
@@ -190,7 +200,7 @@ pub fn as_nobody(name: &str, unavailable: fn() -> Option<String>, scenario: impl
         .lines()
         .find_map(|l| l.strip_prefix("SCENARIO-SKIPPED "))
     {
-        eprintln!("SKIPPED as uid {NOBODY}: {reason}");
+        missing_prerequisite(&format!("as uid {NOBODY}: {reason}"));
         return;
     }
     assert!(
