@@ -70,5 +70,5 @@ pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
 pub use retention::{RetentionPolicy, ThinReport};
 pub use shell::Shell;
-pub use supervisor::{Supervisor, SupervisorConfig, TrackedRoot};
+pub use supervisor::{ControlLimits, Supervisor, SupervisorConfig, TrackedRoot};
 pub use tracker::{CaptureHold, Tracker, TrackerConfig};

@@ -1577,3 +1577,67 @@ fn files_scenario(dir: &Path) {
     sup.shutdown().unwrap();
     reopen_and_verify(&home, &work);
 }
+
+#[test]
+fn a_connection_flood_leaves_every_change_captured_with_its_actor() {
+    both(
+        "a_connection_flood_leaves_every_change_captured_with_its_actor",
+        always,
+        connection_flood_scenario,
+    );
+}
+
+/// 20,000 connections, thousands of them held open at once, while a file is written: the
+/// socket takes no more than its limit, the change is captured as the capture actor's, and the
+/// socket answers again once the flood is over.
+fn connection_flood_scenario(dir: &Path) {
+    let (work, home) = layout(dir);
+    let cfg = config(&work, &home);
+    let limit = cfg.control_limits.max_connections;
+    let capture_actor = cfg.capture_actor.clone();
+    let sup = Supervisor::open(cfg).unwrap();
+    let before = sup.env().head("main").unwrap();
+    let socket = sup.socket_path().to_path_buf();
+    let flood = std::thread::spawn(move || {
+        let mut held = std::collections::VecDeque::new();
+        let (mut refused, mut failed) = (0usize, 0usize);
+        for _ in 0..20_000 {
+            match UnixStream::connect(&socket) {
+                Ok(s) => held.push_back(s),
+                Err(_) => failed += 1,
+            }
+            if held.len() >= 2_000 {
+                let mut s: UnixStream = held.pop_front().unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+                let mut buf = [0u8; 256];
+                if matches!(std::io::Read::read(&mut s, &mut buf), Ok(n) if n > 0) {
+                    refused += 1;
+                }
+            }
+        }
+        (refused, failed)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    write(
+        &work,
+        "during-flood.txt",
+        b"written while the socket was flooded\n",
+    );
+    let (refused, failed) = flood.join().unwrap();
+    assert!(
+        refused + failed > 0,
+        "connections past the limit of {limit} were refused"
+    );
+    wait_for("the capture of the file written during the flood", || {
+        view(sup.env(), &sup.env().head("main").unwrap()).contains_key("during-flood.txt")
+    });
+    let head = sup.env().head("main").unwrap();
+    assert_ne!(head, before);
+    assert_eq!(sup.env().op(&head).unwrap().actor, capture_actor);
+    // The socket serves again.
+    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
+    c.call("status", json!({})).unwrap();
+    drop(c);
+    sup.shutdown_with_grace(Duration::from_secs(5)).unwrap();
+    reopen_and_verify(&home, &work);
+}

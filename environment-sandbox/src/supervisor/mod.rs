@@ -78,6 +78,7 @@ use crate::launch::Launcher;
 use crate::noise::NoiseRules;
 use crate::tracker::{Tracker, TrackerConfig};
 use agent::{Agent, Launch};
+pub use server::ControlLimits;
 use server::Server;
 use state::{Counters, Shared, lock};
 
@@ -129,6 +130,8 @@ pub struct SupervisorConfig {
     /// Further trees tracked on the same branch beside the workspace, each under its own key
     /// prefix (a managed rootfs, the agent's home): captured with it, restored with it.
     pub extra_roots: Vec<TrackedRoot>,
+    /// What the control socket takes at most (connections, idle time).
+    pub control_limits: ControlLimits,
 }
 
 /// A tree tracked beside the workspace. Its keys live under `key_prefix`, which the
@@ -140,6 +143,23 @@ pub struct TrackedRoot {
     pub path: PathBuf,
     /// Where its keys live (`fs:<key_prefix>/<path>`).
     pub key_prefix: Vec<u8>,
+}
+
+/// Raises this process's soft descriptor limit to its hard limit: the watcher and the capture
+/// must never run short because connections or commands took the budget (the socket's own
+/// share is bounded by [`ControlLimits`]).
+fn reserve_descriptors() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    if now.current != now.maximum {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: now.maximum,
+                maximum: now.maximum,
+            },
+        );
+    }
 }
 
 impl SupervisorConfig {
@@ -168,6 +188,7 @@ impl SupervisorConfig {
             shell: true,
             secrets: None,
             extra_roots: Vec::new(),
+            control_limits: ControlLimits::default(),
         }
     }
 }
@@ -288,6 +309,8 @@ impl Supervisor {
     /// Opens the environment, starts tracking the workspace (an initial capture of whatever
     /// changed since the last run) and starts the control socket.
     pub fn open(config: SupervisorConfig) -> Result<Supervisor> {
+        reserve_descriptors();
+        let config_limits = config.control_limits;
         std::fs::create_dir_all(&config.home)
             .map_err(SandboxError::io("create home", &config.home))?;
         let home = canonical(&config.home, "open home")?;
@@ -390,7 +413,7 @@ impl Supervisor {
             counters: Counters::default(),
             agent_pid: Mutex::new(None),
         });
-        let server = Server::start(&socket, shared.clone())?;
+        let server = Server::start(&socket, shared.clone(), config_limits)?;
         let socket_inside = config
             .socket_inside
             .clone()

@@ -20,6 +20,25 @@ use crate::error::{Result, SandboxError};
 /// How long a stopping server waits for requests in flight.
 const HANDLER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// What one supervisor's socket takes at most, so that no peer (the agent flooding it, say) can
+/// spend the descriptors and the threads that capture needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlLimits {
+    /// Connections open at once; one more is answered with an error and closed at once.
+    pub max_connections: usize,
+    /// A connection that sends no complete message for this long is closed.
+    pub idle_timeout: std::time::Duration,
+}
+
+impl Default for ControlLimits {
+    fn default() -> ControlLimits {
+        ControlLimits {
+            max_connections: 64,
+            idle_timeout: std::time::Duration::from_secs(300),
+        }
+    }
+}
+
 /// The running server: its thread and the switch that stops it.
 pub(crate) struct Server {
     stop: watch::Sender<bool>,
@@ -63,7 +82,7 @@ fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener> {
 }
 
 impl Server {
-    pub fn start(path: &Path, shared: Arc<Shared>) -> Result<Server> {
+    pub fn start(path: &Path, shared: Arc<Shared>, limits: ControlLimits) -> Result<Server> {
         let listener = bind(path)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -77,7 +96,7 @@ impl Server {
             .spawn(move || {
                 runtime.block_on(async move {
                     match UnixListener::from_std(listener) {
-                        Ok(l) => accept_loop(l, shared, stopped).await,
+                        Ok(l) => accept_loop(l, shared, stopped, limits).await,
                         Err(e) => tracing::error!(error = %e, "control socket unusable"),
                     }
                 });
@@ -114,14 +133,23 @@ async fn accept_loop(
     listener: UnixListener,
     shared: Arc<Shared>,
     mut stopped: watch::Receiver<bool>,
+    limits: ControlLimits,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
         tokio::select! {
             _ = stopped.changed() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        refuse(stream, limits.max_connections);
+                        continue;
+                    };
                     let (shared, stopped) = (shared.clone(), stopped.clone());
-                    tokio::spawn(connection(stream, shared, stopped));
+                    tokio::spawn(async move {
+                        connection(stream, shared, stopped, limits.idle_timeout).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept on the control socket failed");
@@ -130,6 +158,21 @@ async fn accept_loop(
             },
         }
     }
+}
+
+/// One connection too many: told so in one line, without waiting for the peer, and closed.
+fn refuse(stream: UnixStream, max: usize) {
+    let reply = rpc::failure(
+        Value::Null,
+        &RpcError::new(
+            rpc::UNAVAILABLE,
+            format!("too many connections to the control socket (at most {max} at once)"),
+            "close a connection you no longer use, or retry shortly.",
+        ),
+    );
+    let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+    out.push(b'\n');
+    let _ = stream.try_write(&out);
 }
 
 /// One line read from a connection.
@@ -170,13 +213,21 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> std::io::Re
     }
 }
 
-async fn connection(stream: UnixStream, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
+async fn connection(
+    stream: UnixStream,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+    idle: std::time::Duration,
+) {
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r);
     loop {
         let line = tokio::select! {
             _ = stopped.changed() => return,
-            line = read_line(&mut r) => line,
+            line = tokio::time::timeout(idle, read_line(&mut r)) => match line {
+                Ok(line) => line,
+                Err(_) => return, // idle too long
+            },
         };
         let reply = match line {
             Ok(None) | Err(_) => return,
