@@ -189,6 +189,32 @@ pub enum Isolation {
     Rootfs,
 }
 
+/// The agent's network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Network {
+    /// The host's network, shared (the default: package installs and API calls work).
+    #[default]
+    Host,
+    /// A network namespace of its own with only the loopback interface.
+    None,
+}
+
+/// How the sandbox of `run` and `exec` is opened beyond its defaults.
+#[derive(Args, Clone, Debug, Default)]
+pub struct SandboxArgs {
+    /// The command's network: host (shared, the default) or none (only loopback).
+    #[arg(long, value_enum, default_value_t = Network::Host)]
+    pub network: Network,
+    /// A further host directory the command may write, at the same path (repeatable), e.g. a
+    /// package manager's cache under $HOME. Not captured: only the workspace is.
+    #[arg(long = "writable", value_name = "DIR")]
+    pub writable: Vec<std::path::PathBuf>,
+    /// An environment variable of the caller's passed to the command (repeatable; a trailing
+    /// `*` takes every name with that prefix, e.g. `npm_config_*`).
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pub pass_env: Vec<String>,
+}
+
 /// `envctl run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -202,6 +228,9 @@ pub struct RunArgs {
     /// in a sandbox it cannot reach it; unconfined (--isolate none) nothing stops it looking.
     #[arg(long)]
     pub self_rollback: bool,
+    /// The sandbox's network, writable directories and passed variables.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
     /// The agent's command.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -213,6 +242,9 @@ pub struct ExecArgs {
     /// Why (default: the command line).
     #[arg(long)]
     pub intent: Option<String>,
+    /// The sandbox's network, writable directories and passed variables.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
     /// The command.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,

@@ -33,6 +33,7 @@ mod failure;
 mod mcp;
 mod output;
 mod progress;
+mod run_record;
 mod target;
 mod workspace;
 

@@ -206,6 +206,9 @@ impl Session {
     /// (a rescan against the stat cache), so that nothing done out of band is lost or
     /// overwritten by what follows.
     pub fn open(ws: Workspace, actor: ActorId) -> Outcome<Session> {
+        if let Some(said) = crate::run_record::ended_abnormally(&ws.home) {
+            eprintln!("envctl: {said}");
+        }
         let mut s = Session::open_stores(ws, actor)?;
         s.tracker = Some(s.start_tracker(witness(), false, "capturing the workspace")?);
         let rootfs = s.ws.home.join(ROOTFS_DIR);

@@ -706,3 +706,168 @@ resource = "*"
     ws.ok(&["--actor", "agent:bob", "--token", &token, "log"]);
     ws.ok(&["--actor", "agent:bob", "mark", "mine"]);
 }
+
+fn sandboxed_processes(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// SIGKILL of `envctl run` ends the agent and its background processes; the next command says
+/// the run ended abnormally and records what the agent wrote before.
+#[test]
+fn a_killed_run_takes_its_sandbox_along_and_is_reported() {
+    if !sandboxes("a_killed_run_takes_its_sandbox_along_and_is_reported") {
+        return;
+    }
+    let ws = Ws::new();
+    let marker = format!("killed-run-{}", std::process::id());
+    let script = format!("sleep 120 & echo before > before.txt; sleep 120; : {marker}");
+    let mut child = ws
+        .cmd(&["run", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..400 {
+        if ws.path("before.txt").exists() && sandboxed_processes(&marker) > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(sandboxed_processes(&marker) > 0, "the agent runs");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = std::time::Instant::now();
+    while sandboxed_processes(&marker) > 0 && killed.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        sandboxed_processes(&marker),
+        0,
+        "the sandbox outlived envctl"
+    );
+    let out = ws.run(&["status"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("ended abnormally"),
+        "{}",
+        stderr(&out)
+    );
+    let head = ws.json(&["show", "HEAD"]);
+    let paths: Vec<&str> = head["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .collect();
+    assert!(paths.contains(&"before.txt"), "{head}");
+    // Said once: the record is gone.
+    let again = ws.run(&["status"]);
+    assert!(!stderr(&again).contains("ended abnormally"));
+    also_unprivileged("a_killed_run_takes_its_sandbox_along_and_is_reported");
+}
+
+/// `--network none`, `--writable DIR` and `--pass-env NAME` on `exec` and `run`, and the
+/// summary of `run` names every layer that held.
+#[test]
+fn exec_and_run_take_network_writable_and_passed_variables() {
+    if !sandboxes("exec_and_run_take_network_writable_and_passed_variables") {
+        return;
+    }
+    let ws = Ws::new();
+    let cache = tempfile::tempdir_in("/var/tmp").unwrap();
+    let cache_dir = cache.path().display().to_string();
+    let script = format!(
+        "echo cached > {cache_dir}/c; echo \"[$npm_config_cache][$PIP_INDEX_URL][$HIDDEN_VAR]\"; \
+         tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+    );
+    let out = ws
+        .cmd(&[
+            "exec",
+            "--network",
+            "none",
+            "--writable",
+            &cache_dir,
+            "--pass-env",
+            "npm_config_*",
+            "--pass-env",
+            "PIP_INDEX_URL",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("npm_config_cache", "/c")
+        .env("PIP_INDEX_URL", "http://index")
+        .env("HIDDEN_VAR", "secret")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "[/c][http://index][]\nlo\n");
+    assert_eq!(
+        std::fs::read_to_string(cache.path().join("c")).unwrap(),
+        "cached\n"
+    );
+    // Without --writable the same write is refused, and nothing lands.
+    std::fs::remove_file(cache.path().join("c")).unwrap();
+    let out = ws.run(&["exec", "--", "sh", "-c", &format!("echo x > {cache_dir}/c")]);
+    assert_ne!(code(&out), 0);
+    assert!(!cache.path().join("c").exists());
+    // A missing writable directory is refused before anything runs.
+    let out = ws.run(&[
+        "exec",
+        "--writable",
+        "/nonexistent/dir",
+        "--",
+        "touch",
+        "ran",
+    ]);
+    assert_ne!(code(&out), 0);
+    assert!(!ws.path("ran").exists());
+
+    // run: the agent is not given the socket (its directory is out of reach), and the summary
+    // says what held.
+    let home = ws.home().display().to_string();
+    let out = ws.run(&[
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "ls {home} {home}/run; test -S \"$ENVIRONMENT_SOCKET\" && echo SOCKET; \
+             ls /tmp/.environment-run; cat /proc/self/status"
+        ),
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        !text.contains("SOCKET") && !text.contains("control.sock"),
+        "{text}"
+    );
+    assert!(!text.contains("env.db"), "{text}");
+    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    let summary = stderr(&out);
+    for layer in [
+        "no capabilities",
+        "no_new_privs",
+        "seccomp",
+        "Landlock",
+        "masked",
+        "network off",
+    ] {
+        assert!(
+            summary.contains(layer),
+            "the summary names {layer}: {summary}"
+        );
+    }
+}

@@ -23,7 +23,7 @@ use environment_sandbox::{
 };
 use serde_json::json;
 
-use crate::cli::{ExecArgs, Isolation, PickArg, RunArgs, TournamentArgs};
+use crate::cli::{ExecArgs, Isolation, Network, PickArg, RunArgs, SandboxArgs, TournamentArgs};
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::output::print_json;
 use crate::workspace::{ROOTFS_DIR, ROOTFS_KEY_PREFIX, SOCKET_FILE, Session, Workspace, witness};
@@ -119,15 +119,53 @@ pub fn namespaces() -> Result<(), String> {
         .clone()
 }
 
+/// What `--network`, `--writable` and `--pass-env` ask of a sandbox.
+fn open_up(spec: &mut IsolationSpec, args: &SandboxArgs) -> Outcome<()> {
+    spec.network = args.network == Network::Host;
+    spec.env_allow.extend(args.pass_env.iter().cloned());
+    for dir in &args.writable {
+        if matches!(spec.root, environment_sandbox::Root::Rootfs(_)) {
+            return Err(Failure::usage(format!(
+                "--writable {} applies to host mode: a managed rootfs is writable throughout; \
+                 nothing ran",
+                dir.display()
+            )));
+        }
+        if !dir.is_dir() {
+            return Err(Failure::not_found(format!(
+                "--writable {}: no such directory; nothing ran",
+                dir.display()
+            ))
+            .hint("create it first, or name an existing directory"));
+        }
+        spec.writable.push(dir.clone());
+    }
+    Ok(())
+}
+
+/// Builds the sandbox, saying in one line each layer this kernel lacks (it never degrades
+/// silently).
+fn sandbox(spec: IsolationSpec) -> Outcome<Sandbox> {
+    static SAID: Once = Once::new();
+    let sandbox = Sandbox::new(spec)?;
+    SAID.call_once(|| {
+        for missing in sandbox.support().missing_layers() {
+            eprintln!("envctl: this kernel lacks {missing}");
+        }
+    });
+    Ok(sandbox)
+}
+
 /// The sandbox of a command in `ws`: host mode with the home masked when namespaces work, else
 /// the host as it is (said once).
-pub fn host_sandbox(ws: &Workspace) -> Outcome<Arc<dyn Launcher>> {
+pub fn host_sandbox(ws: &Workspace, args: &SandboxArgs) -> Outcome<Arc<dyn Launcher>> {
     static SAID: Once = Once::new();
     match namespaces() {
         Ok(()) => {
             let mut spec = IsolationSpec::host(&ws.dir);
             spec.masked.push(ws.home.clone());
-            Ok(Arc::new(Sandbox::new(spec)?))
+            open_up(&mut spec, args)?;
+            Ok(Arc::new(sandbox(spec)?))
         }
         Err(why) => {
             SAID.call_once(|| {
@@ -184,9 +222,14 @@ fn not_run(argv: &[String], e: EnvError) -> Failure {
 
 /// Runs `argv` in the workspace through the shell as one recorded operation of the session's
 /// actor: its output stored, the files it changed attributed to it.
-pub fn shell_exec(s: &mut Session, argv: &[String], intent: Option<&str>) -> Outcome<Recorded> {
+pub fn shell_exec(
+    s: &mut Session,
+    argv: &[String],
+    intent: Option<&str>,
+    args: &SandboxArgs,
+) -> Outcome<Recorded> {
     program_of(argv)?;
-    let launcher = host_sandbox(&s.ws)?;
+    let launcher = host_sandbox(&s.ws, args)?;
     // Whatever changed before the command is the witness's, captured by now; the shell's
     // tracker records only the command.
     s.stop_tracker()?;
@@ -229,7 +272,7 @@ pub fn shell_exec(s: &mut Session, argv: &[String], intent: Option<&str>) -> Out
 
 /// `envctl exec -- CMD...`.
 pub fn exec(s: &mut Session, a: &ExecArgs, json: bool) -> Outcome<i32> {
-    let done = shell_exec(s, &a.command, a.intent.as_deref())?;
+    let done = shell_exec(s, &a.command, a.intent.as_deref(), &a.sandbox)?;
     let status = done.status();
     if json {
         print_json(&done.to_json());
@@ -345,7 +388,8 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
             writable: false,
         });
     }
-    let sandbox = Sandbox::new(spec)?;
+    open_up(&mut spec, &a.sandbox)?;
+    let sandbox = sandbox(spec)?;
     let workspace_inside = sandbox.workspace_inside().to_path_buf();
     Ok(Placement {
         launcher: Arc::new(sandbox),
@@ -404,7 +448,10 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
         let _ = supervisor.shutdown_with_grace(Duration::from_secs(1));
         return Err(f);
     }
+    let active = crate::run_record::ActiveRun::begin(&ws.home)
+        .map_err(|e| Failure::io("write the run's record in", &ws.home, e))?;
     let summary = supervisor.run_until_signal(Duration::from_secs(5))?;
+    active.end();
     // What the policy did not let the agent record is on disk all the same: the witness records
     // it now, so that nothing is lost, and the summary says so.
     let found = Session::open(ws.clone(), actor.clone())?;

@@ -251,7 +251,12 @@ impl EnvServer {
             if p.command.is_empty() {
                 return Err(Failure::usage("the command is empty").hint("pass e.g. [\"ls\", \"-l\"]"));
             }
-            let done = process::shell_exec(s, &p.command, p.intent.as_deref())?;
+            let done = process::shell_exec(
+                s,
+                &p.command,
+                p.intent.as_deref(),
+                &crate::cli::SandboxArgs::default(),
+            )?;
             Ok(format!(
                 "The command ran and exited with status {}; recorded as operation {} ({} file(s) changed).\n--- stdout ---\n{}\n--- stderr ---\n{}",
                 done.status(),

@@ -289,6 +289,12 @@ impl Isolation {
         probe::probe()
     }
 
+    /// What this host allows, and so which confinement layers hold (see
+    /// [`Support::missing_layers`]).
+    pub fn support(&self) -> &Support {
+        &self.inner.support
+    }
+
     /// The spec this launcher was built from (paths canonicalized).
     pub fn spec(&self) -> &IsolationSpec {
         &self.inner.spec
@@ -378,7 +384,28 @@ impl Launcher for Isolation {
 
     fn describe(&self) -> String {
         let inner = &self.inner;
-        let mut parts = vec!["user+mount+pid+uts+ipc namespaces".to_owned()];
+        let mut parts = vec![
+            "user+mount+pid+uts+ipc namespaces".to_owned(),
+            "no capabilities (every set empty)".to_owned(),
+            "no_new_privs".to_owned(),
+        ];
+        let plan = &inner.plan;
+        parts.push(if plan.seccomp.is_empty() {
+            "seccomp unavailable (the kernel runs no filters)".to_owned()
+        } else {
+            format!(
+                "seccomp filter ({} calls refused, namespaces in clone)",
+                lockdown::DENIED.len()
+            )
+        });
+        parts.push(match &plan.landlock {
+            Some(ll) => format!(
+                "Landlock ABI {} (writes only in {} paths)",
+                ll.abi,
+                ll.writable.len()
+            ),
+            None => "Landlock unavailable (writes confined by mounts alone)".to_owned(),
+        });
         parts.push(match &inner.spec.root {
             Root::Host => "host read-only".to_owned(),
             Root::Rootfs(dir) => format!("rootfs {} as root", dir.display()),
