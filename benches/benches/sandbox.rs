@@ -9,6 +9,7 @@
 //! from `shared/workloads/gen_tree.py`; run once as a test it uses a small tree.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -375,8 +376,10 @@ fn bench_fork(c: &mut Criterion) {
     g.finish();
 }
 
-/// Sandbox start to the first instruction: spawn `true` confined (host mode) and wait, against
-/// bubblewrap doing the same with its own namespaces, when installed.
+/// Sandbox start to the first instruction: spawn `true` confined (host mode, every layer on:
+/// namespaces, mounts, capabilities dropped, no_new_privs, Landlock, the seccomp filter) and
+/// wait, against bubblewrap with the same layers but Landlock, which it lacks (`--unshare-all
+/// --die-with-parent --cap-drop ALL`, our compiled filter through `--add-seccomp-fd`).
 fn bench_sandbox_start(c: &mut Criterion) {
     use environment_sandbox::{Isolation, IsolationSpec, Launcher};
     if let Err(e) = Isolation::probe() {
@@ -403,13 +406,34 @@ fn bench_sandbox_start(c: &mut Criterion) {
         });
     }
     if have("bwrap") {
-        g.bench_function("bwrap", |b| {
+        let filters = environment_sandbox::isolate::compiled_filters().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<_> = filters
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let p = dir.path().join(format!("filter{i}"));
+                std::fs::write(&p, f).unwrap();
+                p
+            })
+            .collect();
+        let ws_path = ws.path().to_str().unwrap().to_owned();
+        g.bench_function("bwrap, same layers but Landlock", |b| {
             b.iter(|| {
-                let st = Command::new("bwrap")
-                    .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
-                    .args(["--unshare-all", "/bin/true"])
-                    .status()
-                    .unwrap();
+                // Each run reads its filters from descriptors it inherits.
+                let fds: Vec<std::fs::File> = files
+                    .iter()
+                    .map(|p| std::fs::File::open(p).unwrap())
+                    .collect();
+                let mut cmd = Command::new("bwrap");
+                cmd.args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+                    .args(["--tmpfs", "/tmp", "--bind", &ws_path, &ws_path])
+                    .args(["--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]);
+                for f in &fds {
+                    rustix::io::fcntl_setfd(f, rustix::io::FdFlags::empty()).unwrap();
+                    cmd.args(["--add-seccomp-fd", &f.as_raw_fd().to_string()]);
+                }
+                let st = cmd.arg("/bin/true").status().unwrap();
                 assert!(st.success());
             })
         });

@@ -326,6 +326,26 @@ pub(crate) fn seccomp_programs() -> Result<Vec<BpfProgram>> {
     Ok(programs)
 }
 
+/// The seccomp programs as the kernel takes them (arrays of `struct sock_filter`, native byte
+/// order), for a tool that takes a compiled filter, such as bubblewrap's `--add-seccomp-fd`.
+pub fn compiled_filters() -> Result<Vec<Vec<u8>>> {
+    Ok(seccomp_programs()?
+        .iter()
+        .map(|p| {
+            p.iter()
+                .flat_map(|i| {
+                    let mut b = Vec::with_capacity(8);
+                    b.extend_from_slice(&i.code.to_ne_bytes());
+                    b.push(i.jt);
+                    b.push(i.jf);
+                    b.extend_from_slice(&i.k.to_ne_bytes());
+                    b
+                })
+                .collect()
+        })
+        .collect())
+}
+
 /// x86-64 only: system call numbers with the x32 bit set answer `ENOSYS`. The rules above
 /// name calls by their 64-bit numbers; on a kernel built with x32 support the same call is
 /// reachable under a second number. (The arch check of the other programs kills any process

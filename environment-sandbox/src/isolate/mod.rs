@@ -69,7 +69,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-pub use lockdown::{DENIED, Denied, OTHER_RULES};
+pub use lockdown::{DENIED, Denied, OTHER_RULES, compiled_filters};
 pub use probe::{CgroupSupport, Support};
 pub use rootfs::Rootfs;
 
