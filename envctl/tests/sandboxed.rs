@@ -562,6 +562,7 @@ fn an_agent_runs_in_the_managed_rootfs() {
     std::fs::create_dir_all(root.join("bin")).unwrap();
     std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
     std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    std::fs::create_dir_all(root.join("etc/apt/apt.conf.d")).unwrap();
     let work = tmp.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     std::fs::write(work.join("a.txt"), "alpha\n").unwrap();
@@ -583,9 +584,23 @@ fn an_agent_runs_in_the_managed_rootfs() {
         "/bin/sh",
         "-c",
         "test \"$PWD\" = /workspace && test -f a.txt && test -x /bin/busybox && echo made > b.txt \
-         && mkdir -p /etc && echo configured > /etc/motd && test ! -e /workspace/.environment/env.db",
+         && mkdir -p /etc && echo configured > /etc/motd && test ! -e /workspace/.environment/env.db \
+         && test -x /run/environment/bin/envctl && echo \"$PATH\" > path.txt",
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // The host's PATH stays outside; envctl is on the rootfs's.
+    assert_eq!(
+        ws.read("path.txt").as_deref().map(str::trim),
+        Some(environment_sandbox::isolate::ROOTFS_PATH)
+    );
+    // apt is told at seed time not to switch users it cannot switch to.
+    let apt = std::fs::read_to_string(
+        ws.home()
+            .join("rootfs/etc/apt/apt.conf.d/00environment-sandbox"),
+    )
+    .unwrap();
+    assert!(apt.contains("APT::Sandbox::User \"root\";"), "{apt}");
+    std::fs::remove_file(ws.path("path.txt")).unwrap();
     assert_eq!(ws.read("b.txt").as_deref(), Some("made\n"));
     let log = log_all(&ws);
     assert!(

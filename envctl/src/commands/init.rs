@@ -94,49 +94,14 @@ pub fn run(
 
 /// Copies a directory tree, or unpacks a tar file, into `dest`.
 fn seed_rootfs(src: &Path, dest: &Path) -> Outcome<PathBuf> {
+    use environment_sandbox::Rootfs;
     let progress = Progress::spinner("seeding the rootfs");
     let result = if src.is_dir() {
-        copy_tree(src, dest)
+        Rootfs::seed_from_dir(src, dest)
     } else {
-        let file = std::fs::File::open(src).map_err(|e| Failure::io("open", src, e))?;
-        std::fs::create_dir_all(dest).map_err(|e| Failure::io("create", dest, e))?;
-        let mut archive = tar::Archive::new(file);
-        archive.set_preserve_permissions(true);
-        archive.unpack(dest).map_err(|e| {
-            Failure::usage(format!(
-                "cannot unpack {} as a tar file: {e}",
-                src.display()
-            ))
-            .hint("pass a directory or an uncompressed .tar file")
-        })
+        Rootfs::seed_from_tar(src, dest)
     };
     progress.finish();
-    result.map(|()| dest.to_owned())
-}
-
-/// Copies files, directories and symlinks (as links, never followed), keeping modes.
-fn copy_tree(src: &Path, dest: &Path) -> Outcome<()> {
-    std::fs::create_dir_all(dest).map_err(|e| Failure::io("create", dest, e))?;
-    let entries = std::fs::read_dir(src).map_err(|e| Failure::io("read", src, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| Failure::io("read", src, e))?;
-        let (from, to) = (entry.path(), dest.join(entry.file_name()));
-        let kind = entry
-            .file_type()
-            .map_err(|e| Failure::io("stat", &from, e))?;
-        if kind.is_symlink() {
-            let target = std::fs::read_link(&from).map_err(|e| Failure::io("read", &from, e))?;
-            std::os::unix::fs::symlink(&target, &to).map_err(|e| Failure::io("link", &to, e))?;
-        } else if kind.is_dir() {
-            copy_tree(&from, &to)?;
-            let perm = std::fs::metadata(&from)
-                .map_err(|e| Failure::io("stat", &from, e))?
-                .permissions();
-            std::fs::set_permissions(&to, perm).map_err(|e| Failure::io("chmod", &to, e))?;
-        } else if kind.is_file() {
-            std::fs::copy(&from, &to).map_err(|e| Failure::io("copy", &from, e))?;
-        }
-        // Devices, fifos and sockets are not carried into a rootfs made by an unprivileged user.
-    }
-    Ok(())
+    result?;
+    Ok(dest.to_owned())
 }

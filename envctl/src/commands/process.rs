@@ -361,6 +361,17 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
             if let Ok(rel) = ws.home.strip_prefix(&ws.dir) {
                 spec.masked.push(Path::new(ROOTFS_WORKSPACE).join(rel));
             }
+            // envctl itself, callable inside as `envctl` (on the rootfs's PATH).
+            if let Some(dir) = std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(Path::to_path_buf))
+            {
+                spec.binds.push(Bind {
+                    host: dir,
+                    inside: environment_sandbox::isolate::ROOTFS_TOOLS.into(),
+                    writable: false,
+                });
+            }
             tracked_rootfs = Some(rootfs);
             spec
         }

@@ -178,6 +178,14 @@ pub struct IsolationSpec {
     pub hostname: String,
 }
 
+/// `PATH` inside a managed rootfs: the usual directories, then [`ROOTFS_TOOLS`].
+pub const ROOTFS_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/environment/bin";
+
+/// Where tools of the host are bound into a managed rootfs, read-only (envctl puts itself
+/// there, so an agent can call `envctl` inside).
+pub const ROOTFS_TOOLS: &str = "/run/environment/bin";
+
 /// The environment variables kept by default.
 pub const DEFAULT_ENV_ALLOW: &[&str] = &["PATH", "HOME", "USER", "LANG", "LC_*", "TERM", "TZ"];
 
@@ -337,9 +345,12 @@ impl Isolation {
             .filter(|(k, _)| self.env_allowed(k))
             .collect();
         if matches!(self.inner.spec.root, Root::Rootfs(_)) {
-            // The caller's home does not exist in the rootfs; the agent is root there.
+            // The caller's home does not exist in the rootfs; the agent is root there. Nor do
+            // the caller's program directories: the rootfs's own PATH, and the directory where
+            // a launcher may put its tools.
             env.insert("HOME".into(), "/root".into());
             env.insert("USER".into(), "root".into());
+            env.insert("PATH".into(), ROOTFS_PATH.into());
         }
         for (k, v) in explicit {
             match v {

@@ -56,7 +56,7 @@ impl Rootfs {
         for (dir, perm) in dirs.into_iter().rev() {
             std::fs::set_permissions(&dir, perm).map_err(SandboxError::io("chmod", &dir))?;
         }
-        Ok(count)
+        Ok(count + confine_package_tools(dest)?)
     }
 
     /// Unpacks the (uncompressed) tar archive `tarball` into `dest` (created if missing, else it
@@ -98,8 +98,30 @@ impl Rootfs {
             }
             count += 1;
         }
-        Ok(count)
+        Ok(count + confine_package_tools(dest)?)
     }
+}
+
+/// Where apt is told how to work in the sandbox.
+pub const APT_CONFIG: &str = "etc/apt/apt.conf.d/00environment-sandbox";
+
+/// Package managers that switch users must not try: the agent is root inside with one uid and
+/// no capability, so apt cannot drop to `_apt` for its downloads. Said once, at seed time, in
+/// apt's own configuration (when the rootfs has apt), so that `apt-get` works without flags.
+/// Returns the number of files written.
+fn confine_package_tools(dest: &Path) -> Result<u64> {
+    let conf_dir = dest.join("etc/apt/apt.conf.d");
+    if !conf_dir.is_dir() {
+        return Ok(0);
+    }
+    let path = dest.join(APT_CONFIG);
+    std::fs::write(
+        &path,
+        "// Written by environment-sandbox: one uid inside, no capability to switch users.\n\
+         APT::Sandbox::User \"root\";\n",
+    )
+    .map_err(SandboxError::io("write", &path))?;
+    Ok(1)
 }
 
 fn skipped(kind: tar::EntryType) -> bool {
