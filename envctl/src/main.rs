@@ -72,8 +72,23 @@ fn usage_error(e: clap::Error) -> ! {
     std::process::exit(failure::ExitCode::Usage.status());
 }
 
+/// A command that prints and ends (not a server nor a supervisor, whose sockets must never
+/// raise SIGPIPE) dies quietly of SIGPIPE when its reader goes away, as `git log | head` does,
+/// instead of panicking on the failed write.
+fn quiet_on_closed_stdout(command: &cli::Command) {
+    if matches!(command, cli::Command::Run(_) | cli::Command::Mcp) {
+        return;
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: restores the default action of one signal before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     let cli = cli::Cli::try_parse().unwrap_or_else(|e| usage_error(e));
+    quiet_on_closed_stdout(&cli.command);
     let status = match commands::dispatch(cli) {
         Ok(status) => status,
         Err(f) => {

@@ -222,7 +222,26 @@ impl Session {
             progress.finish();
             s.rootfs = Some(t?);
         }
+        s.say_unreadable();
         Ok(s)
+    }
+
+    /// Names what the capture could not read (it stays pending, never dropped), in one line.
+    fn say_unreadable(&self) {
+        let unread: Vec<_> = self
+            .tracker
+            .iter()
+            .chain(self.rootfs.iter())
+            .flat_map(|t| t.unreadable())
+            .collect();
+        if let Some((first, why)) = unread.first() {
+            eprintln!(
+                "envctl: {} path(s) could not be read and are not recorded yet (first: {}: \
+                 {why}); they are captured once they can be read",
+                unread.len(),
+                first.display()
+            );
+        }
     }
 
     /// The trees tracked beside the workspace (the managed rootfs), restored with it.

@@ -804,3 +804,30 @@ fn init_with_a_home_elsewhere_and_a_rootfs() {
     assert_eq!(code(&out), 3);
     assert!(!tmp.path().join("other").exists());
 }
+
+/// A reader that goes away (`envctl log | head -1`) ends the command quietly: no panic, and the
+/// status says SIGPIPE, as for `git log | head`.
+#[test]
+fn a_closed_stdout_ends_a_command_quietly() {
+    let ws = Ws::new();
+    for i in 0..40 {
+        std::fs::write(ws.path("README.md"), format!("# demo {i}\n")).unwrap();
+        ws.ok(&["status"]);
+    }
+    let mut child = ws
+        .cmd(&["log", "--all"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before the first line
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        out.status.success() || out.status.signal() == Some(13),
+        "{:?}: {err}",
+        out.status
+    );
+}

@@ -110,6 +110,9 @@ impl Reader<'_> {
                     Seen::Gone
                 });
             }
+            // A directory on the way that may not be searched: the path is not gone, only out
+            // of sight for now.
+            Err(e) if denied(&e) => return Ok(Seen::Unreadable(e)),
             Err(e) => return Err(SandboxError::io("lstat", path)(e)),
         };
         let ft = fsops::file_type(&st);
@@ -121,10 +124,11 @@ impl Reader<'_> {
         let value = match ft {
             FileType::Directory => Value::dir().mode(mode),
             FileType::Symlink => {
-                let target = self
-                    .root
-                    .readlink(path)
-                    .map_err(SandboxError::io("readlink", path))?;
+                let target = match self.root.readlink(path) {
+                    Ok(t) => t,
+                    Err(e) if denied(&e) => return Ok(Seen::Unreadable(e)),
+                    Err(e) => return Err(SandboxError::io("readlink", path)(e)),
+                };
                 let mut v = Value::symlink(target);
                 v.meta.mtime_ns = Some(fsops::mtime_ns(&st));
                 v
@@ -155,13 +159,27 @@ impl Reader<'_> {
     fn read_file(&self, path: &Path, bulk: bool, class: Class) -> Result<Seen> {
         let blobs = self.blobs;
         for _ in 0..REREADS {
-            let fd = match self.root.open_beneath(path, OFlags::RDONLY, 0) {
+            // Non-blocking, so a FIFO swapped in after the lstat cannot hang the capture (and
+            // the type is checked on what was opened).
+            let fd = match self
+                .root
+                .open_beneath(path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+            {
                 Ok(fd) => fd,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Seen::Gone),
+                Err(e) if denied(&e) || e.raw_os_error() == Some(libc::ELOOP) => {
+                    return Ok(Seen::Unreadable(e));
+                }
                 Err(e) => return Err(SandboxError::io("open", path)(e)),
             };
             let before =
                 rustix::fs::fstat(&fd).map_err(|e| SandboxError::io("fstat", path)(e.into()))?;
+            if fsops::file_type(&before) != FileType::RegularFile {
+                // Replaced by something else since the lstat: looked at again next time.
+                return Ok(Seen::Unreadable(std::io::Error::other(
+                    "replaced by another kind of file while being read",
+                )));
+            }
             let mut file = File::from(fd);
             let size = before.st_size as u64;
             let content = if size as usize <= INLINE_MAX {
@@ -230,6 +248,9 @@ pub struct Captured {
     pub observation: Option<Observation>,
     /// How many tracked paths (files, directories, links) it created, changed or removed.
     pub files: u64,
+    /// The paths it could not read now, and why: neither recorded nor removed (a tracker keeps
+    /// them pending and tries again).
+    pub unreadable: Vec<(Vec<u8>, String)>,
 }
 
 /// Reads `paths` (relative to `root`) as values, in parallel when there are many: `None` for a
@@ -243,15 +264,17 @@ pub(crate) fn read_values(
 ) -> Result<Vec<(Vec<u8>, Option<Value>)>> {
     let bulk = paths.len() > BULK;
     let reader = Reader { root, noise, blobs };
-    Ok(reader
+    reader
         .look_all(paths, bulk)?
         .into_iter()
         .filter_map(|(rel, seen)| match seen {
-            Seen::Present(v, _, _) => Some((rel, Some(v))),
-            Seen::Gone => Some((rel, None)),
+            Seen::Present(v, _, _) => Some(Ok((rel, Some(v)))),
+            Seen::Gone => Some(Ok((rel, None))),
             Seen::Skipped => None,
+            // A fork's layer is read once: what cannot be read is an error, never dropped.
+            Seen::Unreadable(e) => Some(Err(SandboxError::io("read", rel_path(&rel))(e))),
         })
-        .collect())
+        .collect::<Result<_>>()
 }
 
 /// Reads changed paths and commits them.
@@ -323,6 +346,14 @@ enum Seen {
     Gone,
     Present(Value, StatEntry, Class),
     Skipped,
+    /// Cannot be read now (a mode-000 file, a directory on the way that may not be searched, a
+    /// file swapped for another kind mid-read): neither recorded nor removed, and kept pending.
+    Unreadable(std::io::Error),
+}
+
+/// Whether an error says "not allowed" rather than "not there".
+fn denied(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM))
 }
 
 impl Capturer {
@@ -365,6 +396,7 @@ impl Capturer {
         let mut changes: BTreeMap<Key, Option<Value>> = BTreeMap::new();
         let mut cache: Vec<(Vec<u8>, Option<StatEntry>)> = Vec::new();
         let mut all_quiet = true;
+        let mut unreadable = Vec::new();
         let reader = Reader {
             root: &self.root,
             noise: &self.noise,
@@ -376,6 +408,7 @@ impl Capturer {
             let key = self.keys.key(rel)?;
             match seen {
                 Seen::Skipped => {}
+                Seen::Unreadable(e) => unreadable.push((rel.clone(), e.to_string())),
                 Seen::Gone => {
                     let prefix = self.keys.prefix(rel)?;
                     for (k, _) in self.env.list(&self.actor, &prefix, &head)? {
@@ -439,6 +472,7 @@ impl Capturer {
         Ok(Captured {
             observation: observation.filter(|o| !o.noop),
             files,
+            unreadable,
         })
     }
 

@@ -6,7 +6,8 @@
 //! while a capture runs, so a burst of writes does not overflow it; another debounces and
 //! captures.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -81,7 +82,40 @@ struct Shared {
     captures: AtomicU64,
     /// Commands running whose changes their own end-capture takes: automatic captures wait.
     holds: AtomicU64,
+    /// The paths the last captures could not read, and why: pending until they can be.
+    unreadable: Mutex<BTreeMap<Vec<u8>, String>>,
     config: TrackerConfig,
+}
+
+/// After a capture of `batch`: what it could not read goes back into the pending set (a change
+/// is never dropped), and the set of unreadable paths is brought up to date.
+fn settle(shared: &Shared, batch: &BTreeSet<Vec<u8>>, unreadable: &[(Vec<u8>, String)]) {
+    {
+        let mut u = lock(&shared.unreadable);
+        u.retain(|p, _| !batch.contains(p));
+        for (p, why) in unreadable {
+            u.insert(p.clone(), why.clone());
+        }
+    }
+    if !unreadable.is_empty() {
+        tracing::warn!(
+            paths = unreadable.len(),
+            "paths that cannot be read now stay pending and are captured once they can be"
+        );
+    }
+    keep_pending(shared, unreadable.iter().map(|(p, _)| p.clone()));
+}
+
+/// Puts paths back into the pending set, due after the quiet period.
+fn keep_pending(shared: &Shared, paths: impl IntoIterator<Item = Vec<u8>>) {
+    let mut p = lock(&shared.pending);
+    let before = p.dirty.len();
+    p.dirty.extend(paths);
+    if p.dirty.len() > before {
+        let now = Instant::now();
+        p.first_change.get_or_insert(now);
+        p.last_change = Some(now);
+    }
 }
 
 /// Tracks a live directory tree: every change is captured into the environment without the
@@ -137,7 +171,13 @@ impl Tracker {
             branch: config.branch.clone(),
         };
         let dirty = capturer.rescan_dirty()?;
-        capturer.capture(dirty, intent("initial capture"), OpFlags::AUTO_CAPTURE)?;
+        let first = capturer.capture_with(
+            dirty.clone(),
+            None,
+            intent("initial capture"),
+            OpFlags::AUTO_CAPTURE,
+            Vec::new(),
+        )?;
         config.root = root_path;
         let shared = Arc::new(Shared {
             watcher: Mutex::new(watcher),
@@ -146,8 +186,10 @@ impl Tracker {
             stop: AtomicBool::new(false),
             captures: AtomicU64::new(0),
             holds: AtomicU64::new(0),
+            unreadable: Mutex::new(BTreeMap::new()),
             config,
         });
+        settle(&shared, &dirty, &first.unreadable);
         let mut threads = Vec::new();
         if shared.config.auto {
             for (name, f) in [
@@ -221,18 +263,13 @@ impl Tracker {
                 if captured.observation.is_some() {
                     self.shared.captures.fetch_add(1, Ordering::Relaxed);
                 }
+                settle(&self.shared, &kept, &captured.unreadable);
                 Ok(captured)
             }
             Err(e) => {
                 // Not recorded (e.g. the actor may not write a key the command changed): the
                 // changes stay pending for the next capture, which is not attributed to it.
-                let mut p = lock(&self.shared.pending);
-                if !kept.is_empty() {
-                    let now = Instant::now();
-                    p.first_change.get_or_insert(now);
-                    p.last_change = Some(now);
-                }
-                p.dirty.extend(kept);
+                keep_pending(&self.shared, kept);
                 Err(e)
             }
         }
@@ -284,6 +321,15 @@ impl Tracker {
         let obs = env.act_blocking(req.put(key, Value::file(content).mode(mode)))?;
         self.sync_from(&before)?;
         Ok(obs)
+    }
+
+    /// The paths the last captures could not read (relative to the root), and why. They are
+    /// neither recorded nor removed: they stay pending and are captured once they can be read.
+    pub fn unreadable(&self) -> Vec<(PathBuf, String)> {
+        lock(&self.shared.unreadable)
+            .iter()
+            .map(|(p, why)| (PathBuf::from(std::ffi::OsStr::from_bytes(p)), why.clone()))
+            .collect()
     }
 
     /// The tracked root (canonical).
@@ -490,11 +536,20 @@ fn capture_pending(
     if pending.is_empty() {
         return Ok(None);
     }
-    let obs = capturer.capture(pending, intent, flags)?;
-    if obs.is_some() {
-        shared.captures.fetch_add(1, Ordering::Relaxed);
+    // The batch is held until it is committed: a capture that fails puts it back whole.
+    match capturer.capture_with(pending.clone(), None, intent, flags, Vec::new()) {
+        Ok(captured) => {
+            if captured.observation.is_some() {
+                shared.captures.fetch_add(1, Ordering::Relaxed);
+            }
+            settle(shared, &pending, &captured.unreadable);
+            Ok(captured.observation)
+        }
+        Err(e) => {
+            keep_pending(shared, pending);
+            Err(e)
+        }
     }
-    Ok(obs)
 }
 
 /// Takes the pending dirty set (extended by a rescan if the watcher lost events; the intent

@@ -307,3 +307,75 @@ fn automatic_capture_debounces_and_respects_the_maximum_wait() {
         disk(work.path(), &no_skip)
     );
 }
+
+/// What cannot be read now (a mode-000 file as dpkg makes them, a directory that may not be
+/// searched) is neither recorded nor removed: the rest of the batch is captured, the path stays
+/// pending and named, and it is captured once it can be read.
+fn unreadable_scenario(dir: &std::path::Path) {
+    let work = dir.join("work");
+    write(&work, "a.txt", b"a\n");
+    write(&work, "d/x", b"inside\n");
+    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let capture = || {
+        tracker
+            .capture_now(
+                Intent::new(IntentKind::Capture, "now"),
+                OpFlags::AUTO_CAPTURE,
+            )
+            .unwrap()
+    };
+    write(&work, "b.txt", b"b\n");
+    write(&work, "c.txt", b"later\n");
+    let set_mode = |rel: &str, mode: u32| {
+        std::fs::set_permissions(work.join(rel), std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    set_mode("c.txt", 0o000);
+    set_mode("d", 0o000);
+    std::fs::write(work.join("b.txt"), "b2\n").unwrap();
+    // Changes the tracker has not seen by events (auto is off): a rescan finds them.
+    tracker.rescan_now().unwrap();
+    capture();
+    let root = rustix::process::geteuid().is_root();
+    let v = view(&env, &env.head("main").unwrap());
+    assert!(v.contains_key("b.txt"), "the rest of the batch is captured");
+    assert!(
+        v.contains_key("d/x"),
+        "nothing under an unsearchable directory is removed"
+    );
+    if root {
+        // Root reads mode-000 files: nothing is left unread.
+        assert!(v.contains_key("c.txt"));
+    } else {
+        assert!(!v.contains_key("c.txt"));
+        let unreadable: Vec<_> = tracker.unreadable().into_iter().map(|(p, _)| p).collect();
+        assert!(unreadable.contains(&"c.txt".into()), "{unreadable:?}");
+        // Still pending: another capture commits nothing and loses nothing.
+        capture();
+        let again = view(&env, &env.head("main").unwrap());
+        assert!(again.contains_key("d/x") && !again.contains_key("c.txt"));
+    }
+    set_mode("c.txt", 0o644);
+    set_mode("d", 0o755);
+    capture();
+    let v = view(&env, &env.head("main").unwrap());
+    assert!(
+        matches!(v.get("c.txt"), Some(Entry::File { content, .. }) if content == b"later\n"),
+        "captured once readable"
+    );
+    assert!(v.contains_key("d/x"));
+    assert!(tracker.unreadable().is_empty());
+    assert_eq!(disk(&work, &no_skip), v);
+    env.verify_deep().unwrap();
+}
+
+#[test]
+fn an_unreadable_path_stays_pending_and_the_rest_is_captured() {
+    common::both(
+        "an_unreadable_path_stays_pending_and_the_rest_is_captured",
+        common::always,
+        unreadable_scenario,
+    );
+}
