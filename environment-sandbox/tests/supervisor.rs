@@ -1634,10 +1634,12 @@ fn connection_flood_scenario(dir: &Path) {
     let head = sup.env().head("main").unwrap();
     assert_ne!(head, before);
     assert_eq!(sup.env().op(&head).unwrap().actor, capture_actor);
-    // The socket serves again.
-    let mut c = ControlClient::connect(sup.socket_path()).unwrap();
-    c.call("status", json!({})).unwrap();
-    drop(c);
+    // The socket serves again, once it has seen the flood's connections close.
+    wait_for("the socket to serve again", || {
+        ControlClient::connect(sup.socket_path())
+            .and_then(|mut c| c.call("status", json!({})))
+            .is_ok()
+    });
     sup.shutdown_with_grace(Duration::from_secs(5)).unwrap();
     reopen_and_verify(&home, &work);
 }
