@@ -270,6 +270,8 @@ impl Session {
             && !rel.as_os_str().is_empty()
         {
             rules.ignored.push(format!("/{}/", rel.display()));
+            // Never deleted by a restore, even if a version lacks the directory holding it.
+            rules.precious.push(format!("/{}/", rel.display()));
         }
         rules
     }

@@ -50,6 +50,7 @@ pub enum Class {
 pub struct Noise {
     ignored: Gitignore,
     quiet: Gitignore,
+    precious: Gitignore,
 }
 
 /// Which rules to use.
@@ -61,7 +62,14 @@ pub struct NoiseRules {
     pub ignored: Vec<String>,
     /// Further quiet patterns.
     pub quiet: Vec<String>,
+    /// Ignored paths a restore must never delete, even inside a directory the target version
+    /// lacks (which otherwise goes with everything in it, ignored content included). None by
+    /// default beyond [`ALWAYS_PRECIOUS`].
+    pub precious: Vec<String>,
 }
+
+/// Never deleted by a restore, whatever the rules say: an environment's own home.
+pub const ALWAYS_PRECIOUS: &[&str] = &[".environment/"];
 
 impl Default for NoiseRules {
     fn default() -> NoiseRules {
@@ -69,6 +77,7 @@ impl Default for NoiseRules {
             defaults: true,
             ignored: Vec::new(),
             quiet: Vec::new(),
+            precious: Vec::new(),
         }
     }
 }
@@ -110,6 +119,7 @@ impl Noise {
         Ok(Noise {
             ignored: build(root, di, &rules.ignored)?,
             quiet: build(root, dq, &rules.quiet)?,
+            precious: build(root, ALWAYS_PRECIOUS, &rules.precious)?,
         })
     }
 
@@ -136,6 +146,13 @@ impl Noise {
     pub fn is_ignored(&self, rel: &Path, is_dir: bool) -> bool {
         self.classify(rel, is_dir) == Class::Ignored
     }
+
+    /// Whether a restore must never delete `rel` (or anything under it).
+    pub fn is_precious(&self, rel: &Path, is_dir: bool) -> bool {
+        self.precious
+            .matched_path_or_any_parents(rel, is_dir)
+            .is_ignore()
+    }
 }
 
 #[cfg(test)]
@@ -148,6 +165,7 @@ mod tests {
             defaults: true,
             ignored: vec!["/tmp/".into(), "/dev/".into()],
             quiet: vec![],
+            precious: vec![],
         };
         let n = Noise::new(Path::new("/w"), &rules).unwrap();
         assert_eq!(n.classify(Path::new("tmp/x"), false), Class::Ignored);

@@ -244,8 +244,12 @@ impl TreeWriter<'_> {
         if fsops::file_type(&st) == FileType::Directory {
             match rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-                // Ignored (or untracked) entries keep it: never delete what was not captured.
-                Err(rustix::io::Errno::NOTEMPTY) => Ok(()),
+                // What is left is ignored content (everything tracked under it went first): the
+                // target has no such directory, so it goes with it, but for precious paths.
+                Err(rustix::io::Errno::NOTEMPTY) => {
+                    self.remove_tree(&dir, name, path)?;
+                    Ok(())
+                }
                 Err(e) => Err(SandboxError::io("rmdir", path)(errno(e))),
             }
         } else {
@@ -253,6 +257,67 @@ impl TreeWriter<'_> {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
                 Err(e) => Err(SandboxError::io("unlink", path)(errno(e))),
             }
+        }
+    }
+
+    /// Removes the directory `name` of `dir` (at `path` under the root) and everything in it,
+    /// through directory descriptors (no path is resolved twice, no link followed), keeping
+    /// precious paths and the directories that hold them. A read-only directory is made
+    /// writable to be emptied. Returns whether it is gone.
+    fn remove_tree(&self, dir: &OwnedFd, name: &OsStr, path: &Path) -> Result<bool> {
+        let io = |op: &'static str, e: rustix::io::Errno| SandboxError::io(op, path)(errno(e));
+        if self.noise.is_precious(path, true) {
+            return Ok(false);
+        }
+        let fd = match rustix::fs::openat(
+            dir,
+            name,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return Ok(true),
+            Err(e) => return Err(io("open", e)),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(|e| io("fstat", e))?;
+        if st.st_mode & 0o300 != 0o300 {
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode((st.st_mode | 0o700) & 0o7777))
+                .map_err(|e| io("chmod", e))?;
+        }
+        let mut names = Vec::new();
+        let mut entries = rustix::fs::Dir::read_from(&fd).map_err(|e| io("read_dir", e))?;
+        while let Some(entry) = entries.next() {
+            let entry = entry.map_err(|e| io("read_dir", e))?;
+            let n = entry.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                names.push((n.to_vec(), entry.file_type()));
+            }
+        }
+        let mut kept = false;
+        for (n, kind) in names {
+            let child_name = OsStr::from_bytes(&n);
+            let child = path.join(child_name);
+            if kind == FileType::Directory {
+                kept |= !self.remove_tree(&fd, child_name, &child)?;
+            } else if self.noise.is_precious(&child, false) {
+                kept = true;
+            } else {
+                match rustix::fs::unlinkat(&fd, child_name, AtFlags::empty()) {
+                    Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                    // A directory the listing did not type (some filesystems do not).
+                    Err(rustix::io::Errno::ISDIR) => {
+                        kept |= !self.remove_tree(&fd, child_name, &child)?;
+                    }
+                    Err(e) => return Err(SandboxError::io("unlink", &child)(errno(e))),
+                }
+            }
+        }
+        if kept {
+            return Ok(false);
+        }
+        match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(true),
+            Err(e) => Err(io("rmdir", e)),
         }
     }
 

@@ -165,9 +165,88 @@ fn ignored_paths_are_never_restored_or_deleted() {
         std::fs::read(w.join("src/__pycache__/x.pyc")).unwrap(),
         b"cache"
     );
-    // The new directory keeps its ignored content, and so stays; its tracked file goes.
-    assert!(w.join("newdir/__pycache__/y.pyc").exists());
-    assert!(!w.join("newdir/tracked.txt").exists());
+    // The target has no such directory: it goes with everything in it, ignored content
+    // included, but for an environment's home, which a restore never deletes.
+    assert!(
+        !w.join("newdir").exists(),
+        "no debris of a directory the target lacks"
+    );
+    // A directory that stays keeps its ignored content.
+    assert!(w.join("src/__pycache__/x.pyc").exists());
+}
+
+#[test]
+fn a_directory_the_target_lacks_goes_with_its_ignored_content() {
+    let s = setup(|w| write(w, "src/a.rs", b"a"));
+    let good = s.env.head("main").unwrap();
+    let w = s.work.path();
+    write(w, "pkg/mod.py", b"x = 1\n");
+    write(w, "pkg/__pycache__/mod.cpython-311.pyc", b"cache");
+    write(w, "pkg/sub/__pycache__/deep.pyc", b"cache");
+    write(w, "pkg/ro/__pycache__/r.pyc", b"cache");
+    write(w, "keep/.environment/env.db", b"a nested environment's log");
+    write(w, "keep/x.txt", b"tracked");
+    barrier(&s);
+    // A read-only directory holding ignored content.
+    std::fs::set_permissions(
+        w.join("pkg/ro/__pycache__"),
+        std::fs::Permissions::from_mode(0o555),
+    )
+    .unwrap();
+    std::fs::set_permissions(w.join("pkg/ro"), std::fs::Permissions::from_mode(0o555)).unwrap();
+    restore(&s, &good);
+    assert!(!w.join("pkg").exists(), "everything under pkg/ went");
+    assert_eq!(
+        std::fs::read(w.join("keep/.environment/env.db")).unwrap(),
+        b"a nested environment's log",
+        "an environment's home is precious"
+    );
+    assert!(!w.join("keep/x.txt").exists());
+    assert_eq!(
+        disk(w, &|p: &str| p.starts_with("keep")),
+        view(&s.env, &good)
+    );
+}
+
+/// A real toolchain: a venv made and used (Python writes `__pycache__`, which is ignored),
+/// then a restore to before it: nothing of it is left.
+#[test]
+fn a_restore_to_before_a_venv_leaves_nothing_of_it() {
+    let python = "/usr/bin/python3";
+    if !std::path::Path::new(python).exists() {
+        common::missing_prerequisite("/usr/bin/python3 (apt-get install python3)");
+        return;
+    }
+    let s = setup(|w| write(w, "app.py", b"print('hi')\n"));
+    let good = s.env.head("main").unwrap();
+    let w = s.work.path();
+    let ok = std::process::Command::new(python)
+        .args(["-m", "venv", "--without-pip", ".venv"])
+        .current_dir(w)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let site = std::fs::read_dir(w.join(".venv/lib"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path()
+        .join("site-packages");
+    std::fs::write(site.join("helper.py"), "ANSWER = 42\n").unwrap();
+    let ran = std::process::Command::new(w.join(".venv/bin/python"))
+        .args(["-c", "import helper; assert helper.ANSWER == 42"])
+        .env_remove("PYTHONDONTWRITEBYTECODE")
+        .env_remove("PYTHONPYCACHEPREFIX")
+        .current_dir(w)
+        .status()
+        .unwrap();
+    assert!(ran.success());
+    assert!(site.join("__pycache__").is_dir(), "python wrote its cache");
+    barrier(&s);
+    restore(&s, &good);
+    assert!(!w.join(".venv").exists(), "no .venv debris");
+    assert_eq!(disk(w, &no_skip), view(&s.env, &good));
 }
 
 #[test]
