@@ -285,8 +285,8 @@ impl TreeWriter<'_> {
                 .map_err(|e| io("chmod", e))?;
         }
         let mut names = Vec::new();
-        let mut entries = rustix::fs::Dir::read_from(&fd).map_err(|e| io("read_dir", e))?;
-        while let Some(entry) = entries.next() {
+        let entries = rustix::fs::Dir::read_from(&fd).map_err(|e| io("read_dir", e))?;
+        for entry in entries {
             let entry = entry.map_err(|e| io("read_dir", e))?;
             let n = entry.file_name().to_bytes();
             if n != b"." && n != b".." {
