@@ -136,6 +136,23 @@ impl Workspace {
     }
 }
 
+/// The managed rootfs's noise rules: the defaults, and the mount points the sandbox makes in
+/// it (the workspace, the socket's directory, envctl's own), which are the sandbox's, not the
+/// user's history: never captured, and never removed by a restore while an agent may use them.
+pub fn rootfs_noise() -> NoiseRules {
+    use crate::commands::process::{ROOTFS_WORKSPACE, SOCKET_DIR_INSIDE};
+    let mut rules = NoiseRules::default();
+    let tools = std::path::Path::new(environment_sandbox::isolate::ROOTFS_TOOLS)
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    for point in [ROOTFS_WORKSPACE, SOCKET_DIR_INSIDE, tools.as_str()] {
+        rules.ignored.push(format!("{point}/"));
+        rules.precious.push(format!("{point}/"));
+    }
+    rules
+}
+
 /// Core's authorizer for envctl: the policy when one is loaded (everything allowed otherwise),
 /// except for the witness recording changes found in the tree.
 struct Gate {
@@ -215,7 +232,7 @@ impl Session {
         if rootfs.is_dir() {
             let mut config = TrackerConfig::new(&rootfs, witness());
             config.auto = false;
-            config.noise = s.noise_rules();
+            config.noise = rootfs_noise();
             config.key_prefix = ROOTFS_KEY_PREFIX.as_bytes().to_vec();
             let progress = Progress::spinner("capturing the managed rootfs");
             let t = Tracker::open(s.env.clone(), config);

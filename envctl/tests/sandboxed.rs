@@ -614,11 +614,25 @@ fn an_agent_runs_in_the_managed_rootfs() {
             .is_some_and(|k| k.iter().any(|k| k == ".environment/rootfs/etc/motd"))),
         "the rootfs change was captured: {log:?}"
     );
+    // The sandbox's mount points in the rootfs are not the user's history...
+    for point in ["workspace", "run/environment", "tmp/.environment-run"] {
+        let key = format!(".environment/rootfs/{point}");
+        assert!(
+            !log.iter()
+                .any(|e| e["summary"]["keys"].as_array().is_some_and(|k| k
+                    .iter()
+                    .any(|k| k.as_str().is_some_and(|k| k.starts_with(&key))))),
+            "{key} was captured: {log:?}"
+        );
+    }
     // A restore brings the rootfs back with the workspace.
     let motd = ws.home().join("rootfs/etc/motd");
     assert!(motd.exists());
     ws.ok(&["restore", &before]);
     assert!(!motd.exists(), "the rootfs was restored too");
+    // ...and a restore to before the first run leaves them for the next one.
+    assert!(ws.home().join("rootfs/workspace").is_dir());
+    assert!(ws.home().join("rootfs/run/environment/bin").is_dir());
     assert!(ws.home().join("rootfs/bin/busybox").exists());
     assert_eq!(ws.read("b.txt"), None);
     also_unprivileged("an_agent_runs_in_the_managed_rootfs");

@@ -1413,6 +1413,7 @@ fn every_tracked_root_scenario(dir: &Path) {
     cfg.extra_roots.push(environment_sandbox::TrackedRoot {
         path: rootfs.clone(),
         key_prefix: b"rootfs".to_vec(),
+        noise: None,
     });
     let sup = Supervisor::open(cfg).unwrap();
     let good = sup.capture("all set").unwrap();

@@ -29,10 +29,10 @@ use crate::output::print_json;
 use crate::workspace::{ROOTFS_DIR, ROOTFS_KEY_PREFIX, SOCKET_FILE, Session, Workspace, witness};
 
 /// Where the workspace appears inside a managed rootfs.
-const ROOTFS_WORKSPACE: &str = "/workspace";
+pub(crate) const ROOTFS_WORKSPACE: &str = "/workspace";
 
 /// Where the control socket appears inside a sandbox that is given it.
-const SOCKET_DIR_INSIDE: &str = "/tmp/.environment-run";
+pub(crate) const SOCKET_DIR_INSIDE: &str = "/tmp/.environment-run";
 /// What `ENVIRONMENT_SOCKET` names for an agent not given the socket: a path that cannot exist,
 /// so a client inside fails to connect instead of finding a socket by chance.
 const NO_SOCKET: &str = "/dev/null/no-control-socket";
@@ -436,6 +436,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
         config.extra_roots.push(TrackedRoot {
             path: rootfs.clone(),
             key_prefix: ROOTFS_KEY_PREFIX.as_bytes().to_vec(),
+            noise: Some(crate::workspace::rootfs_noise()),
         });
     }
     if ws.home.join(crate::workspace::BUS_FILE).exists() {

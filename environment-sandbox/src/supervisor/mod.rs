@@ -143,6 +143,9 @@ pub struct TrackedRoot {
     pub path: PathBuf,
     /// Where its keys live (`fs:<key_prefix>/<path>`).
     pub key_prefix: Vec<u8>,
+    /// Its own noise rules (a rootfs has its own mount points to leave alone); the
+    /// supervisor's when `None`.
+    pub noise: Option<NoiseRules>,
 }
 
 /// Raises this process's soft descriptor limit to its hard limit: the watcher and the capture
@@ -380,6 +383,9 @@ impl Supervisor {
             let mut rc = tc.clone();
             rc.root = canonical(&root.path, "open a tracked root")?;
             rc.key_prefix = root.key_prefix.clone();
+            if let Some(noise) = &root.noise {
+                rc.noise = noise.clone();
+            }
             extra.push(Arc::new(Tracker::open(env.clone(), rc)?));
         }
         let first = env.head(&config.branch)?;
