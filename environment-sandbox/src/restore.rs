@@ -131,6 +131,9 @@ impl Capturer {
         let mut cache = Vec::new();
         let mut run: Vec<(&[u8], &Value)> = Vec::new();
         let tree = self.tree_writer();
+        // Read-only directories are written as tar and rsync do: made writable while their
+        // contents change, and given their final mode last, deepest first.
+        let mut finals = self.open_up_parents(changes)?;
         for c in changes {
             let Some(rel) = self.keys.rel(&c.key) else {
                 continue;
@@ -146,9 +149,13 @@ impl Capturer {
             match &c.after {
                 None => {
                     tree.remove(path)?;
+                    finals.remove(rel);
                     cache.push((rel.to_vec(), None));
                 }
                 Some(v) => {
+                    if v.meta.kind == EntryKind::Dir {
+                        finals.insert(rel.to_vec(), v.meta.mode & 0o7777);
+                    }
                     if let Some(st) = tree.write(path, v)? {
                         cache.push((rel.to_vec(), Some(st)));
                     }
@@ -156,7 +163,62 @@ impl Capturer {
             }
         }
         tree.write_files(&mut run, &mut cache)?;
+        let mut finals: Vec<_> = finals.into_iter().collect();
+        finals
+            .sort_by_key(|(rel, _)| std::cmp::Reverse(rel.iter().filter(|b| **b == b'/').count()));
+        for (rel, mode) in finals {
+            let path = Path::new(OsStr::from_bytes(&rel));
+            if let Some(st) = self.set_dir_mode(path, mode)? {
+                cache.push((rel, Some(st)));
+            }
+        }
         Ok(cache)
+    }
+
+    /// Makes every existing directory that a change writes into (or removes from) writable to
+    /// its owner for the restore; returns their modes to put back.
+    fn open_up_parents(
+        &self,
+        changes: &[KeyChange],
+    ) -> Result<std::collections::BTreeMap<Vec<u8>, u32>> {
+        let mut finals = std::collections::BTreeMap::new();
+        for c in changes {
+            let Some(rel) = self.keys.rel(&c.key) else {
+                continue;
+            };
+            let parent = rel
+                .iter()
+                .rposition(|b| *b == b'/')
+                .map_or(&rel[..0], |i| &rel[..i]);
+            if finals.contains_key(parent) {
+                continue;
+            }
+            let path = Path::new(OsStr::from_bytes(parent));
+            let Ok(st) = self.root.lstat(path) else {
+                continue;
+            };
+            if fsops::file_type(&st) == FileType::Directory && st.st_mode & 0o300 != 0o300 {
+                self.set_dir_mode(path, (st.st_mode | 0o700) & 0o7777)?;
+                finals.insert(parent.to_vec(), st.st_mode & 0o7777);
+            }
+        }
+        Ok(finals)
+    }
+
+    /// Sets a directory's mode; its stat after, or `None` when it is gone.
+    fn set_dir_mode(&self, path: &Path, mode: u32) -> Result<Option<StatEntry>> {
+        let fd = match self
+            .root
+            .open_beneath(path, OFlags::DIRECTORY | OFlags::RDONLY, 0)
+        {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(SandboxError::io("open", path)(e)),
+        };
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+            .map_err(|e| SandboxError::io("chmod", path)(errno(e)))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| SandboxError::io("fstat", path)(errno(e)))?;
+        Ok(Some(StatEntry::of(&st)))
     }
 
     /// Drops from `dirty` the paths a restore wrote (or removed) that are still exactly as it
@@ -355,7 +417,10 @@ impl TreeWriter<'_> {
                     Mode::empty(),
                 )
                 .map_err(|e| SandboxError::io("open", path)(errno(e)))?;
-                rustix::fs::fchmod(&fd, mode)
+                // Writable to its owner until its contents are written (see `apply`, which
+                // gives it its final mode last).
+                let writable = Mode::from_raw_mode((v.meta.mode | 0o700) & 0o7777);
+                rustix::fs::fchmod(&fd, writable)
                     .map_err(|e| SandboxError::io("chmod", path)(errno(e)))?;
                 let st = rustix::fs::fstat(&fd)
                     .map_err(|e| SandboxError::io("fstat", path)(errno(e)))?;
