@@ -118,9 +118,16 @@ pub enum Command {
         /// Show what would change, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// List every path written or removed (by default: counts by top-level entry).
+        #[arg(long)]
+        verbose: bool,
     },
     /// Undo the last operation on main, in the log and in the workspace.
-    Undo,
+    Undo {
+        /// List every path written or removed (by default: counts by top-level entry).
+        #[arg(long)]
+        verbose: bool,
+    },
     /// Name a version (default HEAD); without NAME, list the marks.
     Mark {
         /// The name.

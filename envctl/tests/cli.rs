@@ -831,3 +831,25 @@ fn a_closed_stdout_ends_a_command_quietly() {
         out.status
     );
 }
+
+/// A restore tells a person what it did by top-level entry; `--verbose` lists every path.
+#[test]
+fn a_restore_summarizes_by_top_level_entry() {
+    let ws = Ws::new();
+    let before = ws.json(&["status"])["head"].as_str().unwrap().to_owned();
+    for i in 0..30 {
+        let p = ws.path(&format!(".venv/lib/m{i}.py"));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, "x = 1\n").unwrap();
+    }
+    std::fs::write(ws.path("README.md"), "# changed\n").unwrap();
+    ws.ok(&["status"]);
+    let with = ws.json(&["status"])["head"].as_str().unwrap().to_owned();
+    let out = ws.ok(&["restore", &before]);
+    assert!(out.contains("  .venv/: 32 removed"), "{out}");
+    assert!(out.contains("  README.md: 1 written"), "{out}");
+    assert!(!out.contains("m17.py"), "no path list by default: {out}");
+    assert!(!ws.path(".venv").exists());
+    let out = ws.ok(&["restore", &with, "--verbose"]);
+    assert!(out.contains("write  .venv/lib/m17.py"), "{out}");
+}

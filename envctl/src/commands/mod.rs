@@ -188,8 +188,12 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         Command::Log { all, branch, limit } => history::log(s, *all, branch, *limit, json)?,
         Command::Show { version } => history::show(s, version, json)?,
         Command::Diff { from, to, stat } => history::diff(s, from, to.as_deref(), *stat, json)?,
-        Command::Restore { version, dry_run } => rollback::restore(s, version, *dry_run, json)?,
-        Command::Undo => rollback::undo(s, json)?,
+        Command::Restore {
+            version,
+            dry_run,
+            verbose,
+        } => rollback::restore(s, version, *dry_run, *verbose, json)?,
+        Command::Undo { verbose } => rollback::undo(s, *verbose, json)?,
         Command::Mark { name, version } => {
             names::mark(s, name.as_deref(), version.as_deref(), json)?
         }

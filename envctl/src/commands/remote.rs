@@ -39,7 +39,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         | Command::Status
         | Command::Mark { name: Some(_), .. }
         | Command::Restore { .. }
-        | Command::Undo
+        | Command::Undo { .. }
         | Command::Merge { .. }
         | Command::Exec(_) => {}
         Command::Mark { name: None, .. } => {
@@ -164,11 +164,13 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
                 println!("marked {} at {}", text(&r["name"]), short(&r["version"]));
             }
         }
-        Command::Restore { version, dry_run } => {
+        Command::Restore {
+            version, dry_run, ..
+        } => {
             let r = remote.call("restore", json!({ "version": version, "dry_run": dry_run }))?;
             print_restore(&r, json);
         }
-        Command::Undo => {
+        Command::Undo { .. } => {
             let r = remote.call("undo", Value::Null)?;
             print_restore(&r, json);
         }

@@ -28,12 +28,48 @@ fn plan_json(plan: &RestorePlan, dry_run: bool, version: Option<OpId>) -> serde_
     })
 }
 
-fn print_plan(plan: &RestorePlan) {
-    for step in &plan.steps {
-        match step {
-            RestoreStep::Write(k) => println!("write  {}", k.display_path()),
-            RestoreStep::Remove(k) => println!("remove {}", k.display_path()),
+/// Every step with `verbose`; otherwise what a person reads: the counts of paths written and
+/// removed under each top-level entry (a venv restored away is one line, not 1,500).
+fn print_plan(plan: &RestorePlan, verbose: bool) {
+    if verbose {
+        for step in &plan.steps {
+            match step {
+                RestoreStep::Write(k) => println!("write  {}", k.display_path()),
+                RestoreStep::Remove(k) => println!("remove {}", k.display_path()),
+            }
         }
+        return;
+    }
+    // (written, removed, holds deeper paths) by the first component of the path.
+    let mut by_top: std::collections::BTreeMap<String, (usize, usize, bool)> = Default::default();
+    for step in &plan.steps {
+        let (k, removed) = match step {
+            RestoreStep::Write(k) => (k, false),
+            RestoreStep::Remove(k) => (k, true),
+        };
+        let path = k.display_path();
+        let (top, deeper) = match path.split_once('/') {
+            Some((top, _)) => (top.to_owned(), true),
+            None => (path.to_string(), false),
+        };
+        let counts = by_top.entry(top).or_default();
+        counts.2 |= deeper;
+        if removed {
+            counts.1 += 1;
+        } else {
+            counts.0 += 1;
+        }
+    }
+    for (top, (written, removed, deeper)) in by_top {
+        let mut parts = Vec::new();
+        if written > 0 {
+            parts.push(format!("{written} written"));
+        }
+        if removed > 0 {
+            parts.push(format!("{removed} removed"));
+        }
+        let slash = if deeper { "/" } else { "" };
+        println!("  {top}{slash}: {}", parts.join(", "));
     }
 }
 
@@ -43,6 +79,7 @@ pub fn restore_to(
     target: OpId,
     intent: Intent,
     dry_run: bool,
+    verbose: bool,
     json: bool,
 ) -> Outcome<()> {
     // The tree is written before core records the rollback, and the preview is computed by
@@ -66,7 +103,7 @@ pub fn restore_to(
         print_json(&plan_json(&plan, dry_run, version));
         return Ok(());
     }
-    print_plan(&plan);
+    print_plan(&plan, verbose);
     match version {
         None => println!(
             "Dry run: restoring {} would write {} path(s) and remove {}; nothing was changed.",
@@ -91,14 +128,14 @@ pub fn restore_to(
 }
 
 /// `envctl restore VERSION [--dry-run]`.
-pub fn restore(s: &Session, spec: &str, dry_run: bool, json: bool) -> Outcome<()> {
+pub fn restore(s: &Session, spec: &str, dry_run: bool, verbose: bool, json: bool) -> Outcome<()> {
     let target = resolve(s, spec)?;
     let intent = Intent::new(IntentKind::Restore, format!("restore to {spec}"));
-    restore_to(s, target, intent, dry_run, json)
+    restore_to(s, target, intent, dry_run, verbose, json)
 }
 
 /// `envctl undo`: back to the version before main's last operation.
-pub fn undo(s: &Session, json: bool) -> Outcome<()> {
+pub fn undo(s: &Session, verbose: bool, json: bool) -> Outcome<()> {
     let head = s.head()?;
     let op = s.env.op(&head)?;
     let Some(parent) = op.parents.first().copied() else {
@@ -108,5 +145,5 @@ pub fn undo(s: &Session, json: bool) -> Outcome<()> {
         );
     };
     let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.short()));
-    restore_to(s, parent, intent, false, json)
+    restore_to(s, parent, intent, false, verbose, json)
 }
