@@ -84,6 +84,9 @@ struct Shared {
     holds: AtomicU64,
     /// The paths the last captures could not read, and why: pending until they can be.
     unreadable: Mutex<BTreeMap<Vec<u8>, String>>,
+    /// What is running while the tree changes (an agent's command), named in the intent of
+    /// automatic captures.
+    context: Mutex<Option<String>>,
     config: TrackerConfig,
 }
 
@@ -143,6 +146,14 @@ fn intent(text: &str) -> Intent {
     Intent::new(IntentKind::Capture, text)
 }
 
+/// The intent of an automatic capture: what was running, when the tracker was told.
+fn automatic(shared: &Shared) -> Intent {
+    match &*lock(&shared.context) {
+        Some(what) => intent(&format!("automatic capture while {what} ran")),
+        None => intent("automatic capture"),
+    }
+}
+
 impl Tracker {
     /// Starts tracking: watches every directory, then captures whatever changed since the last
     /// capture recorded in the stat cache (everything, the first time).
@@ -187,6 +198,7 @@ impl Tracker {
             captures: AtomicU64::new(0),
             holds: AtomicU64::new(0),
             unreadable: Mutex::new(BTreeMap::new()),
+            context: Mutex::new(None),
             config,
         });
         settle(&shared, &dirty, &first.unreadable);
@@ -238,7 +250,7 @@ impl Tracker {
         capture_pending(
             &self.shared,
             &mut capturer,
-            intent("automatic capture"),
+            automatic(&self.shared),
             OpFlags::AUTO_CAPTURE,
         )?;
         Ok(hold)
@@ -321,6 +333,12 @@ impl Tracker {
         let obs = env.act_blocking(req.put(key, Value::file(content).mode(mode)))?;
         self.sync_from(&before)?;
         Ok(obs)
+    }
+
+    /// Names what runs while the tree changes (e.g. an agent's command line), so that the
+    /// automatic captures say so in their intent; `None` when nothing runs.
+    pub fn set_context(&self, what: Option<String>) {
+        *lock(&self.shared.context) = what;
     }
 
     /// The paths the last captures could not read (relative to the root), and why. They are
@@ -412,7 +430,7 @@ impl Tracker {
         capture_pending(
             &self.shared,
             &mut capturer,
-            intent("automatic capture"),
+            automatic(&self.shared),
             OpFlags::AUTO_CAPTURE,
         )?;
         Ok(plan)
@@ -639,7 +657,7 @@ fn capture_loop(shared: &Shared) {
             if let Err(e) = capture_pending(
                 shared,
                 &mut capturer,
-                intent("automatic capture"),
+                automatic(shared),
                 OpFlags::AUTO_CAPTURE,
             ) {
                 tracing::warn!(error = %e, "automatic capture failed; will retry");

@@ -1644,3 +1644,30 @@ fn connection_flood_scenario(dir: &Path) {
     sup.shutdown_with_grace(Duration::from_secs(5)).unwrap();
     reopen_and_verify(&home, &work);
 }
+
+/// The automatic captures of a run name the agent's command, so the history says what made
+/// the change.
+#[test]
+fn automatic_captures_name_the_agents_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, home) = layout(dir.path());
+    let sup = Supervisor::open(config(&work, &home)).unwrap();
+    sup.spawn_agent(AgentSpec::new([
+        "sh",
+        "-c",
+        "echo made > auto.txt; exec sleep 30",
+    ]))
+    .unwrap();
+    wait_for("the automatic capture", || {
+        view(sup.env(), &sup.env().head("main").unwrap()).contains_key("auto.txt")
+    });
+    let op = sup.env().op(&sup.env().head("main").unwrap()).unwrap();
+    assert!(
+        op.intent
+            .text
+            .contains("`sh -c echo made > auto.txt; exec sleep 30`"),
+        "{}",
+        op.intent.text
+    );
+    sup.shutdown_with_grace(Duration::from_secs(5)).unwrap();
+}

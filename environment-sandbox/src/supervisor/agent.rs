@@ -147,6 +147,24 @@ impl Agent {
             cmd.stdin(std::process::Stdio::null());
         }
         shared.launcher.confine(&mut cmd)?;
+        let line = spec
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let _ = shared.with_tracker(|t| {
+            t.set_context(Some(format!("`{line}`")));
+            Ok(())
+        });
+        for t in shared
+            .extra
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            t.set_context(Some(format!("`{line}`")));
+        }
         let child = cmd
             .spawn()
             .map_err(SandboxError::io("spawn the agent", PathBuf::from(program)))?;
