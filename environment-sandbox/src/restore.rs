@@ -43,6 +43,9 @@ pub struct RestorePlan {
     /// The paths written or removed: removals deepest first, then directories shallowest
     /// first, then files and symlinks.
     pub steps: Vec<PlanEntry>,
+    /// What the restore could not do, and why (a device node without the privilege to make
+    /// one): the tree differs from the version there. Empty for a plan not yet applied.
+    pub not_restored: Vec<(std::path::PathBuf, String)>,
 }
 
 static TMP: AtomicU64 = AtomicU64::new(0);
@@ -117,6 +120,7 @@ impl Capturer {
                 from,
                 to: *target,
                 steps,
+                not_restored: Vec::new(),
             },
             changes,
         ))
@@ -127,7 +131,7 @@ impl Capturer {
     /// Changes come in plan order (removals deepest first, then directories shallowest first,
     /// then files and symlinks). The run of file and symlink writes is written in parallel: in
     /// one view no file is another's ancestor, and their directories were written before them.
-    pub(crate) fn apply(&self, changes: &[KeyChange]) -> Result<Vec<(Vec<u8>, Option<StatEntry>)>> {
+    pub(crate) fn apply(&self, changes: &[KeyChange]) -> Result<Applied> {
         let mut cache = Vec::new();
         let mut run: Vec<(&[u8], &Value)> = Vec::new();
         let tree = self.tree_writer();
@@ -172,7 +176,12 @@ impl Capturer {
                 cache.push((rel, Some(st)));
             }
         }
-        Ok(cache)
+        let not_restored =
+            std::mem::take(&mut *tree.not_restored.lock().unwrap_or_else(|p| p.into_inner()));
+        Ok(Applied {
+            cache,
+            not_restored,
+        })
     }
 
     /// Makes every existing directory that a change writes into (or removes from) writable to
@@ -249,8 +258,16 @@ impl Capturer {
             env: &self.env,
             root: &self.root,
             noise: &self.noise,
+            not_restored: std::sync::Mutex::new(Vec::new()),
         }
     }
+}
+
+/// What applying a restore did: the stat-cache updates for what it wrote, and what it could
+/// not do.
+pub(crate) struct Applied {
+    pub cache: Vec<(Vec<u8>, Option<StatEntry>)>,
+    pub not_restored: Vec<(std::path::PathBuf, String)>,
 }
 
 /// What writes into the live tree: shareable between threads, so a long run of file writes
@@ -259,6 +276,8 @@ struct TreeWriter<'a> {
     env: &'a LocalEnvironment,
     root: &'a crate::fsops::Root,
     noise: &'a crate::noise::Noise,
+    /// What could not be written, and why.
+    not_restored: std::sync::Mutex<Vec<(std::path::PathBuf, String)>>,
 }
 
 impl TreeWriter<'_> {
@@ -427,10 +446,48 @@ impl TreeWriter<'_> {
                 return Ok(Some(StatEntry::of(&st)));
             }
             EntryKind::File | EntryKind::Symlink | EntryKind::Fifo => {}
-            other => {
-                tracing::warn!(path = %path.display(), kind = ?other, "not restored: this kind of entry cannot be recreated unprivileged");
-                return Ok(None);
+            other @ (EntryKind::Device | EntryKind::Socket) => {
+                // A device node or a socket: made where the caller may (mknod), else named.
+                let (kind, rdev) = match other {
+                    EntryKind::Socket => (FileType::Socket, 0),
+                    _ => (
+                        if v.meta.attributes.get("type").map(String::as_str) == Some("blockdevice")
+                        {
+                            FileType::BlockDevice
+                        } else {
+                            FileType::CharacterDevice
+                        },
+                        v.meta
+                            .attributes
+                            .get("rdev")
+                            .and_then(|r| r.parse::<u64>().ok())
+                            .unwrap_or(0),
+                    ),
+                };
+                if existing.is_some() && !existing_dir {
+                    let _ = rustix::fs::unlinkat(&dir, name, AtFlags::empty());
+                }
+                return match rustix::fs::mknodat(&dir, name, kind, mode, rdev) {
+                    Ok(()) => {
+                        let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                            .map_err(|e| SandboxError::io("lstat", path)(errno(e)))?;
+                        Ok(Some(StatEntry::of(&st)))
+                    }
+                    Err(e) => {
+                        self.not_restored
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((
+                                path.to_path_buf(),
+                                format!("a {other:?} cannot be made here ({})", errno(e)),
+                            ));
+                        Ok(None)
+                    }
+                };
             }
+            // Not a file system entry (a conflict object, a record): the tree keeps what it
+            // has at that path.
+            _ => return Ok(None),
         }
         let tmp_name = format!(
             "{}{}-{}",

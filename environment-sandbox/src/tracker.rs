@@ -415,10 +415,13 @@ impl Tracker {
             .unwrap_or(0);
         let (env, branch) = (capturer.env.clone(), capturer.branch.clone());
         let mut written = Vec::new();
+        let mut not_restored = Vec::new();
         // Authorized before a single file is written: a refused restore leaves the tree as is.
         env.restore_applying(actor, &branch, target, intent_, || -> Result<()> {
             capturer.cache.begin_restore(&target.to_string(), now)?;
-            written = capturer.apply(&changes)?;
+            let applied = capturer.apply(&changes)?;
+            written = applied.cache;
+            not_restored = applied.not_restored;
             Ok(())
         })?;
         capturer.cache.update(written.clone())?;
@@ -433,7 +436,10 @@ impl Tracker {
             automatic(&self.shared),
             OpFlags::AUTO_CAPTURE,
         )?;
-        Ok(plan)
+        Ok(RestorePlan {
+            not_restored,
+            ..plan
+        })
     }
 
     /// What a restore to `target` would change in this tree and in `others` (further trees
@@ -462,7 +468,9 @@ impl Tracker {
         }
         let mut plan = self.restore(actor, target, intent_)?;
         for t in others {
-            plan.steps.extend(t.sync_from(&plan.from)?.steps);
+            let other = t.sync_from(&plan.from)?;
+            plan.steps.extend(other.steps);
+            plan.not_restored.extend(other.not_restored);
         }
         Ok(plan)
     }
@@ -475,11 +483,14 @@ impl Tracker {
         let mut capturer = self.captured("capture before writing the head into the tree")?;
         let head = capturer.head()?;
         let (plan, changes) = capturer.plan_between(*from, &head)?;
-        let written = capturer.apply(&changes)?;
-        capturer.cache.update(written.clone())?;
+        let applied = capturer.apply(&changes)?;
+        capturer.cache.update(applied.cache.clone())?;
         drop(capturer);
-        drop(self.forget_written(&written));
-        Ok(plan)
+        drop(self.forget_written(&applied.cache));
+        Ok(RestorePlan {
+            not_restored: applied.not_restored,
+            ..plan
+        })
     }
 
     /// How many captures the background thread made.

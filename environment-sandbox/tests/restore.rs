@@ -416,3 +416,64 @@ fn read_only_directories_are_restored_whole() {
         read_only_scenario,
     );
 }
+
+/// A device node in a version is made where the caller may make one (root), and otherwise
+/// named in what the restore could not do, never passed over in silence; a socket is made.
+fn special_files_scenario(_: &std::path::Path) {
+    use environment_core::{EntryKind, Key, Meta, Value};
+    let s = setup(|w| write(w, "a.txt", b"a"));
+    let before = s.env.head("main").unwrap();
+    let special = |kind: EntryKind, ty: &str, rdev: u64| {
+        let mut meta = Meta::of(kind);
+        meta.mode = 0o600;
+        meta.attributes.insert("type".into(), ty.into());
+        meta.attributes.insert("rdev".into(), rdev.to_string());
+        Value {
+            content: environment_core::Content::Inline(Vec::new()),
+            meta,
+        }
+    };
+    // /dev/null's numbers: major 1, minor 3.
+    let null_rdev = (1u64 << 8) | 3;
+    s.env
+        .act_blocking(
+            environment_core::ActRequest::new(s.agent.clone(), Intent::edit("specials"))
+                .put(
+                    Key::fs("null").unwrap(),
+                    special(EntryKind::Device, "characterdevice", null_rdev),
+                )
+                .put(
+                    Key::fs("sock").unwrap(),
+                    special(EntryKind::Socket, "socket", 0),
+                ),
+        )
+        .unwrap();
+    let plan = s.tracker.sync_from(&before).unwrap();
+    let w = s.work.path();
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(w.join("sock"))
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+    let made = std::fs::symlink_metadata(w.join("null"))
+        .is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == null_rdev);
+    let named: Vec<_> = plan.not_restored.iter().map(|(p, _)| p.clone()).collect();
+    // Made, or named: never neither, never both.
+    assert_ne!(
+        made,
+        named.contains(&"null".into()),
+        "made: {made}, named: {named:?}"
+    );
+    assert!(!named.contains(&"sock".into()));
+}
+
+#[test]
+fn device_nodes_are_made_or_named_and_sockets_made() {
+    common::both(
+        "device_nodes_are_made_or_named_and_sockets_made",
+        common::always,
+        special_files_scenario,
+    );
+}

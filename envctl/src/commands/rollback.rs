@@ -18,12 +18,18 @@ fn plan_json(plan: &RestorePlan, dry_run: bool, version: Option<OpId>) -> serde_
             RestoreStep::Remove(k) => remove.push(k.display_path()),
         }
     }
+    let not_restored: Vec<_> = plan
+        .not_restored
+        .iter()
+        .map(|(p, why)| json!({ "path": p.display().to_string(), "why": why }))
+        .collect();
     json!({
         "from": plan.from.to_string(),
         "to": plan.to.to_string(),
         "dry_run": dry_run,
         "write": write,
         "remove": remove,
+        "not_restored": not_restored,
         "version": version.map(|v| v.to_string()),
     })
 }
@@ -101,7 +107,7 @@ pub fn restore_to(
     let version = if dry_run { None } else { Some(s.head()?) };
     if json {
         print_json(&plan_json(&plan, dry_run, version));
-        return Ok(());
+        return partial(&plan);
     }
     print_plan(&plan, verbose);
     match version {
@@ -124,7 +130,24 @@ pub fn restore_to(
             v.short()
         ),
     }
-    Ok(())
+    partial(&plan)
+}
+
+/// A restore that could not write everything says what and fails: the tree is not exactly the
+/// version there.
+fn partial(plan: &RestorePlan) -> Outcome<()> {
+    let Some((first, why)) = plan.not_restored.first() else {
+        return Ok(());
+    };
+    let mut f = Failure::other(format!(
+        "{} path(s) could not be restored (first: {}: {why}); the rest of the tree is the \
+         version",
+        plan.not_restored.len(),
+        first.display()
+    ))
+    .hint("`--json` lists them; a device node needs the privilege to make one");
+    f.partial = true;
+    Err(f)
 }
 
 /// `envctl restore VERSION [--dry-run]`.
