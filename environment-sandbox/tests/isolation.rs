@@ -33,19 +33,10 @@ fn sh(iso: &Isolation, script: &str) -> Command {
 }
 
 fn run(iso: &Isolation, script: &str) -> Output {
-    let out = sh(iso, script).output().unwrap();
-    eprintln!(
-        "$ {script}\n{:?}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    common::run_sh(iso, script)
 }
 
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::stdout;
 
 fn scenario_filesystem() {
     let ws = tempfile::tempdir().unwrap();

@@ -21,22 +21,10 @@ fn both(name: &str, scenario: fn()) {
 }
 
 fn run(iso: &Isolation, script: &str) -> Output {
-    let mut c = Command::new("/bin/sh");
-    c.args(["-c", script]);
-    iso.confine(&mut c).unwrap();
-    let out = c.output().unwrap();
-    eprintln!(
-        "$ {script}\n{:?}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    common::run_sh(iso, script)
 }
 
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::stdout;
 
 /// A workspace with an environment home inside it (masked, as envctl does), and a home
 /// directory outside with a secret (masked by default).

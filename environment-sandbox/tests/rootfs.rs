@@ -10,7 +10,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::{disk, write};
 use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
@@ -68,17 +68,7 @@ fn tarball(src: &Path, out: &Path) {
 }
 
 fn run(iso: &Isolation, script: &str) -> Output {
-    let mut c = Command::new("/bin/sh");
-    c.args(["-c", script]);
-    iso.confine(&mut c).unwrap();
-    let out = c.output().unwrap();
-    eprintln!(
-        "$ {script}\n{:?}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    common::run_sh(iso, script)
 }
 
 fn internal(rel: &str) -> bool {

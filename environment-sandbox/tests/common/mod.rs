@@ -8,6 +8,26 @@ use std::path::Path;
 use environment_core::{ActorId, EntryKind, KeyPrefix, LocalEnvironment, Namespace, OpId, Options};
 use environment_sandbox::{Tracker, TrackerConfig};
 
+/// Runs `script` with `/bin/sh -c` through `launcher` and waits; what it did is logged.
+pub fn run_sh(launcher: &dyn environment_sandbox::Launcher, script: &str) -> std::process::Output {
+    let mut c = std::process::Command::new("/bin/sh");
+    c.args(["-c", script]);
+    launcher.confine(&mut c).unwrap();
+    let out = c.output().unwrap();
+    eprintln!(
+        "$ {script}\n{:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A command's standard output as text.
+pub fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// What a path holds, as compared between the disk and a view.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
