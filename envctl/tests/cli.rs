@@ -845,6 +845,11 @@ fn a_restore_summarizes_by_top_level_entry() {
     std::fs::write(ws.path("README.md"), "# changed\n").unwrap();
     ws.ok(&["status"]);
     let with = ws.json(&["status"])["head"].as_str().unwrap().to_owned();
+    // Ignored content under a directory that goes is counted in the plan, and goes too.
+    std::fs::create_dir_all(ws.path(".venv/lib/__pycache__")).unwrap();
+    std::fs::write(ws.path(".venv/lib/__pycache__/m0.pyc"), "cache").unwrap();
+    let plan = ws.json(&["restore", &before, "--dry-run"]);
+    assert_eq!(plan["ignored_removed"], 2, "{plan}");
     let out = ws.ok(&["restore", &before]);
     assert!(out.contains("  .venv/: 32 removed"), "{out}");
     assert!(out.contains("  README.md: 1 written"), "{out}");

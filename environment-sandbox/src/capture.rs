@@ -363,21 +363,10 @@ impl Capturer {
     }
 
     /// Captures the given paths (relative to the root; anything under a path that is gone is
-    /// removed too). Commits one operation if anything effectively changed.
-    pub fn capture(
-        &mut self,
-        dirty: BTreeSet<Vec<u8>>,
-        intent: Intent,
-        flags: OpFlags,
-    ) -> Result<Option<Observation>> {
-        Ok(self
-            .capture_with(dirty, None, intent, flags, Vec::new())?
-            .observation)
-    }
-
-    /// Captures the given paths like [`Capturer::capture`], attributed to `actor` (default: the
-    /// tracker's), with `extra` changes (e.g. a command's output objects) in the same operation.
-    /// An operation carrying extra changes is never quiet.
+    /// removed too), attributed to `actor` (default: the tracker's), with `extra` changes (e.g.
+    /// a command's output objects) in the same operation. Commits one operation if anything
+    /// effectively changed; an operation carrying extra changes is never quiet. What cannot be
+    /// read now is returned in [`Captured::unreadable`], neither recorded nor removed.
     pub fn capture_with(
         &mut self,
         dirty: BTreeSet<Vec<u8>>,

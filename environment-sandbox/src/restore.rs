@@ -46,6 +46,9 @@ pub struct RestorePlan {
     /// What the restore could not do, and why (a device node without the privilege to make
     /// one): the tree differs from the version there. Empty for a plan not yet applied.
     pub not_restored: Vec<(std::path::PathBuf, String)>,
+    /// How many ignored paths go with the directories the target lacks (never captured, so
+    /// not among the steps; precious ones are kept and not counted).
+    pub ignored_removed: u64,
 }
 
 static TMP: AtomicU64 = AtomicU64::new(0);
@@ -115,15 +118,65 @@ impl Capturer {
                 }
             })
             .collect();
+        // Counted under the outermost removed directories only (an inner one is in it).
+        let removed_dirs: std::collections::BTreeSet<&[u8]> = changes
+            .iter()
+            .filter(|c| {
+                c.after.is_none()
+                    && c.before
+                        .as_ref()
+                        .is_some_and(|v| v.meta.kind == EntryKind::Dir)
+            })
+            .filter_map(|c| self.keys.rel(&c.key))
+            .collect();
+        let outermost = |rel: &[u8]| {
+            !rel.iter()
+                .enumerate()
+                .any(|(i, b)| *b == b'/' && removed_dirs.contains(&rel[..i]))
+        };
+        let ignored_removed = removed_dirs
+            .iter()
+            .filter(|rel| outermost(rel))
+            .map(|rel| self.ignored_under(Path::new(OsStr::from_bytes(rel))))
+            .sum();
         Ok((
             RestorePlan {
                 from,
                 to: *target,
                 steps,
                 not_restored: Vec::new(),
+                ignored_removed,
             },
             changes,
         ))
+    }
+
+    /// How many ignored, not precious paths lie under the directory `dir` on disk: what its
+    /// removal takes beyond the captured paths.
+    fn ignored_under(&self, dir: &Path) -> u64 {
+        let mut count = 0;
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            let Ok(entries) = self.root.scan_dir(&d) else {
+                continue;
+            };
+            for (name, st) in entries {
+                let path = d.join(OsStr::from_bytes(&name));
+                let is_dir = st
+                    .as_ref()
+                    .is_ok_and(|st| fsops::file_type(st) == FileType::Directory);
+                if self.noise.is_precious(&path, is_dir) {
+                    continue;
+                }
+                if self.noise.is_ignored(&path, is_dir) {
+                    count += 1;
+                }
+                if is_dir {
+                    stack.push(path);
+                }
+            }
+        }
+        count
     }
 
     /// Applies `changes` to the live tree; returns the stat-cache updates for what it wrote.

@@ -447,7 +447,9 @@ impl Tracker {
     pub fn plan_restore_with(&self, others: &[&Tracker], target: &OpId) -> Result<RestorePlan> {
         let mut plan = self.plan_restore(target)?;
         for t in others {
-            plan.steps.extend(t.plan_restore(target)?.steps);
+            let other = t.plan_restore(target)?;
+            plan.steps.extend(other.steps);
+            plan.ignored_removed += other.ignored_removed;
         }
         Ok(plan)
     }
@@ -471,6 +473,7 @@ impl Tracker {
             let other = t.sync_from(&plan.from)?;
             plan.steps.extend(other.steps);
             plan.not_restored.extend(other.not_restored);
+            plan.ignored_removed += other.ignored_removed;
         }
         Ok(plan)
     }

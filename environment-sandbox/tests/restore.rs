@@ -194,7 +194,11 @@ fn a_directory_the_target_lacks_goes_with_its_ignored_content() {
     )
     .unwrap();
     std::fs::set_permissions(w.join("pkg/ro"), std::fs::Permissions::from_mode(0o555)).unwrap();
-    restore(&s, &good);
+    // The plan counts what goes beyond the captured paths: three caches and their files, not
+    // the precious home.
+    assert_eq!(s.tracker.plan_restore(&good).unwrap().ignored_removed, 6);
+    let plan = restore(&s, &good);
+    assert_eq!(plan.ignored_removed, 6);
     assert!(!w.join("pkg").exists(), "everything under pkg/ went");
     assert_eq!(
         std::fs::read(w.join("keep/.environment/env.db")).unwrap(),

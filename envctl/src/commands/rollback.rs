@@ -30,6 +30,7 @@ fn plan_json(plan: &RestorePlan, dry_run: bool, version: Option<OpId>) -> serde_
         "write": write,
         "remove": remove,
         "not_restored": not_restored,
+        "ignored_removed": plan.ignored_removed,
         "version": version.map(|v| v.to_string()),
     })
 }
@@ -110,9 +111,14 @@ pub fn restore_to(
         return partial(&plan);
     }
     print_plan(&plan, verbose);
+    let ignored = match plan.ignored_removed {
+        0 => String::new(),
+        n => format!(", and {n} ignored path(s) under the directories that go"),
+    };
     match version {
         None => println!(
-            "Dry run: restoring {} would write {} path(s) and remove {}; nothing was changed.",
+            "Dry run: restoring {} would write {} path(s) and remove {}{ignored}; nothing was \
+             changed.",
             target.short(),
             plan.steps
                 .iter()
@@ -124,7 +130,7 @@ pub fn restore_to(
                 .count(),
         ),
         Some(v) => println!(
-            "Restored the workspace to {} ({} path(s) changed); the rollback is {}.",
+            "Restored the workspace to {} ({} path(s) changed{ignored}); the rollback is {}.",
             target.short(),
             plan.steps.len(),
             v.short()
