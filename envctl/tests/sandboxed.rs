@@ -900,3 +900,27 @@ fn exec_and_run_take_network_writable_and_passed_variables() {
         );
     }
 }
+
+/// A command run through a running supervisor's socket holds no more privilege than the agent:
+/// the same layers confine it.
+#[test]
+fn exec_through_the_socket_holds_no_privilege() {
+    if !sandboxes("exec_through_the_socket_holds_no_privilege") {
+        return;
+    }
+    let ws = Ws::acting_as(Some("human:test"));
+    let child = supervised(&ws, "host");
+    let out = ws.run(&["exec", "--", "cat", "/proc/self/status"]);
+    drop(stop(child));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("through the supervisor"),
+        "{}",
+        stderr(&out)
+    );
+    let status = stdout(&out);
+    assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
+    assert!(status.contains("CapBnd:\t0000000000000000"), "{status}");
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+}
