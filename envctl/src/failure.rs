@@ -208,6 +208,8 @@ impl From<SandboxError> for Failure {
                 .hint("a symlink in the workspace points outside it; remove or fix it"),
             SandboxError::NotWritable { .. } => Failure::usage(e.to_string())
                 .hint("write a tracked path that is a regular file or does not exist yet"),
+            SandboxError::InvalidSpec { .. } => Failure::usage(format!("{e}; nothing ran"))
+                .hint("check the directories given to the sandbox (--writable)"),
             SandboxError::Rule { .. } => {
                 Failure::usage(e.to_string()).hint("noise rules use gitignore syntax")
             }

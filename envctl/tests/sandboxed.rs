@@ -31,6 +31,16 @@ fn sandboxes(test: &str) -> bool {
     }
 }
 
+/// The paths an operation (as `envctl show --json` prints it) changed.
+fn changed_paths(op: &Json) -> Vec<&str> {
+    op["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .collect()
+}
+
 fn log_all(ws: &Ws) -> Vec<Json> {
     ws.json(&["log", "--all"])["entries"]
         .as_array()
@@ -70,12 +80,7 @@ fn exec_stores_output_and_attributes_changes() {
             .unwrap()
             .contains(&"command".into())
     );
-    let paths: Vec<&str> = head["changes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["path"].as_str())
-        .collect();
+    let paths = changed_paths(&head);
     assert!(paths.contains(&"config.toml"), "{head}");
 
     // The output is stored with the operation, and --json gives the outcome.
@@ -790,12 +795,7 @@ fn a_killed_run_takes_its_sandbox_along_and_is_reported() {
         stderr(&out)
     );
     let head = ws.json(&["show", "HEAD"]);
-    let paths: Vec<&str> = head["changes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["path"].as_str())
-        .collect();
+    let paths = changed_paths(&head);
     assert!(paths.contains(&"before.txt"), "{head}");
     // Said once: the record is gone.
     let again = ws.run(&["status"]);

@@ -87,10 +87,10 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     /// Looks at every path, in parallel when there are many.
-    fn look_all(&self, paths: Vec<Vec<u8>>, bulk: bool) -> Result<Vec<Looked>> {
+    fn look_all(&self, paths: &[&[u8]], bulk: bool) -> Result<Vec<Looked>> {
         let threads = if bulk { crate::parallel::threads() } else { 1 };
-        crate::parallel::map(&paths, threads, "capture", |p| {
-            Ok((p.clone(), self.look(p, bulk)?))
+        crate::parallel::map(paths, threads, "capture", |p| {
+            Ok((p.to_vec(), self.look(p, bulk)?))
         })
     }
 
@@ -264,8 +264,9 @@ pub(crate) fn read_values(
 ) -> Result<Vec<(Vec<u8>, Option<Value>)>> {
     let bulk = paths.len() > BULK;
     let reader = Reader { root, noise, blobs };
+    let paths: Vec<&[u8]> = paths.iter().map(Vec::as_slice).collect();
     reader
-        .look_all(paths, bulk)?
+        .look_all(&paths, bulk)?
         .into_iter()
         .filter_map(|(rel, seen)| match seen {
             Seen::Present(v, _, _) => Some(Ok((rel, Some(v)))),
@@ -369,7 +370,7 @@ impl Capturer {
     /// read now is returned in [`Captured::unreadable`], neither recorded nor removed.
     pub fn capture_with(
         &mut self,
-        dirty: BTreeSet<Vec<u8>>,
+        dirty: &BTreeSet<Vec<u8>>,
         actor: Option<&ActorId>,
         intent: Intent,
         flags: OpFlags,
@@ -391,8 +392,12 @@ impl Capturer {
             noise: &self.noise,
             blobs: self.env.blobs(),
         };
-        let looked =
-            reader.look_all(dirty.into_iter().filter(|r| !r.is_empty()).collect(), bulk)?;
+        let paths: Vec<&[u8]> = dirty
+            .iter()
+            .map(Vec::as_slice)
+            .filter(|r| !r.is_empty())
+            .collect();
+        let looked = reader.look_all(&paths, bulk)?;
         for (rel, seen) in &looked {
             let key = self.keys.key(rel)?;
             match seen {

@@ -51,6 +51,16 @@ pub struct RestorePlan {
     pub ignored_removed: u64,
 }
 
+impl RestorePlan {
+    /// Takes in the plan of a further tree restored with this one (its steps, what it could
+    /// not do, the ignored paths it removes).
+    pub(crate) fn absorb(&mut self, other: RestorePlan) {
+        self.steps.extend(other.steps);
+        self.not_restored.extend(other.not_restored);
+        self.ignored_removed += other.ignored_removed;
+    }
+}
+
 static TMP: AtomicU64 = AtomicU64::new(0);
 
 fn errno(e: rustix::io::Errno) -> std::io::Error {
@@ -590,8 +600,9 @@ impl TreeWriter<'_> {
             }
         }
         if existing_dir {
-            // A directory where the view has a file: it goes (unless ignored content keeps it).
-            let _ = self.clear_dir(path);
+            // A directory where the view has a file: it goes with all it holds, but for
+            // precious paths (then the rename below fails and says so).
+            let _ = self.remove(path);
         }
         rustix::fs::renameat(&dir, tmp, &dir, name).map_err(|e| {
             let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
@@ -600,30 +611,6 @@ impl TreeWriter<'_> {
         let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| SandboxError::io("lstat", path)(errno(e)))?;
         Ok(Some(StatEntry::of(&st)))
-    }
-
-    /// Removes the non-ignored content of a directory, deepest first.
-    fn clear_dir(&self, path: &Path) -> Result<()> {
-        let names = self
-            .root
-            .list_dir(path)
-            .map_err(SandboxError::io("list", path))?;
-        for n in names {
-            let child = path.join(OsStr::from_bytes(&n));
-            let st = self
-                .root
-                .lstat(&child)
-                .map_err(SandboxError::io("lstat", &child))?;
-            let is_dir = fsops::file_type(&st) == FileType::Directory;
-            if self.noise.is_ignored(&child, is_dir) {
-                continue;
-            }
-            if is_dir {
-                self.clear_dir(&child)?;
-            }
-            self.remove(&child)?;
-        }
-        self.remove(path)
     }
 }
 

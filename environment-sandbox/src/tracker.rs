@@ -183,7 +183,7 @@ impl Tracker {
         };
         let dirty = capturer.rescan_dirty()?;
         let first = capturer.capture_with(
-            dirty.clone(),
+            &dirty,
             None,
             intent("initial capture"),
             OpFlags::AUTO_CAPTURE,
@@ -269,19 +269,18 @@ impl Tracker {
         drain(&self.shared);
         let mut capturer = lock(&self.shared.capturer);
         let (dirty, intent) = take_pending(&self.shared, &capturer, intent)?;
-        let kept = dirty.clone();
-        match capturer.capture_with(dirty, Some(actor), intent, flags, extra) {
+        match capturer.capture_with(&dirty, Some(actor), intent, flags, extra) {
             Ok(captured) => {
                 if captured.observation.is_some() {
                     self.shared.captures.fetch_add(1, Ordering::Relaxed);
                 }
-                settle(&self.shared, &kept, &captured.unreadable);
+                settle(&self.shared, &dirty, &captured.unreadable);
                 Ok(captured)
             }
             Err(e) => {
                 // Not recorded (e.g. the actor may not write a key the command changed): the
                 // changes stay pending for the next capture, which is not attributed to it.
-                keep_pending(&self.shared, kept);
+                keep_pending(&self.shared, dirty);
                 Err(e)
             }
         }
@@ -447,9 +446,7 @@ impl Tracker {
     pub fn plan_restore_with(&self, others: &[&Tracker], target: &OpId) -> Result<RestorePlan> {
         let mut plan = self.plan_restore(target)?;
         for t in others {
-            let other = t.plan_restore(target)?;
-            plan.steps.extend(other.steps);
-            plan.ignored_removed += other.ignored_removed;
+            plan.absorb(t.plan_restore(target)?);
         }
         Ok(plan)
     }
@@ -471,9 +468,7 @@ impl Tracker {
         let mut plan = self.restore(actor, target, intent_)?;
         for t in others {
             let other = t.sync_from(&plan.from)?;
-            plan.steps.extend(other.steps);
-            plan.not_restored.extend(other.not_restored);
-            plan.ignored_removed += other.ignored_removed;
+            plan.absorb(other);
         }
         Ok(plan)
     }
@@ -569,7 +564,7 @@ fn capture_pending(
         return Ok(None);
     }
     // The batch is held until it is committed: a capture that fails puts it back whole.
-    match capturer.capture_with(pending.clone(), None, intent, flags, Vec::new()) {
+    match capturer.capture_with(&pending, None, intent, flags, Vec::new()) {
         Ok(captured) => {
             if captured.observation.is_some() {
                 shared.captures.fetch_add(1, Ordering::Relaxed);

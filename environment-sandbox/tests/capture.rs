@@ -379,3 +379,71 @@ fn an_unreadable_path_stays_pending_and_the_rest_is_captured() {
         unreadable_scenario,
     );
 }
+
+/// Refuses the watcher's writes while `refusing` is set.
+struct Refusing {
+    refusing: std::sync::atomic::AtomicBool,
+}
+
+impl environment_core::Authorizer for Refusing {
+    fn authorize(&self, r: &environment_core::AccessRequest) -> environment_core::Decision {
+        if self.refusing.load(std::sync::atomic::Ordering::SeqCst)
+            && r.actor.as_str() == "service:watcher"
+            && matches!(r.action, environment_core::Action::Write)
+        {
+            environment_core::Decision {
+                verdict: environment_core::Verdict::Deny,
+                rules: vec!["test:refusing".into()],
+                policy_version: 1,
+                explanation: "not now".into(),
+            }
+        } else {
+            environment_core::Decision::allow_unconditionally()
+        }
+    }
+}
+
+/// A capture that fails keeps its whole batch: the next one records it.
+#[test]
+fn a_failed_capture_keeps_its_batch_for_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    write(&work, "a.txt", b"a\n");
+    let gate = std::sync::Arc::new(Refusing {
+        refusing: std::sync::atomic::AtomicBool::new(false),
+    });
+    let env = LocalEnvironment::open(
+        dir.path().join("home"),
+        Options {
+            authorizer: gate.clone(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    write(&work, "b.txt", b"b\n");
+    tracker.rescan_now().unwrap();
+    gate.refusing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    write(&work, "c.txt", b"c\n");
+    // Found by a rescan (no watcher thread runs here), refused, kept.
+    assert!(tracker.rescan_now().is_err());
+    assert!(!view(&env, &env.head("main").unwrap()).contains_key("c.txt"));
+    gate.refusing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    tracker
+        .capture_now(
+            Intent::new(IntentKind::Capture, "now"),
+            OpFlags::AUTO_CAPTURE,
+        )
+        .unwrap();
+    let v = view(&env, &env.head("main").unwrap());
+    assert!(
+        v.contains_key("b.txt") && v.contains_key("c.txt"),
+        "{:?}",
+        v.keys()
+    );
+    assert_eq!(disk(&work, &no_skip), v);
+}

@@ -488,6 +488,14 @@ fn invalid_specs_are_refused() {
         Isolation::new(spec),
         Err(SandboxError::InvalidSpec { .. })
     ));
+    // A managed rootfs is writable throughout: a writable directory there is refused, not
+    // ignored.
+    let mut rootfs = IsolationSpec::rootfs(ws.path());
+    rootfs.writable.push(ws.path().to_path_buf());
+    assert!(matches!(
+        Isolation::new(rootfs),
+        Err(SandboxError::InvalidSpec { .. })
+    ));
 }
 
 #[test]

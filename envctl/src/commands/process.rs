@@ -119,28 +119,12 @@ pub fn namespaces() -> Result<(), String> {
         .clone()
 }
 
-/// What `--network`, `--writable` and `--pass-env` ask of a sandbox.
-fn open_up(spec: &mut IsolationSpec, args: &SandboxArgs) -> Outcome<()> {
+/// What `--network`, `--writable` and `--pass-env` ask of a sandbox (the sandbox checks the
+/// directories when it is built).
+fn open_up(spec: &mut IsolationSpec, args: &SandboxArgs) {
     spec.network = args.network == Network::Host;
     spec.env_allow.extend(args.pass_env.iter().cloned());
-    for dir in &args.writable {
-        if matches!(spec.root, environment_sandbox::Root::Rootfs(_)) {
-            return Err(Failure::usage(format!(
-                "--writable {} applies to host mode: a managed rootfs is writable throughout; \
-                 nothing ran",
-                dir.display()
-            )));
-        }
-        if !dir.is_dir() {
-            return Err(Failure::not_found(format!(
-                "--writable {}: no such directory; nothing ran",
-                dir.display()
-            ))
-            .hint("create it first, or name an existing directory"));
-        }
-        spec.writable.push(dir.clone());
-    }
-    Ok(())
+    spec.writable.extend(args.writable.iter().cloned());
 }
 
 /// Builds the sandbox, saying in one line each layer this kernel lacks (it never degrades
@@ -164,7 +148,7 @@ pub fn host_sandbox(ws: &Workspace, args: &SandboxArgs) -> Outcome<Arc<dyn Launc
         Ok(()) => {
             let mut spec = IsolationSpec::host(&ws.dir);
             spec.masked.push(ws.home.clone());
-            open_up(&mut spec, args)?;
+            open_up(&mut spec, args);
             Ok(Arc::new(sandbox(spec)?))
         }
         Err(why) => {
@@ -399,7 +383,7 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
             writable: false,
         });
     }
-    open_up(&mut spec, &a.sandbox)?;
+    open_up(&mut spec, &a.sandbox);
     let sandbox = sandbox(spec)?;
     let workspace_inside = sandbox.workspace_inside().to_path_buf();
     Ok(Placement {

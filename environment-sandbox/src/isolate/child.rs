@@ -153,11 +153,11 @@ fn close_all_but(keep: &[RawFd]) {
     let mut ok = true;
     for &k in keep {
         if (k as u32) > from {
-            ok &= close_range(from, k as u32 - 1);
+            ok &= close_range(from, k as u32 - 1, 0);
         }
         from = k as u32 + 1;
     }
-    ok &= close_range(from, u32::MAX);
+    ok &= close_range(from, u32::MAX, 0);
     if !ok {
         // Before Linux 5.9: one by one, up to the descriptor limit.
         let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
@@ -174,13 +174,19 @@ fn close_all_but(keep: &[RawFd]) {
     }
 }
 
-fn close_range(first: u32, last: u32) -> bool {
+/// `close_range(first, last, flags)`; false where the kernel lacks it (before Linux 5.9, or
+/// 5.11 for `CLOSE_RANGE_CLOEXEC`).
+fn close_range(first: u32, last: u32, flags: u32) -> bool {
     #[allow(unsafe_code)]
-    // SAFETY: close_range only closes descriptors; none in the range is used afterwards.
+    // SAFETY: close_range only closes descriptors (or marks them close-on-exec); none closed is
+    // used afterwards.
     unsafe {
-        libc::syscall(libc::SYS_close_range, first, last, 0u32) == 0
+        libc::syscall(libc::SYS_close_range, first, last, flags) == 0
     }
 }
+
+/// `CLOSE_RANGE_CLOEXEC`: mark instead of close.
+const CLOSE_RANGE_CLOEXEC: u32 = 4;
 
 /// The write end of a pipe the calling process holds until it dies, close-on-exec, so that
 /// nothing it starts keeps it: every sandbox's outer watches the read end and ends the sandbox
@@ -502,10 +508,7 @@ fn lock_down(plan: &Plan, ruleset: Option<&OwnedFd>) -> io::Result<()> {
     // Close-on-exec for every descriptor above stderr: whatever the caller's process had open
     // (a watcher, a database, a socket) is not the agent's. std's own exec-status pipe and the
     // ruleset are close-on-exec already.
-    #[allow(unsafe_code)]
-    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC (4) only sets a flag on descriptors.
-    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 4u32) };
-    if r != 0 {
+    if !close_range(3, u32::MAX, CLOSE_RANGE_CLOEXEC) {
         let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .current
             .unwrap_or(65536)
@@ -521,8 +524,7 @@ fn lock_down(plan: &Plan, ruleset: Option<&OwnedFd>) -> io::Result<()> {
     lockdown::child::drop_capabilities().map_err(step("drop every capability"))?;
     rustix::thread::set_no_new_privs(true).map_err(step("set no_new_privs"))?;
     if let (Some(ll), Some(fd)) = (&plan.landlock, ruleset) {
-        lockdown::child::landlock(ll, fd, plan.landlock_file_rights)
-            .map_err(step("restrict the filesystem with Landlock"))?;
+        lockdown::child::landlock(ll, fd).map_err(step("restrict the filesystem with Landlock"))?;
     }
     lockdown::child::seccomp(&plan.seccomp).map_err(step("install the seccomp filter"))?;
     Ok(())

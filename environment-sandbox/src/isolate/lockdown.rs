@@ -43,7 +43,18 @@ const fn denied(nr: i64, name: &'static str, why: &'static str) -> Denied {
 
 /// The system calls refused with `EPERM` (so programs degrade instead of crashing), and why.
 /// An agent holds no capability, so the kernel refuses most of them already; the filter is the
-/// second wall, and the one that holds if a capability ever leaks.
+/// second wall, and the one that holds if a capability ever leaks. Beyond this list:
+/// - `clone` with any namespace flag: `EPERM`;
+/// - `clone3`: `ENOSYS`, because its flags are in memory the filter cannot read; the C library
+///   then falls back to `clone`, whose flags it can;
+/// - `ioctl` `TIOCSTI` and `TIOCLINUX`: they push keystrokes into a terminal, which may be the
+///   one of the person who started the agent;
+/// - on x86-64, the x32 system call numbers: `ENOSYS`, so no call is reachable under a second
+///   number the rules do not name; any other architecture's calls end the process.
+///
+/// `ptrace` is allowed, so debuggers and `strace` work inside: the pid namespace hides every
+/// process outside, the sandbox's init holds no capability and is not dumpable, and Landlock
+/// refuses to trace a process outside the agent's domain.
 pub const DENIED: &[Denied] = &[
     // The mounts are what the sandbox's view is made of: none may be changed, moved, stacked
     // or looked beneath.
@@ -253,21 +264,6 @@ const NAMESPACE_FLAGS: &[u64] = &[
     0x80, // CLONE_NEWTIME
 ];
 
-/// Further filter rules, said here so the list is complete:
-/// - `clone` with any namespace flag: `EPERM`;
-/// - `clone3`: `ENOSYS`, because its flags are in memory the filter cannot read; the C library
-///   then falls back to `clone`, whose flags it can;
-/// - `ioctl` `TIOCSTI` and `TIOCLINUX`: they push keystrokes into a terminal, which may be the
-///   one of the person who started the agent;
-/// - on x86-64, the x32 system call numbers: `ENOSYS`, so no call is reachable under a second
-///   number the rules do not name; any other architecture's calls end the process.
-///
-/// `ptrace` is allowed, so debuggers and `strace` work inside: the pid namespace hides every
-/// process outside, the sandbox's init holds no capability and is not dumpable, and Landlock
-/// refuses to trace a process outside the agent's domain.
-pub const OTHER_RULES: &str = "clone with namespace flags (EPERM), clone3 (ENOSYS), ioctl \
-     TIOCSTI/TIOCLINUX (EPERM), x32 system calls (ENOSYS), other architectures (killed)";
-
 fn seccomp_error(e: impl std::fmt::Display) -> SandboxError {
     SandboxError::InvalidSpec {
         detail: format!("the seccomp filter cannot be built: {e}"),
@@ -298,7 +294,7 @@ fn flag_rule(arg: u8, mask: u64, value: u64) -> Result<SeccompRule> {
 }
 
 /// The seccomp programs, installed in order (the kernel runs every one and the strictest
-/// answer wins).
+/// answer wins): [`DENIED`] and the rules said there.
 pub(crate) fn seccomp_programs() -> Result<Vec<BpfProgram>> {
     let mut eperm: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for d in DENIED {
@@ -408,6 +404,8 @@ pub(crate) struct LandlockPlan {
     pub handled: u64,
     /// Read and execute: granted on `/`.
     pub read: u64,
+    /// The rights a rule on a regular file may grant (no directory right).
+    pub file: u64,
     /// The paths granted every handled right (the writable set), in order; missing ones are
     /// skipped.
     pub writable: Vec<CString>,
@@ -415,23 +413,17 @@ pub(crate) struct LandlockPlan {
     pub abi: i32,
 }
 
-/// The rights of a regular file (a rule on a file may grant no directory right).
-pub(crate) fn file_rights(abi: ABI) -> u64 {
-    let file = AccessFs::from_file(abi);
-    file.bits()
-}
-
 impl LandlockPlan {
-    /// The plan for this kernel, or `None` when it offers no Landlock.
-    pub(crate) fn new(writable: Vec<CString>) -> Option<LandlockPlan> {
-        let abi_num = landlock_abi();
-        if abi_num == 0 {
+    /// The plan for a kernel offering Landlock ABI `abi`, or `None` when it offers none.
+    pub(crate) fn new(abi_num: i32, writable: Vec<CString>) -> Option<LandlockPlan> {
+        if abi_num <= 0 {
             return None;
         }
         let abi = ABI::from(abi_num);
         Some(LandlockPlan {
             handled: AccessFs::from_all(abi).bits(),
             read: AccessFs::from_read(abi).bits(),
+            file: AccessFs::from_file(abi).bits(),
             writable,
             abi: abi_num,
         })
@@ -479,9 +471,7 @@ pub(crate) mod child {
             // SAFETY: PR_CAPBSET_DROP takes a capability number; EINVAL past the last one.
             let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
             if r != 0 {
-                let e = rustix::io::Errno::from_raw_os_error(
-                    std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-                );
+                let e = errno();
                 if e == rustix::io::Errno::INVAL {
                     break;
                 }
@@ -551,11 +541,10 @@ pub(crate) mod child {
     pub(crate) fn landlock(
         plan: &LandlockPlan,
         ruleset: &OwnedFd,
-        file: u64,
     ) -> std::result::Result<(), rustix::io::Errno> {
-        add_rule(ruleset, c"/", plan.read, file)?;
+        add_rule(ruleset, c"/", plan.read, plan.file)?;
         for p in &plan.writable {
-            add_rule(ruleset, p, plan.handled, file)?;
+            add_rule(ruleset, p, plan.handled, plan.file)?;
         }
         #[allow(unsafe_code)]
         // SAFETY: landlock_restrict_self takes a ruleset descriptor and flags (none).

@@ -69,7 +69,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-pub use lockdown::{DENIED, Denied, OTHER_RULES, compiled_filters};
+pub use lockdown::{DENIED, Denied, compiled_filters};
 pub use probe::{CgroupSupport, Support};
 pub use rootfs::Rootfs;
 
@@ -158,7 +158,8 @@ pub struct IsolationSpec {
     /// directory for an overlay), `/workspace` in rootfs mode.
     pub workspace_inside: Option<PathBuf>,
     /// Host mode: further host directories made writable at the same path (tracked
-    /// directories such as the agent's home).
+    /// directories such as the agent's home). Refused in rootfs mode, which is writable
+    /// throughout.
     pub writable: Vec<PathBuf>,
     /// Extra host paths made visible inside.
     pub binds: Vec<Bind>,
@@ -178,13 +179,21 @@ pub struct IsolationSpec {
     pub hostname: String,
 }
 
-/// `PATH` inside a managed rootfs: the usual directories, then [`ROOTFS_TOOLS`].
-pub const ROOTFS_PATH: &str =
-    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/environment/bin";
+macro_rules! rootfs_tools {
+    () => {
+        "/run/environment/bin"
+    };
+}
 
 /// Where tools of the host are bound into a managed rootfs, read-only (envctl puts itself
 /// there, so an agent can call `envctl` inside).
-pub const ROOTFS_TOOLS: &str = "/run/environment/bin";
+pub const ROOTFS_TOOLS: &str = rootfs_tools!();
+
+/// `PATH` inside a managed rootfs: the usual directories, then [`ROOTFS_TOOLS`].
+pub const ROOTFS_PATH: &str = concat!(
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:",
+    rootfs_tools!()
+);
 
 /// The environment variables kept by default.
 pub const DEFAULT_ENV_ALLOW: &[&str] = &["PATH", "HOME", "USER", "LANG", "LC_*", "TERM", "TZ"];
@@ -499,6 +508,15 @@ fn canonical(mut spec: IsolationSpec) -> Result<IsolationSpec> {
         }
         None => None,
     };
+    if let (Root::Rootfs(_), Some(dir)) = (&spec.root, spec.writable.first()) {
+        return Err(SandboxError::InvalidSpec {
+            detail: format!(
+                "writable directory {}: a managed rootfs is writable throughout; writable \
+                 directories apply to host mode",
+                dir.display()
+            ),
+        });
+    }
     spec.writable = spec
         .writable
         .iter()

@@ -95,8 +95,6 @@ pub(crate) struct Plan {
     pub seccomp: Vec<seccompiler::BpfProgram>,
     /// What Landlock grants, when the kernel offers it.
     pub landlock: Option<LandlockPlan>,
-    /// The Landlock rights a rule on a regular file may grant.
-    pub landlock_file_rights: u64,
     /// The read end of the caller's lifeline (see `child::lifeline`).
     pub lifeline: std::os::fd::RawFd,
 }
@@ -367,19 +365,15 @@ impl Plan {
             } else {
                 Vec::new()
             },
-            landlock: if support.landlock_abi > 0 {
-                LandlockPlan::new(
-                    writable
-                        .iter()
-                        .map(|p| cstring("writable path", p))
-                        .collect::<Result<_>>()?,
-                )
-            } else {
-                None
-            },
+            landlock: LandlockPlan::new(
+                support.landlock_abi,
+                writable
+                    .iter()
+                    .map(|p| cstring("writable path", p))
+                    .collect::<Result<_>>()?,
+            ),
             lifeline: super::child::lifeline()
                 .map_err(|e| SandboxError::io("make the sandbox's lifeline", "pipe")(e))?,
-            landlock_file_rights: lockdown::file_rights(landlock::ABI::from(support.landlock_abi)),
         })
     }
 }
