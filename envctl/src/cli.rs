@@ -181,6 +181,16 @@ pub enum Command {
         #[arg(long)]
         keep: Option<PathBuf>,
     },
+    /// The workspace monitor (started by the commands themselves when they need one).
+    #[command(hide = true)]
+    Monitor {
+        /// The environment's home.
+        #[arg(long)]
+        home: PathBuf,
+        /// Start it in the background and return.
+        #[arg(long)]
+        detach: bool,
+    },
 }
 
 /// Where `run` puts the agent.

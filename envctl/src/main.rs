@@ -31,6 +31,7 @@ mod cli;
 mod commands;
 mod failure;
 mod mcp;
+mod monitor;
 mod output;
 mod progress;
 mod run_record;
@@ -76,7 +77,10 @@ fn usage_error(e: clap::Error) -> ! {
 /// raise SIGPIPE) dies quietly of SIGPIPE when its reader goes away, as `git log | head` does,
 /// instead of panicking on the failed write.
 fn quiet_on_closed_stdout(command: &cli::Command) {
-    if matches!(command, cli::Command::Run(_) | cli::Command::Mcp) {
+    if matches!(
+        command,
+        cli::Command::Run(_) | cli::Command::Mcp | cli::Command::Monitor { .. }
+    ) {
         return;
     }
     #[allow(unsafe_code)]

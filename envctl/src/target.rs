@@ -16,7 +16,7 @@ use environment_sandbox::{ControlClient, ControlError};
 use serde_json::Value;
 
 use crate::failure::{ExitCode, Failure, Outcome};
-use crate::workspace::{SOCKET_FILE, Session, Workspace};
+use crate::workspace::{Look, SOCKET_FILE, Session, Workspace};
 
 /// A supervisor's control socket that accepted a connection.
 #[derive(Debug, Clone)]
@@ -51,6 +51,16 @@ impl Target {
     /// The supervisor named by `socket` (which must be listening), else the one of the
     /// workspace if it runs, else the stores directly.
     pub fn open(ws: Workspace, actor: ActorId, socket: Option<&Path>) -> Outcome<Target> {
+        Target::open_looking(ws, actor, socket, Look::Changes)
+    }
+
+    /// [`Target::open`], looking at the tree as `look` says when it opens the stores.
+    pub fn open_looking(
+        ws: Workspace,
+        actor: ActorId,
+        socket: Option<&Path>,
+        look: Look,
+    ) -> Outcome<Target> {
         if let Some(s) = socket {
             return Ok(Target::Supervisor(probe(s)?));
         }
@@ -60,7 +70,9 @@ impl Target {
         {
             return Ok(Target::Supervisor(addr));
         }
-        Ok(Target::Direct(Box::new(Session::open(ws, actor)?)))
+        Ok(Target::Direct(Box::new(Session::open_looking(
+            ws, actor, look,
+        )?)))
     }
 
     /// The session, for commands that work on the stores.

@@ -176,6 +176,16 @@ impl Authorizer for Gate {
     }
 }
 
+/// How much of the tree a command looks at when it opens the workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// Everything changed since the last capture: what the monitor saw, or a rescan when
+    /// nothing vouches for it. For every command that may change the tree or relies on it.
+    Changes,
+    /// Only what the monitor saw, never a rescan: for commands that only read the history.
+    Known,
+}
+
 /// An open environment: the stores, the policy, and the tracker of the workspace tree.
 pub struct Session {
     /// Where it is.
@@ -220,27 +230,60 @@ impl Session {
     }
 
     /// Opens the environment and captures whatever changed in the tree since the last capture
-    /// (a rescan against the stat cache), so that nothing done out of band is lost or
-    /// overwritten by what follows.
+    /// (what the workspace monitor saw, or a rescan against the stat cache), so that nothing
+    /// done out of band is lost or overwritten by what follows.
     pub fn open(ws: Workspace, actor: ActorId) -> Outcome<Session> {
+        Session::open_looking(ws, actor, Look::Changes)
+    }
+
+    /// [`Session::open`], looking at the tree as `look` says.
+    pub fn open_looking(ws: Workspace, actor: ActorId, look: Look) -> Outcome<Session> {
         if let Some(said) = crate::run_record::ended_abnormally(&ws.home) {
             eprintln!("envctl: {said}");
         }
+        let monitor = match crate::monitor::ensure(&ws.home) {
+            Ok(m) => m,
+            Err(why) => {
+                eprintln!(
+                    "envctl: the workspace monitor is unavailable ({why}); this command rescans \
+                     the tree"
+                );
+                None
+            }
+        };
         let mut s = Session::open_stores(ws, actor)?;
-        s.tracker = Some(s.start_tracker(witness(), false, "capturing the workspace")?);
+        let mut config = s.tracker_config(witness(), false);
+        config.monitor = monitor.clone();
+        config.rescan_on_open = look == Look::Changes;
+        s.tracker = Some(s.track(config, "capturing the workspace")?);
         let rootfs = s.ws.home.join(ROOTFS_DIR);
         if rootfs.is_dir() {
             let mut config = TrackerConfig::new(&rootfs, witness());
             config.auto = false;
             config.noise = rootfs_noise();
             config.key_prefix = ROOTFS_KEY_PREFIX.as_bytes().to_vec();
-            let progress = Progress::spinner("capturing the managed rootfs");
-            let t = Tracker::open(s.env.clone(), config);
-            progress.finish();
-            s.rootfs = Some(t?);
+            config.monitor = monitor;
+            config.rescan_on_open = look == Look::Changes;
+            s.rootfs = Some(s.track(config, "capturing the managed rootfs")?);
         }
         s.say_unreadable();
         Ok(s)
+    }
+
+    /// Opens a tracker; one whose monitor went away between the check and the open tracks
+    /// without it (and says so).
+    fn track(&self, mut config: TrackerConfig, what: &str) -> Outcome<Tracker> {
+        let progress = Progress::spinner(what);
+        let mut t = Tracker::open(self.env.clone(), config.clone());
+        if let Err(environment_sandbox::SandboxError::Monitor { .. }) = &t {
+            if let Err(e) = &t {
+                eprintln!("envctl: {e}; this command rescans the tree");
+            }
+            config.monitor = None;
+            t = Tracker::open(self.env.clone(), config);
+        }
+        progress.finish();
+        Ok(t?)
     }
 
     /// Names what the capture could not read (it stays pending, never dropped), in one line.
@@ -269,13 +312,18 @@ impl Session {
     /// Starts a tracker on the workspace attributing captures to `actor`; `auto` captures in
     /// the background.
     pub fn start_tracker(&self, actor: ActorId, auto: bool, what: &str) -> Outcome<Tracker> {
+        self.track(self.tracker_config(actor, auto), what)
+    }
+
+    /// How the workspace is tracked: its noise rules, and its monitor (which tells what changed
+    /// since the last capture, so the tracker need not rescan) when one runs.
+    fn tracker_config(&self, actor: ActorId, auto: bool) -> TrackerConfig {
         let mut config = TrackerConfig::new(&self.ws.dir, actor);
         config.auto = auto;
         config.noise = self.noise_rules();
-        let progress = Progress::spinner(what);
-        let t = Tracker::open(self.env.clone(), config);
-        progress.finish();
-        Ok(t?)
+        let socket = self.ws.home.join(crate::monitor::MONITOR_SOCKET);
+        config.monitor = socket.exists().then_some(socket);
+        config
     }
 
     /// What is never captured: the defaults, plus the environment's own files — the marker (a

@@ -416,6 +416,9 @@ impl Capturer {
                     }
                     cache.push((rel.clone(), None));
                 }
+                // As last recorded or written (a restore's own write, seen again through a
+                // monitor): unchanged, whatever the head says now.
+                Seen::Present(_, stat, _) if self.cache.lookup(rel)? == Some(*stat) => {}
                 Seen::Present(value, stat, class) => {
                     let before = self.env.read_unchecked(&key, &head)?;
                     if before.as_ref() != Some(value) {
@@ -506,7 +509,7 @@ impl Capturer {
                 if self.noise.is_ignored(path, is_dir) {
                     continue;
                 }
-                if self.cache.get(&rel) != Some(&StatEntry::of(&st)) {
+                if self.cache.get(&rel)? != Some(&StatEntry::of(&st)) {
                     dirty.insert(rel.clone());
                 }
                 if is_dir {
@@ -515,7 +518,7 @@ impl Capturer {
                 seen.insert(rel);
             }
         }
-        for p in self.cache.paths() {
+        for p in self.cache.paths()? {
             if !seen.contains(p) {
                 dirty.insert(p.clone());
             }

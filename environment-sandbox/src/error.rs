@@ -38,6 +38,14 @@ pub enum SandboxError {
     /// The inotify watch limit was reached; captures fall back to rescans.
     #[error("inotify: {0}")]
     Watch(String),
+    /// The workspace monitor named in the tracker's config cannot be reached.
+    #[error("the workspace monitor at {socket} cannot be reached: {source}")]
+    Monitor {
+        /// Its socket.
+        socket: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The host refuses what rootless isolation needs.
     #[error("rootless isolation is unavailable on this host: {missing}. Hint: {hint}")]
     Isolation {

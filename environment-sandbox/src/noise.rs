@@ -54,7 +54,7 @@ pub struct Noise {
 }
 
 /// Which rules to use.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NoiseRules {
     /// Start from [`DEFAULT_IGNORED`] and [`DEFAULT_QUIET`].
     pub defaults: bool,

@@ -38,18 +38,19 @@ impl StatEntry {
     }
 }
 
-/// The cache of one tracked root.
+/// The cache of one tracked root. Its entries are read from disk only when a rescan needs them
+/// all: a capture of a few dirty paths never loads the cache of the whole tree.
 pub struct StatCache {
     conn: Connection,
     scope: String,
-    entries: HashMap<Vec<u8>, StatEntry>,
+    entries: std::cell::OnceCell<HashMap<Vec<u8>, StatEntry>>,
 }
 
 impl std::fmt::Debug for StatCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StatCache")
             .field("scope", &self.scope)
-            .field("entries", &self.entries.len())
+            .field("loaded", &self.entries.get().map(HashMap::len))
             .finish()
     }
 }
@@ -67,40 +68,95 @@ impl StatCache {
                  PRIMARY KEY(scope, path)) WITHOUT ROWID;
              CREATE TABLE IF NOT EXISTS restore_intent(scope TEXT PRIMARY KEY, target TEXT NOT NULL, started_ms INTEGER NOT NULL);",
         )?;
-        let mut entries = HashMap::new();
-        {
-            let mut stmt = conn.prepare(
-                "SELECT path, size, mtime_ns, ctime_ns, ino, mode FROM stat_cache WHERE scope = ?1",
+        // What a restore meant to do, so that a crash mid-way can be finished (added later:
+        // older caches get the columns).
+        for column in ["from_version", "actor", "intent"] {
+            let known: bool = conn.query_row(
+                "SELECT count(*) > 0 FROM pragma_table_info('restore_intent') WHERE name = ?1",
+                [column],
+                |r| r.get(0),
             )?;
-            let mut rows = stmt.query([scope])?;
-            while let Some(r) = rows.next()? {
-                entries.insert(
-                    r.get::<_, Vec<u8>>(0)?,
-                    StatEntry {
-                        size: r.get::<_, i64>(1)? as u64,
-                        mtime_ns: r.get(2)?,
-                        ctime_ns: r.get(3)?,
-                        ino: r.get::<_, i64>(4)? as u64,
-                        mode: r.get::<_, i64>(5)? as u32,
-                    },
-                );
+            if !known {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE restore_intent ADD COLUMN {column} TEXT"
+                ))?;
             }
         }
         Ok(StatCache {
             conn,
             scope: scope.to_owned(),
-            entries,
+            entries: std::cell::OnceCell::new(),
         })
     }
 
-    /// The entry of a path.
-    pub fn get(&self, path: &[u8]) -> Option<&StatEntry> {
-        self.entries.get(path)
+    fn entries(&self) -> Result<&HashMap<Vec<u8>, StatEntry>> {
+        if let Some(e) = self.entries.get() {
+            return Ok(e);
+        }
+        let mut entries = HashMap::new();
+        let mut stmt = self.conn.prepare(
+            "SELECT path, size, mtime_ns, ctime_ns, ino, mode FROM stat_cache WHERE scope = ?1",
+        )?;
+        let mut rows = stmt.query([&self.scope])?;
+        while let Some(r) = rows.next()? {
+            entries.insert(
+                r.get::<_, Vec<u8>>(0)?,
+                StatEntry {
+                    size: r.get::<_, i64>(1)? as u64,
+                    mtime_ns: r.get(2)?,
+                    ctime_ns: r.get(3)?,
+                    ino: r.get::<_, i64>(4)? as u64,
+                    mode: r.get::<_, i64>(5)? as u32,
+                },
+            );
+        }
+        Ok(self.entries.get_or_init(|| entries))
     }
 
-    /// Every cached path.
-    pub fn paths(&self) -> impl Iterator<Item = &Vec<u8>> {
-        self.entries.keys()
+    /// The entry of a path (loads the whole cache: for rescans).
+    pub fn get(&self, path: &[u8]) -> Result<Option<&StatEntry>> {
+        Ok(self.entries()?.get(path))
+    }
+
+    /// The entry of one path, without loading the whole cache (for captures of a few paths).
+    pub fn lookup(&self, path: &[u8]) -> Result<Option<StatEntry>> {
+        use rusqlite::OptionalExtension;
+        if let Some(e) = self.entries.get() {
+            return Ok(e.get(path).copied());
+        }
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT size, mtime_ns, ctime_ns, ino, mode FROM stat_cache WHERE scope = ?1 AND path = ?2",
+        )?;
+        Ok(stmt
+            .query_row(params![self.scope, path], |r| {
+                Ok(StatEntry {
+                    size: r.get::<_, i64>(0)? as u64,
+                    mtime_ns: r.get(1)?,
+                    ctime_ns: r.get(2)?,
+                    ino: r.get::<_, i64>(3)? as u64,
+                    mode: r.get::<_, i64>(4)? as u32,
+                })
+            })
+            .optional()?)
+    }
+
+    /// Every cached path (loads the whole cache: for rescans).
+    pub fn paths(&self) -> Result<impl Iterator<Item = &Vec<u8>>> {
+        Ok(self.entries()?.keys())
+    }
+
+    /// Whether nothing of this root was ever captured.
+    pub fn is_empty(&self) -> Result<bool> {
+        use rusqlite::OptionalExtension;
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT 1 FROM stat_cache WHERE scope = ?1 LIMIT 1",
+                [&self.scope],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_none())
     }
 
     /// Records new entries (`None` removes), in one transaction.
@@ -131,21 +187,31 @@ impl StatCache {
             }
         }
         tx.commit()?;
-        for (path, entry) in changes {
-            match entry {
-                Some(e) => self.entries.insert(path, e),
-                None => self.entries.remove(&path),
-            };
+        if let Some(entries) = self.entries.get_mut() {
+            for (path, entry) in changes {
+                match entry {
+                    Some(e) => entries.insert(path, e),
+                    None => entries.remove(&path),
+                };
+            }
         }
         Ok(())
     }
 
-    /// Records that a restore to `target` has started (cleared when it finishes): an
-    /// interrupted restore is visible on reopen.
-    pub fn begin_restore(&self, target: &str, now_ms: i64) -> Result<()> {
+    /// Records that a restore has started (cleared when it finishes): an interrupted restore
+    /// is finished from this record when the tree is opened again.
+    pub fn begin_restore(&self, intent: &RestoreIntent, now_ms: i64) -> Result<()> {
         self.conn.execute(
-            "INSERT OR REPLACE INTO restore_intent(scope, target, started_ms) VALUES (?1, ?2, ?3)",
-            params![self.scope, target, now_ms],
+            "INSERT OR REPLACE INTO restore_intent(scope, target, started_ms, from_version, actor, intent)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                self.scope,
+                intent.target,
+                now_ms,
+                intent.from,
+                intent.actor,
+                intent.intent
+            ],
         )?;
         Ok(())
     }
@@ -157,16 +223,36 @@ impl StatCache {
         Ok(())
     }
 
-    /// The target of a restore that started and never finished.
-    pub fn interrupted_restore(&self) -> Result<Option<String>> {
+    /// The record of a restore that started and never finished.
+    pub fn interrupted_restore(&self) -> Result<Option<RestoreIntent>> {
         use rusqlite::OptionalExtension;
         Ok(self
             .conn
             .query_row(
-                "SELECT target FROM restore_intent WHERE scope = ?1",
+                "SELECT target, from_version, actor, intent FROM restore_intent WHERE scope = ?1",
                 [&self.scope],
-                |r| r.get(0),
+                |r| {
+                    Ok(RestoreIntent {
+                        target: r.get(0)?,
+                        from: r.get(1)?,
+                        actor: r.get(2)?,
+                        intent: r.get(3)?,
+                    })
+                },
             )
             .optional()?)
     }
+}
+
+/// What a restore that started meant to do, recorded before its first write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreIntent {
+    /// The version the tree is being brought to.
+    pub target: String,
+    /// The version the tree held when it began, for a sync (which records no operation).
+    pub from: Option<String>,
+    /// Who restores, for a restore that records a rollback operation once the tree is written.
+    pub actor: Option<String>,
+    /// The rollback operation's intent.
+    pub intent: Option<String>,
 }

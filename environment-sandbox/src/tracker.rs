@@ -21,10 +21,12 @@ use environment_core::{
 
 use crate::capture::{Captured, Capturer, KeyMap};
 use crate::error::{Result, SandboxError};
+use crate::feed::Feed;
 use crate::fsops::Root;
+use crate::monitor::MonitorClient;
 use crate::noise::{Noise, NoiseRules};
 use crate::restore::RestorePlan;
-use crate::statcache::{StatCache, StatEntry};
+use crate::statcache::{RestoreIntent, StatCache, StatEntry};
 use crate::watch::Watcher;
 
 /// How a root is tracked.
@@ -48,6 +50,17 @@ pub struct TrackerConfig {
     /// nothing reads the queue between [`Tracker::capture_now`] barriers: a burst of more events
     /// than the kernel queues (`max_queued_events`) then falls back to a rescan.
     pub auto: bool,
+    /// A workspace monitor's socket ([`crate::monitor`]): the tracker learns what changed
+    /// since the last capture from it instead of rescanning the tree, and, in manual mode,
+    /// asks it at every barrier instead of watching itself. Its dirty set outlives this
+    /// process, so a later tracker on the same root starts where this one stopped. One that
+    /// cannot be reached is [`SandboxError::Monitor`] in manual mode; in background mode the
+    /// tracker rescans instead.
+    pub monitor: Option<PathBuf>,
+    /// Rescan the whole tree at open when nothing vouches for the changes since the last
+    /// capture (no monitor, or one without a baseline). Off for read-only work: the tracker
+    /// then captures only what a monitor knows, and later barriers rescan.
+    pub rescan_on_open: bool,
 }
 
 impl TrackerConfig {
@@ -62,6 +75,8 @@ impl TrackerConfig {
             quiet_period: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
             auto: true,
+            monitor: None,
+            rescan_on_open: true,
         }
     }
 }
@@ -75,7 +90,7 @@ struct Pending {
 }
 
 struct Shared {
-    watcher: Mutex<Watcher>,
+    watcher: Mutex<Feed>,
     pending: Mutex<Pending>,
     capturer: Mutex<Capturer>,
     stop: AtomicBool,
@@ -107,6 +122,84 @@ fn settle(shared: &Shared, batch: &BTreeSet<Vec<u8>>, unreadable: &[(Vec<u8>, St
         );
     }
     keep_pending(shared, unreadable.iter().map(|(p, _)| p.clone()));
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Finishes a restore (or a sync of the head into the tree) that a crash interrupted, from its
+/// intent record, so that the half-written tree never becomes the head: the writes are
+/// repeated (each is idempotent) and a restore's rollback operation recorded if it was not.
+/// One that can no longer be finished (its actor is refused now, say) is given up: the tree is
+/// then captured as it is, and the returned sentence says why (for the capture's intent).
+fn finish_interrupted(capturer: &mut Capturer) -> Result<Option<String>> {
+    let Some(record) = capturer.cache.interrupted_restore()? else {
+        return Ok(None);
+    };
+    let note = finish(capturer, &record).err().map(|e| {
+        tracing::warn!(target = %record.target, error = %e, "an interrupted restore cannot be finished");
+        format!(
+            "an interrupted restore to {} could not be finished: {e}",
+            record.target
+        )
+    });
+    capturer.cache.end_restore()?;
+    Ok(note)
+}
+
+fn finish(capturer: &mut Capturer, record: &RestoreIntent) -> Result<()> {
+    // A record this code cannot read names nothing to finish.
+    let parse = |v: &str| v.parse::<OpId>().ok();
+    let Some(target) = parse(&record.target) else {
+        return Ok(());
+    };
+    match (&record.actor, &record.from) {
+        (Some(actor), _) => {
+            // Not recorded yet if the head still differs from the target.
+            let (_, changes) = capturer.plan(&target)?;
+            if changes.is_empty() {
+                return Ok(());
+            }
+            let Ok(actor) = ActorId::new(actor.as_str()) else {
+                return Ok(());
+            };
+            let intent = Intent::new(
+                IntentKind::Restore,
+                format!(
+                    "{} (finished after an interruption)",
+                    record.intent.as_deref().unwrap_or("restore")
+                ),
+            );
+            let (env, branch) = (capturer.env.clone(), capturer.branch.clone());
+            let mut written = Vec::new();
+            env.restore_applying(&actor, &branch, &target, intent, || -> Result<()> {
+                written = capturer.apply(&changes)?.cache;
+                Ok(())
+            })?;
+            capturer.cache.update(written)
+        }
+        (None, Some(from)) => {
+            let Some(from) = parse(from) else {
+                return Ok(());
+            };
+            let (_, changes) = capturer.plan_between(from, &target)?;
+            let applied = capturer.apply(&changes)?;
+            capturer.cache.update(applied.cache)
+        }
+        (None, None) => Ok(()),
+    }
+}
+
+/// After a committed capture: tells the feed that everything drained so far is recorded, but for
+/// what is still pending (a monitor then forgets the rest).
+fn acknowledge(shared: &Shared) {
+    let mut feed = lock(&shared.watcher);
+    let pending = lock(&shared.pending);
+    feed.acknowledge(&pending.dirty);
 }
 
 /// Puts paths back into the pending set, due after the quiet period.
@@ -166,12 +259,41 @@ impl Tracker {
         let noise = Noise::new(&root_path, &config.noise)?;
         let scope = format!("{}\u{0}{}", root_path.display(), config.branch);
         let cache = StatCache::open(&env.home().join("sandbox.db"), &scope)?;
-        if let Some(target) = cache.interrupted_restore()? {
-            tracing::warn!(%target, "a restore was interrupted; run it again to complete it");
-        }
-        // Watch first, then scan: a change in between is seen by one or the other.
-        let watcher = Watcher::new(&root_path, noise.clone())
-            .map_err(|e| SandboxError::Watch(e.to_string()))?;
+        // Watch first, then look: a change in between is seen by one or the other. A monitor
+        // was watching already; this process watches itself only if it captures in the
+        // background or has no monitor.
+        let monitor = match &config.monitor {
+            Some(socket) => match MonitorClient::connect(socket) {
+                Ok(client) => Some(Feed::monitor(
+                    client,
+                    root_path.clone(),
+                    config.noise.clone(),
+                )),
+                // In the background, a tracker watches by itself anyway: the monitor only
+                // spares it the opening rescan.
+                Err(e) if config.auto => {
+                    tracing::warn!(error = %e, "the workspace monitor is unreachable; rescanning");
+                    None
+                }
+                Err(source) => {
+                    return Err(SandboxError::Monitor {
+                        socket: socket.clone(),
+                        source,
+                    });
+                }
+            },
+            None => None,
+        };
+        let (mut feed, mut opening) = match monitor {
+            Some(m) if !config.auto => (m, None),
+            m => (
+                Feed::Watcher(Box::new(
+                    Watcher::new(&root_path, noise.clone())
+                        .map_err(|e| SandboxError::Watch(e.to_string()))?,
+                )),
+                m,
+            ),
+        };
         let mut capturer = Capturer {
             env,
             root,
@@ -181,17 +303,37 @@ impl Tracker {
             actor: config.actor.clone(),
             branch: config.branch.clone(),
         };
-        let dirty = capturer.rescan_dirty()?;
+        // Before the first look: a half-written restore must never become the head.
+        let unfinished = finish_interrupted(&mut capturer)?;
+        let first_ever = capturer.cache.is_empty()?;
+        let source = opening.as_mut().unwrap_or(&mut feed);
+        let mut dirty = BTreeSet::new();
+        source.drain(&mut dirty);
+        let vouched = matches!(source, Feed::Monitor(_)) && source.take_rescan().is_none();
+        if !vouched {
+            if config.rescan_on_open {
+                dirty.extend(capturer.rescan_dirty()?);
+                source.rescanned();
+            } else {
+                source.request_rescan("not rescanned when the tracker opened");
+            }
+        }
         let first = capturer.capture_with(
             &dirty,
             None,
-            intent("initial capture"),
+            intent(&match (first_ever, unfinished) {
+                (true, _) => "initial capture".to_owned(),
+                (false, None) => "changes found in the tree since the last capture".to_owned(),
+                (false, Some(why)) => {
+                    format!("changes found in the tree since the last capture ({why})")
+                }
+            }),
             OpFlags::AUTO_CAPTURE,
             Vec::new(),
         )?;
         config.root = root_path;
         let shared = Arc::new(Shared {
-            watcher: Mutex::new(watcher),
+            watcher: Mutex::new(feed),
             pending: Mutex::new(Pending::default()),
             capturer: Mutex::new(capturer),
             stop: AtomicBool::new(false),
@@ -202,6 +344,11 @@ impl Tracker {
             config,
         });
         settle(&shared, &dirty, &first.unreadable);
+        match opening.as_mut() {
+            // The monitor only told what changed before this tracker watched by itself.
+            Some(m) => m.acknowledge(&lock(&shared.pending).dirty),
+            None => acknowledge(&shared),
+        }
         let mut threads = Vec::new();
         if shared.config.auto {
             for (name, f) in [
@@ -222,7 +369,10 @@ impl Tracker {
 
     /// A restore that was interrupted (its target), if any.
     pub fn interrupted_restore(&self) -> Result<Option<String>> {
-        lock(&self.shared.capturer).cache.interrupted_restore()
+        Ok(lock(&self.shared.capturer)
+            .cache
+            .interrupted_restore()?
+            .map(|r| r.target))
     }
 
     /// The capture barrier: captures everything changed up to now, attributed to `intent`
@@ -275,6 +425,7 @@ impl Tracker {
                     self.shared.captures.fetch_add(1, Ordering::Relaxed);
                 }
                 settle(&self.shared, &dirty, &captured.unreadable);
+                acknowledge(&self.shared);
                 Ok(captured)
             }
             Err(e) => {
@@ -366,7 +517,7 @@ impl Tracker {
 
     /// Forces a full rescan against the stat cache, as after a queue overflow.
     pub fn rescan_now(&self) -> Result<Option<Observation>> {
-        lock(&self.shared.watcher).needs_rescan = true;
+        lock(&self.shared.watcher).request_rescan("asked for");
         self.capture_now(intent("rescan"), OpFlags::AUTO_CAPTURE)
     }
 
@@ -408,16 +559,19 @@ impl Tracker {
     pub fn restore(&self, actor: &ActorId, target: &OpId, intent_: Intent) -> Result<RestorePlan> {
         let mut capturer = self.captured("safety capture before a restore")?;
         let (plan, changes) = capturer.plan(target)?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
+        let now = now_ms();
         let (env, branch) = (capturer.env.clone(), capturer.branch.clone());
         let mut written = Vec::new();
         let mut not_restored = Vec::new();
+        let record = RestoreIntent {
+            target: target.to_string(),
+            from: Some(plan.from.to_string()),
+            actor: Some(actor.as_str().to_owned()),
+            intent: Some(intent_.text.clone()),
+        };
         // Authorized before a single file is written: a refused restore leaves the tree as is.
         env.restore_applying(actor, &branch, target, intent_, || -> Result<()> {
-            capturer.cache.begin_restore(&target.to_string(), now)?;
+            capturer.cache.begin_restore(&record, now)?;
             let applied = capturer.apply(&changes)?;
             written = applied.cache;
             not_restored = applied.not_restored;
@@ -481,8 +635,19 @@ impl Tracker {
         let mut capturer = self.captured("capture before writing the head into the tree")?;
         let head = capturer.head()?;
         let (plan, changes) = capturer.plan_between(*from, &head)?;
+        if changes.is_empty() {
+            return Ok(plan);
+        }
+        let record = RestoreIntent {
+            target: head.to_string(),
+            from: Some(from.to_string()),
+            actor: None,
+            intent: None,
+        };
+        capturer.cache.begin_restore(&record, now_ms())?;
         let applied = capturer.apply(&changes)?;
         capturer.cache.update(applied.cache.clone())?;
+        capturer.cache.end_restore()?;
         drop(capturer);
         drop(self.forget_written(&applied.cache));
         Ok(RestorePlan {
@@ -561,6 +726,7 @@ fn capture_pending(
 ) -> Result<Option<Observation>> {
     let (pending, intent) = take_pending(shared, capturer, intent)?;
     if pending.is_empty() {
+        acknowledge(shared);
         return Ok(None);
     }
     // The batch is held until it is committed: a capture that fails puts it back whole.
@@ -570,6 +736,7 @@ fn capture_pending(
                 shared.captures.fetch_add(1, Ordering::Relaxed);
             }
             settle(shared, &pending, &captured.unreadable);
+            acknowledge(shared);
             Ok(captured.observation)
         }
         Err(e) => {
@@ -586,20 +753,22 @@ fn take_pending(
     capturer: &Capturer,
     mut intent: Intent,
 ) -> Result<(BTreeSet<Vec<u8>>, Intent)> {
-    let rescan = std::mem::take(&mut lock(&shared.watcher).needs_rescan);
+    let rescan = lock(&shared.watcher).take_rescan();
     let mut pending = std::mem::take(&mut lock(&shared.pending).dirty);
-    if rescan {
-        let found = capturer.rescan_dirty()?;
-        tracing::warn!(
-            paths = found.len(),
-            "events were lost; rescanned against the stat cache"
-        );
+    if let Some(why) = rescan {
+        let found = match capturer.rescan_dirty() {
+            Ok(found) => found,
+            Err(e) => {
+                lock(&shared.watcher).request_rescan(&why);
+                keep_pending(shared, pending);
+                return Err(e);
+            }
+        };
+        lock(&shared.watcher).rescanned();
+        tracing::warn!(paths = found.len(), %why, "rescanned against the stat cache");
         pending.extend(found);
         // The log says so too: this capture's changes were found by a rescan.
-        intent.text = format!(
-            "{} (rescan: events were lost to a queue overflow or the watch limit)",
-            intent.text
-        );
+        intent.text = format!("{} (rescan: {why})", intent.text);
     }
     {
         let mut p = lock(&shared.pending);
@@ -614,9 +783,16 @@ fn take_pending(
 /// the capturer is doing.
 fn drain_loop(shared: &Shared) {
     // Close-on-exec: nothing the supervisor starts may hold (and empty) the watcher.
-    let fd = match rustix::io::fcntl_dupfd_cloexec(lock(&shared.watcher).as_fd(), 0) {
-        Ok(fd) => fd,
-        Err(e) => {
+    let fd = match lock(&shared.watcher)
+        .as_fd()
+        .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0))
+    {
+        Some(Ok(fd)) => fd,
+        None => {
+            tracing::error!("a tracker fed by a monitor has no watcher to poll");
+            return;
+        }
+        Some(Err(e)) => {
             tracing::error!(error = %e, "cannot poll the watcher; automatic capture stops");
             return;
         }
@@ -646,7 +822,7 @@ fn capture_loop(shared: &Shared) {
     while !shared.stop.load(Ordering::Relaxed) {
         thread::sleep(tick);
         let due = {
-            let rescan = lock(&shared.watcher).needs_rescan;
+            let rescan = lock(&shared.watcher).needs_rescan();
             let p = lock(&shared.pending);
             rescan
                 || match (p.first_change, p.last_change) {

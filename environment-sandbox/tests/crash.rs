@@ -173,7 +173,17 @@ fn killed_during_restore() {
         completed += lines.len();
         let (env, tracker) = open(dir.path());
         env.verify().unwrap();
-        // Re-running the restore completes it, whatever state the kill left.
+        // Reopening finished whatever restore the kill interrupted, from its intent record:
+        // the tree is one of the two versions, never a mix, and so is the head.
+        assert!(tracker.interrupted_restore().unwrap().is_none());
+        let (a, b) = (env.resolve("a").unwrap(), env.resolve("b").unwrap());
+        let now = disk(&work, &no_skip);
+        assert!(
+            now == view(&env, &a) || now == view(&env, &b),
+            "a half-restored tree survived the reopen"
+        );
+        assert_eq!(view(&env, &env.head("main").unwrap()), now);
+        // Re-running a restore completes it, whatever state the kill left.
         let target = env
             .resolve(if rng.random_bool(0.5) { "a" } else { "b" })
             .unwrap();

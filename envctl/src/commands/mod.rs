@@ -16,7 +16,7 @@ use environment_core::{ActorId, OpId};
 use crate::cli::{Cli, Command};
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::target::Target;
-use crate::workspace::{Session, Workspace};
+use crate::workspace::{Look, Session, Workspace};
 
 /// Parses an actor id given on the command line (`kind:name`).
 pub fn parse_actor(s: &str) -> Outcome<ActorId> {
@@ -132,6 +132,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             demo::run(keep.as_deref())?;
             return Ok(0);
         }
+        Command::Monitor { home, detach } => return crate::monitor::serve(home, *detach),
         _ => {}
     }
     let actor = actor_of(&cli, &default_human())?;
@@ -182,7 +183,16 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         }
         _ => {}
     }
-    let mut target = Target::open(ws, actor, cli.socket.as_deref())?;
+    // Reading the history never rescans the tree: it records what the monitor saw, if anything.
+    let look = match &cli.command {
+        Command::Log { .. }
+        | Command::Show { .. }
+        | Command::Diff { .. }
+        | Command::Effects { .. }
+        | Command::Verify => Look::Known,
+        _ => Look::Changes,
+    };
+    let mut target = Target::open_looking(ws, actor, cli.socket.as_deref(), look)?;
     let s = target.direct()?;
     match &cli.command {
         Command::Log { all, branch, limit } => history::log(s, *all, branch, *limit, json)?,
@@ -213,6 +223,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         | Command::Run(_)
         | Command::Mcp
         | Command::Demo { .. }
+        | Command::Monitor { .. }
         | Command::Policy(_)
         | Command::Queue(_) => {}
     }

@@ -414,6 +414,8 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
     config.policy = policy;
     config.token = ws.credentials.token.clone();
     config.capture_actor = actor.clone();
+    let monitor = ws.home.join(crate::monitor::MONITOR_SOCKET);
+    config.monitor = monitor.exists().then_some(monitor);
     if let Some(rootfs) = &place.rootfs {
         // Under the home's own (never captured) path in the workspace, so no tracker of the
         // workspace alone ever writes or removes the rootfs's keys.

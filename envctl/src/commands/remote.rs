@@ -56,7 +56,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         Command::Queue(_) => return Err(supervisor_unavailable(addr, "queue")),
         Command::Gc => return Err(supervisor_unavailable(addr, "gc")),
         Command::Verify => return Err(supervisor_unavailable(addr, "verify")),
-        Command::Init { .. } | Command::Mcp | Command::Demo { .. } => {
+        Command::Init { .. } | Command::Mcp | Command::Demo { .. } | Command::Monitor { .. } => {
             return Err(supervisor_unavailable(addr, "this command"));
         }
     }

@@ -166,7 +166,7 @@ pub fn in_unprivileged_run() -> bool {
     std::env::var_os(UNPRIVILEGED).is_some()
 }
 
-fn running_as_root() -> bool {
+pub fn running_as_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }

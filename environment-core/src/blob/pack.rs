@@ -2,7 +2,8 @@
 //!
 //! A file per 2 KiB blob costs an inode, a directory entry, a create and a rename: more than its
 //! bytes. Small blobs are appended to a pack (`<name>.pack`) and named in the pack's index
-//! (`<name>.idx`), a sequence of fixed-size records read whole into a map when the store opens.
+//! (`<name>.idx`), a sequence of fixed-size records read whole into a map when the store is
+//! first used for a blob (opening a store to read the history reads no index).
 //!
 //! - **Ownership.** A process appends only to packs it created, and holds an exclusive `flock`
 //!   on each one's index while it may still append. A pack whose lock can be taken has no
@@ -230,7 +231,10 @@ pub(super) struct PackSweep {
 /// The packs of one blob store.
 pub(super) struct Packs {
     dir: PathBuf,
+    /// Read through [`Packs::index`], which loads it first.
     index: RwLock<Index>,
+    /// The indexes were read once: from then on [`Packs::refresh`] reads only what is new.
+    loaded: std::sync::atomic::AtomicBool,
     active: Mutex<Option<Active>>,
     /// Packs holding blobs written or deduplicated against since the last sync.
     unsynced: Mutex<BTreeSet<u32>>,
@@ -244,11 +248,19 @@ impl Packs {
         let packs = Packs {
             dir,
             index: RwLock::new(Index::default()),
+            loaded: std::sync::atomic::AtomicBool::new(false),
             active: Mutex::new(None),
             unsynced: Mutex::new(BTreeSet::new()),
         };
-        packs.refresh()?;
         Ok(packs)
+    }
+
+    /// The index, read from disk the first time it is needed.
+    fn index(&self) -> Result<&RwLock<Index>, BlobError> {
+        if !self.loaded.load(Ordering::Acquire) {
+            self.refresh()?;
+        }
+        Ok(&self.index)
     }
 
     fn path(&self, name: &str, ext: &str) -> PathBuf {
@@ -303,6 +315,7 @@ impl Packs {
             };
             self.load(&mut index, id)?;
         }
+        self.loaded.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -415,7 +428,8 @@ impl Packs {
 
     /// Whether this process knows the blob (no look at other processes' new records).
     pub fn known(&self, hash: &Hash) -> bool {
-        self.index.read().is_ok_and(|i| i.map.contains_key(hash))
+        self.index()
+            .is_ok_and(|l| l.read().is_ok_and(|i| i.map.contains_key(hash)))
     }
 
     /// Whether the blob is packed, looking again at the packs on a miss.
@@ -429,7 +443,7 @@ impl Packs {
 
     /// Appends a blob unless it is already packed. `bytes` hash to `hash`.
     pub fn put(&self, hash: Hash, bytes: &[u8]) -> Result<(), BlobError> {
-        let found = self.index.read().ok().and_then(|i| {
+        let found = self.index().ok().and_then(|l| l.read().ok()).and_then(|i| {
             let loc = i.map.get(&hash).copied()?;
             Some((
                 loc,
@@ -484,7 +498,7 @@ impl Packs {
         if a.pending.len() >= PENDING_MAX {
             self.write_pending(a)?;
         }
-        self.index
+        self.index()?
             .write()
             .map_err(|_| poisoned(&self.dir))?
             .map
@@ -552,7 +566,7 @@ impl Packs {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&self.dir))?;
-        let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
+        let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
         let id = index.packs.len() as u32;
         index.packs.push(Pack {
             name: name.clone(),
@@ -578,7 +592,7 @@ impl Packs {
     /// descriptor drops), it is a pack like any other process's from now on.
     fn seal(&self, mut a: Active) -> Result<(), BlobError> {
         self.write_pending(&mut a)?;
-        let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
+        let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
         let pack = &mut index.packs[a.id as usize];
         pack.ours = false;
         pack.idx_read = a.idx_len;
@@ -634,25 +648,25 @@ impl Packs {
     }
 
     fn durable_len(&self, id: u32) -> Result<u64, BlobError> {
-        let index = self.index.read().map_err(|_| poisoned(&self.dir))?;
+        let index = self.index()?.read().map_err(|_| poisoned(&self.dir))?;
         Ok(index.packs[id as usize].durable)
     }
 
     fn mark_durable(&self, id: u32, len: u64) -> Result<(), BlobError> {
-        let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
+        let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
         let pack = &mut index.packs[id as usize];
         pack.durable = pack.durable.max(len);
         Ok(())
     }
 
     fn name_of(&self, id: u32) -> Result<String, BlobError> {
-        let index = self.index.read().map_err(|_| poisoned(&self.dir))?;
+        let index = self.index()?.read().map_err(|_| poisoned(&self.dir))?;
         Ok(index.packs[id as usize].name.clone())
     }
 
     /// Where a packed blob lives: (pack file, offset, length).
     pub fn location(&self, hash: &Hash) -> Option<(PathBuf, u64, u64)> {
-        let index = self.index.read().ok()?;
+        let index = self.index().ok()?.read().ok()?;
         let loc = index.map.get(hash)?;
         let name = &index.packs[loc.pack as usize].name;
         Some((self.path(name, "pack"), loc.offset, u64::from(loc.len)))
@@ -669,7 +683,7 @@ impl Packs {
 
     fn reader_for(&self, hash: &Hash) -> Result<Option<(Arc<File>, Loc)>, BlobError> {
         {
-            let index = self.index.read().map_err(|_| poisoned(&self.dir))?;
+            let index = self.index()?.read().map_err(|_| poisoned(&self.dir))?;
             let Some(loc) = index.map.get(hash).copied() else {
                 return Ok(None);
             };
@@ -677,7 +691,7 @@ impl Packs {
                 return Ok(Some((r.clone(), loc)));
             }
         }
-        let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
+        let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
         let Some(loc) = index.map.get(hash).copied() else {
             return Ok(None);
         };
@@ -693,10 +707,12 @@ impl Packs {
 
     /// Every packed blob with its size.
     pub fn list(&self) -> Vec<(Hash, u64)> {
-        self.index.read().map_or_else(
-            |_| Vec::new(),
-            |i| i.map.iter().map(|(h, l)| (*h, u64::from(l.len))).collect(),
-        )
+        self.index()
+            .ok()
+            .and_then(|l| l.read().ok())
+            .map_or_else(Vec::new, |i| {
+                i.map.iter().map(|(h, l)| (*h, u64::from(l.len))).collect()
+            })
     }
 
     /// Writes out pending index records (no fsync): at close, so the next opening of the
@@ -732,7 +748,7 @@ impl Packs {
         }
         let mut report = PackSweep::default();
         let candidates: Vec<(u32, String)> = {
-            let index = self.index.read().map_err(|_| poisoned(&self.dir))?;
+            let index = self.index()?.read().map_err(|_| poisoned(&self.dir))?;
             index
                 .packs
                 .iter()
@@ -781,7 +797,7 @@ impl Packs {
         let mut alive = Vec::new();
         let mut dead = Vec::new();
         {
-            let index = self.index.read().map_err(|_| poisoned(&self.dir))?;
+            let index = self.index()?.read().map_err(|_| poisoned(&self.dir))?;
             for r in parsed.records.iter().filter(|r| r.kind == Kind::Blob) {
                 let here = index
                     .map
@@ -810,7 +826,7 @@ impl Packs {
                 self.append(r.hash, &bytes, true)?;
             }
             self.sync()?;
-            let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
+            let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
             for r in &dead {
                 index.map.remove(&r.hash);
             }
@@ -845,7 +861,7 @@ impl Packs {
             w.write_all(&buf)
                 .and_then(|()| w.sync_data())
                 .map_err(io_err(&idx_path))?;
-            let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
+            let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
             for r in &dead {
                 index.map.remove(&r.hash);
             }

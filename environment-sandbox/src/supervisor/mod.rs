@@ -121,6 +121,9 @@ pub struct SupervisorConfig {
     pub max_wait: Duration,
     /// The branch the workspace is captured to.
     pub branch: String,
+    /// A workspace monitor's socket ([`crate::monitor`]): the trackers start from what it saw
+    /// instead of rescanning the trees.
+    pub monitor: Option<PathBuf>,
     /// Offer the sandbox's [`Shell`](crate::Shell) on the socket (`exec`, `process.*`,
     /// `pty.*`), running commands through the launcher as the agent. On by default;
     /// [`Supervisor::attach_shell`] replaces it.
@@ -188,6 +191,7 @@ impl SupervisorConfig {
             quiet_period: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
             branch: MAIN.to_owned(),
+            monitor: None,
             shell: true,
             secrets: None,
             extra_roots: Vec::new(),
@@ -358,6 +362,7 @@ impl Supervisor {
         let mut tc = TrackerConfig::new(&workspace, config.capture_actor.clone());
         tc.branch = config.branch.clone();
         tc.noise = config.noise.clone();
+        tc.monitor = config.monitor.clone();
         let mut workspace_noise = config.noise.clone();
         for root in &config.extra_roots {
             let prefix = std::str::from_utf8(&root.key_prefix)

@@ -1,0 +1,130 @@
+//! Where a tracker learns what changed: its own watcher, or the workspace monitor's dirty set.
+
+use std::collections::BTreeSet;
+use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
+
+use crate::monitor::MonitorClient;
+use crate::noise::NoiseRules;
+use crate::watch::Watcher;
+
+/// Why a tracker's own watcher asks for a rescan.
+const LOST: &str = "events were lost to a queue overflow or the watch limit";
+
+/// The source of a tracker's dirty paths.
+pub(crate) enum Feed {
+    /// Inotify watches of this process.
+    Watcher(Box<Watcher>),
+    /// A workspace monitor, which keeps the dirty set between processes.
+    Monitor(Box<MonitorFeed>),
+}
+
+pub(crate) struct MonitorFeed {
+    client: MonitorClient,
+    root: PathBuf,
+    rules: NoiseRules,
+    /// The last drain's sequence number: what an acknowledgement covers.
+    seq: Option<u64>,
+    /// Why the next capture must rescan.
+    rescan: Option<String>,
+    /// A rescan was taken since the last acknowledgement.
+    rescanned: bool,
+    /// The monitor went away: its set is lost, every capture rescans.
+    gone: bool,
+}
+
+impl Feed {
+    pub(crate) fn monitor(client: MonitorClient, root: PathBuf, rules: NoiseRules) -> Feed {
+        Feed::Monitor(Box::new(MonitorFeed {
+            client,
+            root,
+            rules,
+            seq: None,
+            rescan: None,
+            rescanned: false,
+            gone: false,
+        }))
+    }
+
+    /// Moves what changed into `dirty`; returns how many events or paths were read.
+    pub(crate) fn drain(&mut self, dirty: &mut BTreeSet<Vec<u8>>) -> usize {
+        match self {
+            Feed::Watcher(w) => w.drain(dirty),
+            Feed::Monitor(m) if m.gone => 0,
+            Feed::Monitor(m) => match m.client.changes(&m.root, &m.rules) {
+                Ok(c) => {
+                    let n = c.paths.len();
+                    dirty.extend(c.paths);
+                    m.seq = Some(c.seq);
+                    if let Some(why) = c.incomplete {
+                        m.rescan.get_or_insert(why);
+                    }
+                    n
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the workspace monitor went away; rescanning");
+                    m.gone = true;
+                    m.rescan = Some(format!("the workspace monitor went away ({e})"));
+                    0
+                }
+            },
+        }
+    }
+
+    /// Whether the next capture must rescan (without taking the request).
+    pub(crate) fn needs_rescan(&self) -> bool {
+        match self {
+            Feed::Watcher(w) => w.needs_rescan,
+            Feed::Monitor(m) => m.rescan.is_some() || m.gone,
+        }
+    }
+
+    /// Asks for a rescan at the next capture.
+    pub(crate) fn request_rescan(&mut self, why: &str) {
+        match self {
+            Feed::Watcher(w) => w.needs_rescan = true,
+            Feed::Monitor(m) => m.rescan = Some(why.to_owned()),
+        }
+    }
+
+    /// Takes the rescan request: why the capture about to run must rescan, if it must.
+    pub(crate) fn take_rescan(&mut self) -> Option<String> {
+        match self {
+            Feed::Watcher(w) => std::mem::take(&mut w.needs_rescan).then(|| LOST.to_owned()),
+            Feed::Monitor(m) if m.gone => Some("no workspace monitor".to_owned()),
+            Feed::Monitor(m) => m.rescan.take(),
+        }
+    }
+
+    /// A rescan of the whole tree was captured (acknowledged with the next capture: it gives
+    /// the monitor a baseline).
+    pub(crate) fn rescanned(&mut self) {
+        if let Feed::Monitor(m) = self {
+            m.rescanned = true;
+        }
+    }
+
+    /// After a committed capture: everything drained so far is recorded except `pending`.
+    pub(crate) fn acknowledge(&mut self, pending: &BTreeSet<Vec<u8>>) {
+        let Feed::Monitor(m) = self else { return };
+        let Some(seq) = m.seq else { return };
+        if m.gone {
+            return;
+        }
+        match m.client.acknowledge(&m.root, seq, pending, m.rescanned) {
+            Ok(()) => m.rescanned = false,
+            Err(e) => {
+                tracing::warn!(error = %e, "the workspace monitor went away; rescanning");
+                m.gone = true;
+            }
+        }
+    }
+
+    /// The inotify descriptor, for a drain thread (own watcher only).
+    pub(crate) fn as_fd(&self) -> Option<BorrowedFd<'_>> {
+        match self {
+            Feed::Watcher(w) => Some(w.as_fd()),
+            Feed::Monitor(_) => None,
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The workspace monitor keeps the dirty set between trackers: a tracker opened after another
+//! learns what changed from it without rescanning, and nothing leaves the set before a capture
+//! that recorded it is acknowledged.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{disk, no_skip, view, write};
+use environment_core::{ActorId, LocalEnvironment, Options};
+use environment_sandbox::monitor::{MonitorConfig, Served, serve};
+use environment_sandbox::{MonitorClient, NoiseRules, Tracker, TrackerConfig};
+
+struct Monitored {
+    work: tempfile::TempDir,
+    home: tempfile::TempDir,
+    env: LocalEnvironment,
+    socket: PathBuf,
+    served: Option<std::thread::JoinHandle<Served>>,
+}
+
+impl Monitored {
+    fn new() -> Monitored {
+        let work = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        write(work.path(), "keep.txt", b"keep\n");
+        write(work.path(), "gone.txt", b"gone\n");
+        write(work.path(), "src/lib.rs", b"pub fn f() {}\n");
+        let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+        let socket = home.path().join("run/monitor.sock");
+        let config = MonitorConfig {
+            socket: socket.clone(),
+            idle: Duration::from_secs(600),
+            guard: home.path().to_owned(),
+        };
+        let served = std::thread::spawn(move || serve(config).unwrap());
+        MonitorClient::connect_waiting(&socket, Duration::from_secs(5)).unwrap();
+        Monitored {
+            work,
+            home,
+            env,
+            socket,
+            served: Some(served),
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.work.path().canonicalize().unwrap()
+    }
+
+    fn config(&self, rescan_on_open: bool) -> TrackerConfig {
+        let mut c = TrackerConfig::new(self.work.path(), ActorId::new("service:t").unwrap());
+        c.auto = false;
+        c.monitor = Some(self.socket.clone());
+        c.rescan_on_open = rescan_on_open;
+        c
+    }
+
+    fn head_matches_disk(&self) {
+        let head = self.env.head("main").unwrap();
+        assert_eq!(view(&self.env, &head), disk(self.work.path(), &no_skip));
+    }
+
+    fn changes(&self) -> environment_sandbox::monitor::Changes {
+        MonitorClient::connect(&self.socket)
+            .unwrap()
+            .changes(&self.root(), &NoiseRules::default())
+            .unwrap()
+    }
+}
+
+impl Drop for Monitored {
+    fn drop(&mut self) {
+        if let Ok(c) = MonitorClient::connect(&self.socket) {
+            let _ = c.stop();
+        }
+        if let Some(t) = self.served.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn paths(set: &BTreeSet<Vec<u8>>) -> Vec<String> {
+    set.iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect()
+}
+
+#[test]
+fn a_later_tracker_learns_what_changed_without_rescanning() {
+    let m = Monitored::new();
+    // The first tracker rescans (the monitor just started watching) and gives it a baseline.
+    Tracker::open(m.env.clone(), m.config(true))
+        .unwrap()
+        .close()
+        .unwrap();
+    m.head_matches_disk();
+    assert_eq!(m.changes().incomplete, None, "the rescan was acknowledged");
+    // Between two processes: an edit, a removal, a directory tree made at once, a rename.
+    write(m.work.path(), "keep.txt", b"changed\n");
+    std::fs::remove_file(m.work.path().join("gone.txt")).unwrap();
+    std::fs::create_dir_all(m.work.path().join("a/b/c")).unwrap();
+    write(m.work.path(), "a/b/c/deep.txt", b"deep\n");
+    std::fs::rename(m.work.path().join("src"), m.work.path().join("lib")).unwrap();
+    // A tracker that may not rescan records all of it: the monitor's set is complete.
+    let t = Tracker::open(m.env.clone(), m.config(false)).unwrap();
+    m.head_matches_disk();
+    // And at its barriers it asks the monitor again.
+    write(m.work.path(), "lib/new.rs", b"new\n");
+    t.capture_now(
+        environment_core::Intent::new(environment_core::IntentKind::Command, "step"),
+        environment_core::OpFlags::COMMAND,
+    )
+    .unwrap();
+    m.head_matches_disk();
+    t.close().unwrap();
+    assert!(m.changes().paths.is_empty(), "everything was acknowledged");
+}
+
+#[test]
+fn nothing_leaves_the_set_before_its_capture_is_acknowledged() {
+    let m = Monitored::new();
+    Tracker::open(m.env.clone(), m.config(true))
+        .unwrap()
+        .close()
+        .unwrap();
+    write(m.work.path(), "keep.txt", b"one\n");
+    // A command that read the set and died before committing: nothing is acknowledged.
+    let read = m.changes();
+    assert!(paths(&read.paths).contains(&"keep.txt".to_owned()));
+    drop(read);
+    // A change made after a drain survives an acknowledgement of that drain.
+    let mut client = MonitorClient::connect(&m.socket).unwrap();
+    let drained = client.changes(&m.root(), &NoiseRules::default()).unwrap();
+    write(m.work.path(), "during.txt", b"made while the capture ran\n");
+    write(m.work.path(), "keep.txt", b"two\n");
+    client
+        .acknowledge(&m.root(), drained.seq, &BTreeSet::new(), false)
+        .unwrap();
+    let after = paths(&m.changes().paths);
+    assert!(after.contains(&"during.txt".to_owned()), "{after:?}");
+    assert!(after.contains(&"keep.txt".to_owned()), "{after:?}");
+    // So the next tracker, which may not rescan, still records both.
+    Tracker::open(m.env.clone(), m.config(false))
+        .unwrap()
+        .close()
+        .unwrap();
+    m.head_matches_disk();
+}
+
+#[test]
+fn without_a_baseline_a_tracker_rescans() {
+    let m = Monitored::new();
+    // Changes made before the monitor watched the tree: it cannot vouch for them.
+    write(m.work.path(), "before.txt", b"before the monitor\n");
+    let c = m.changes();
+    assert!(c.incomplete.is_some(), "a new watch has no baseline");
+    // A tracker that may not rescan records only what the monitor saw, and the monitor stays
+    // without a baseline; its next barrier rescans and records everything.
+    let t = Tracker::open(m.env.clone(), m.config(false)).unwrap();
+    let head = m.env.head("main").unwrap();
+    assert!(!view(&m.env, &head).contains_key("before.txt"));
+    assert!(m.changes().incomplete.is_some());
+    t.capture_now(
+        environment_core::Intent::new(environment_core::IntentKind::Command, "step"),
+        environment_core::OpFlags::COMMAND,
+    )
+    .unwrap();
+    m.head_matches_disk();
+    assert_eq!(m.changes().incomplete, None);
+    drop(t);
+    // Other noise rules are another watch: no baseline again.
+    let mut other = NoiseRules::default();
+    other.ignored.push("*.tmp".into());
+    let c = MonitorClient::connect(&m.socket)
+        .unwrap()
+        .changes(&m.root(), &other)
+        .unwrap();
+    assert!(c.incomplete.is_some());
+}
+
+#[test]
+fn a_second_monitor_does_not_start_and_a_stopped_one_costs_a_rescan() {
+    let m = Monitored::new();
+    let again = serve(MonitorConfig {
+        socket: m.socket.clone(),
+        idle: Duration::from_secs(1),
+        guard: m.home.path().to_owned(),
+    })
+    .unwrap();
+    assert_eq!(again, Served::AlreadyRunning);
+    Tracker::open(m.env.clone(), m.config(true))
+        .unwrap()
+        .close()
+        .unwrap();
+    // The monitor goes away while a tracker holds it: the tracker's next barrier rescans.
+    let t = Tracker::open(m.env.clone(), m.config(false)).unwrap();
+    MonitorClient::connect(&m.socket).unwrap().stop().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    write(m.work.path(), "after-stop.txt", b"x\n");
+    t.capture_now(
+        environment_core::Intent::new(environment_core::IntentKind::Command, "step"),
+        environment_core::OpFlags::COMMAND,
+    )
+    .unwrap();
+    m.head_matches_disk();
+}
