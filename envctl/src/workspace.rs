@@ -302,6 +302,25 @@ impl Session {
                 first.display()
             );
         }
+        let refused: Vec<_> = self
+            .tracker
+            .iter()
+            .chain(self.rootfs.iter())
+            .flat_map(|t| t.refused())
+            .collect();
+        if let Some((first, why)) = refused.first() {
+            eprintln!(
+                "envctl: {} path(s) can never be recorded and are left out of every version \
+                 (first: {}…: {why})",
+                refused.len(),
+                first
+                    .display()
+                    .to_string()
+                    .chars()
+                    .take(80)
+                    .collect::<String>()
+            );
+        }
     }
 
     /// The trees tracked beside the workspace (the managed rootfs), restored with it.

@@ -9,8 +9,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// The longest key path accepted, in bytes (Linux's `PATH_MAX`).
-pub const MAX_KEY_LEN: usize = 4096;
+/// The longest key path accepted, in bytes: four times Linux's `PATH_MAX`, since a tree may
+/// hold paths longer than one system call takes (they are walked a piece at a time). A path
+/// beyond it is refused alone, never the capture it is part of.
+pub const MAX_KEY_LEN: usize = 16 * 1024;
 /// The longest single path segment accepted, in bytes (Linux's `NAME_MAX`).
 pub const MAX_SEGMENT_LEN: usize = 255;
 

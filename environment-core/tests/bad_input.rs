@@ -52,7 +52,7 @@ fn malformed_keys() {
         let err = Key::fs(path.to_vec()).unwrap_err();
         assert!(expected(&err), "{path:?}: {err:?}");
     }
-    let long: Vec<u8> = std::iter::repeat_n(b"abcdefgh/".as_slice(), 500)
+    let long: Vec<u8> = std::iter::repeat_n(b"abcdefgh/".as_slice(), 2000)
         .flatten()
         .copied()
         .collect();

@@ -251,6 +251,9 @@ pub struct Captured {
     /// The paths it could not read now, and why: neither recorded nor removed (a tracker keeps
     /// them pending and tries again).
     pub unreadable: Vec<(Vec<u8>, String)>,
+    /// The paths that can never be recorded (longer than the key limit), and why: refused
+    /// alone, while the rest of the capture goes on.
+    pub refused: Vec<(Vec<u8>, String)>,
 }
 
 /// Reads `paths` (relative to `root`) as values, in parallel when there are many: `None` for a
@@ -398,8 +401,15 @@ impl Capturer {
             .filter(|r| !r.is_empty())
             .collect();
         let looked = reader.look_all(&paths, bulk)?;
+        let mut refused = Vec::new();
         for (rel, seen) in &looked {
-            let key = self.keys.key(rel)?;
+            let key = match self.keys.key(rel) {
+                Ok(key) => key,
+                Err(e) => {
+                    refused.push((rel.clone(), e.to_string()));
+                    continue;
+                }
+            };
             match seen {
                 Seen::Skipped => {}
                 Seen::Unreadable(e) => unreadable.push((rel.clone(), e.to_string())),
@@ -470,6 +480,7 @@ impl Capturer {
             observation: observation.filter(|o| !o.noop),
             files,
             unreadable,
+            refused,
         })
     }
 

@@ -8,7 +8,7 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -51,66 +51,31 @@ impl Root {
     }
 
     /// Opens `rel` beneath the root, following no symlink anywhere on the way (the last component
-    /// included).
+    /// included). A path longer than one system call takes (`PATH_MAX`) is opened a piece at a
+    /// time, each piece beneath the directory the last one opened.
     pub fn open_beneath(&self, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
-        if rel.as_os_str().is_empty() {
-            return rustix::fs::openat(
-                &self.fd,
-                ".",
-                flags | OFlags::CLOEXEC,
-                Mode::from_raw_mode(mode),
-            )
-            .map_err(errno);
+        let bytes = rel.as_os_str().as_bytes();
+        let mut start = 0;
+        let mut dir: Option<OwnedFd> = None;
+        while bytes.len() - start > PIECE {
+            // The longest run of whole components that fits (a name is at most 255 bytes).
+            let cut = bytes[start..=start + PIECE]
+                .iter()
+                .rposition(|b| *b == b'/')
+                .filter(|cut| *cut > 0)
+                .ok_or_else(|| errno(rustix::io::Errno::NAMETOOLONG))?;
+            let piece = Path::new(OsStr::from_bytes(&bytes[start..start + cut]));
+            let base = dir.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+            dir = Some(beneath(base, piece, OFlags::PATH | OFlags::DIRECTORY, 0)?);
+            start += cut + 1;
         }
-        let resolve =
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
-        match rustix::fs::openat2(
-            &self.fd,
-            rel,
-            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(mode),
-            resolve,
-        ) {
-            Err(rustix::io::Errno::NOSYS) => self.walk_open(rel, flags, mode),
-            other => other.map_err(errno),
-        }
-    }
-
-    /// The fallback for kernels without `openat2`: one component at a time, `O_NOFOLLOW` each.
-    fn walk_open(&self, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
-        let comps: Vec<&OsStr> = rel.iter().collect();
-        let Some((last, dirs)) = comps.split_last() else {
-            return Err(io::Error::from(io::ErrorKind::InvalidInput));
-        };
-        let mut cur: Option<OwnedFd> = None;
-        for c in dirs {
-            if c.as_bytes() == b".." || c.as_bytes() == b"." {
-                return Err(errno(rustix::io::Errno::XDEV));
-            }
-            let base = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
-            let next = rustix::fs::openat(
-                base,
-                *c,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| {
-                if e == rustix::io::Errno::NOTDIR {
-                    errno(rustix::io::Errno::XDEV)
-                } else {
-                    errno(e)
-                }
-            })?;
-            cur = Some(next);
-        }
-        let base = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
-        rustix::fs::openat(
+        let base = dir.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+        beneath(
             base,
-            *last,
-            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(mode),
+            Path::new(OsStr::from_bytes(&bytes[start..])),
+            flags,
+            mode,
         )
-        .map_err(errno)
     }
 
     /// The parent directory of `rel` (opened beneath the root) and `rel`'s last component.
@@ -160,6 +125,71 @@ impl Root {
             })
             .collect())
     }
+}
+
+/// Paths longer than this go to the kernel in pieces: a path argument must stay below
+/// `PATH_MAX` (4096 bytes with its terminating NUL).
+const PIECE: usize = 3072;
+
+/// Opens `rel` beneath the directory `base`, following no symlink and no `..` on the way.
+fn beneath(base: BorrowedFd<'_>, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
+    if rel.as_os_str().is_empty() {
+        return rustix::fs::openat(
+            base,
+            ".",
+            flags | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )
+        .map_err(errno);
+    }
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(
+        base,
+        rel,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+        resolve,
+    ) {
+        Err(rustix::io::Errno::NOSYS) => walk_open(base, rel, flags, mode),
+        other => other.map_err(errno),
+    }
+}
+
+/// The fallback for kernels without `openat2`: one component at a time, `O_NOFOLLOW` each.
+fn walk_open(base: BorrowedFd<'_>, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
+    let comps: Vec<&OsStr> = rel.iter().collect();
+    let Some((last, dirs)) = comps.split_last() else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    let mut cur: Option<OwnedFd> = None;
+    for c in dirs {
+        if c.as_bytes() == b".." || c.as_bytes() == b"." {
+            return Err(errno(rustix::io::Errno::XDEV));
+        }
+        let at = cur.as_ref().map_or(base, |f| f.as_fd());
+        let next = rustix::fs::openat(
+            at,
+            *c,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            if e == rustix::io::Errno::NOTDIR {
+                errno(rustix::io::Errno::XDEV)
+            } else {
+                errno(e)
+            }
+        })?;
+        cur = Some(next);
+    }
+    let at = cur.as_ref().map_or(base, |f| f.as_fd());
+    rustix::fs::openat(
+        at,
+        *last,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(errno)
 }
 
 /// The names in an open directory.

@@ -99,6 +99,8 @@ struct Shared {
     holds: AtomicU64,
     /// The paths the last captures could not read, and why: pending until they can be.
     unreadable: Mutex<BTreeMap<Vec<u8>, String>>,
+    /// The paths no capture can record (longer than the key limit), and why.
+    refused: Mutex<BTreeMap<Vec<u8>, String>>,
     /// What is running while the tree changes (an agent's command), named in the intent of
     /// automatic captures.
     context: Mutex<Option<String>>,
@@ -106,12 +108,16 @@ struct Shared {
 }
 
 /// After a capture of `batch`: what it could not read goes back into the pending set (a change
-/// is never dropped), and the set of unreadable paths is brought up to date.
-fn settle(shared: &Shared, batch: &BTreeSet<Vec<u8>>, unreadable: &[(Vec<u8>, String)]) {
-    {
-        let mut u = lock(&shared.unreadable);
+/// is never dropped), and the sets of unreadable and refused paths are brought up to date.
+fn settle(shared: &Shared, batch: &BTreeSet<Vec<u8>>, captured: &Captured) {
+    let unreadable = &captured.unreadable;
+    for (set, found) in [
+        (&shared.unreadable, unreadable),
+        (&shared.refused, &captured.refused),
+    ] {
+        let mut u = lock(set);
         u.retain(|p, _| !batch.contains(p));
-        for (p, why) in unreadable {
+        for (p, why) in found {
             u.insert(p.clone(), why.clone());
         }
     }
@@ -119,6 +125,12 @@ fn settle(shared: &Shared, batch: &BTreeSet<Vec<u8>>, unreadable: &[(Vec<u8>, St
         tracing::warn!(
             paths = unreadable.len(),
             "paths that cannot be read now stay pending and are captured once they can be"
+        );
+    }
+    if !captured.refused.is_empty() {
+        tracing::warn!(
+            paths = captured.refused.len(),
+            "paths longer than the key limit are never recorded"
         );
     }
     keep_pending(shared, unreadable.iter().map(|(p, _)| p.clone()));
@@ -340,10 +352,11 @@ impl Tracker {
             captures: AtomicU64::new(0),
             holds: AtomicU64::new(0),
             unreadable: Mutex::new(BTreeMap::new()),
+            refused: Mutex::new(BTreeMap::new()),
             context: Mutex::new(None),
             config,
         });
-        settle(&shared, &dirty, &first.unreadable);
+        settle(&shared, &dirty, &first);
         match opening.as_mut() {
             // The monitor only told what changed before this tracker watched by itself.
             Some(m) => m.acknowledge(&lock(&shared.pending).dirty),
@@ -424,7 +437,7 @@ impl Tracker {
                 if captured.observation.is_some() {
                     self.shared.captures.fetch_add(1, Ordering::Relaxed);
                 }
-                settle(&self.shared, &dirty, &captured.unreadable);
+                settle(&self.shared, &dirty, &captured);
                 acknowledge(&self.shared);
                 Ok(captured)
             }
@@ -495,6 +508,15 @@ impl Tracker {
     /// neither recorded nor removed: they stay pending and are captured once they can be read.
     pub fn unreadable(&self) -> Vec<(PathBuf, String)> {
         lock(&self.shared.unreadable)
+            .iter()
+            .map(|(p, why)| (PathBuf::from(std::ffi::OsStr::from_bytes(p)), why.clone()))
+            .collect()
+    }
+
+    /// The paths no capture can record (longer than the key limit), relative to the root, and
+    /// why: refused alone while everything else is captured; a restore leaves them alone.
+    pub fn refused(&self) -> Vec<(PathBuf, String)> {
+        lock(&self.shared.refused)
             .iter()
             .map(|(p, why)| (PathBuf::from(std::ffi::OsStr::from_bytes(p)), why.clone()))
             .collect()
@@ -735,7 +757,7 @@ fn capture_pending(
             if captured.observation.is_some() {
                 shared.captures.fetch_add(1, Ordering::Relaxed);
             }
-            settle(shared, &pending, &captured.unreadable);
+            settle(shared, &pending, &captured);
             acknowledge(shared);
             Ok(captured.observation)
         }

@@ -9,17 +9,25 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
+use crate::fsops::Root;
 use crate::noise::Noise;
+
+/// Directories with paths this long are watched and listed through descriptors: a path given
+/// to the kernel must stay below `PATH_MAX`.
+const LONG: usize = 3072;
 
 /// Watches one tracked root.
 pub struct Watcher {
     inotify: Inotify,
     root: PathBuf,
+    /// The root's handle, for directories whose paths are too long for one system call.
+    handle: Root,
     noise: Noise,
     paths: HashMap<WatchDescriptor, Vec<u8>>,
     wds: HashMap<Vec<u8>, WatchDescriptor>,
@@ -68,6 +76,7 @@ impl Watcher {
         let mut w = Watcher {
             inotify: Inotify::init()?,
             root: root.to_owned(),
+            handle: Root::open(root)?,
             noise,
             paths: HashMap::new(),
             wds: HashMap::new(),
@@ -95,7 +104,8 @@ impl Watcher {
         let mut stack = vec![rel];
         while let Some(dir) = stack.pop() {
             let abs = self.root.join(OsStr::from_bytes(&dir));
-            match self.inotify.watches().add(&abs, mask()) {
+            let long = abs.as_os_str().len() >= LONG;
+            match self.add_watch(&abs, &dir, long) {
                 Ok(wd) => {
                     if let Some(old) = self.paths.insert(wd.clone(), dir.clone())
                         && old != dir
@@ -112,13 +122,8 @@ impl Watcher {
                 // Gone already, or not a directory any more: its parent's events say so.
                 Err(_) => continue,
             }
-            let Ok(entries) = std::fs::read_dir(&abs) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let name = entry.file_name();
-                let child = join(&dir, name.as_bytes());
-                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            for (name, is_dir) in self.entries(&abs, &dir, long) {
+                let child = join(&dir, &name);
                 if self
                     .noise
                     .is_ignored(Path::new(OsStr::from_bytes(&child)), is_dir)
@@ -131,6 +136,56 @@ impl Watcher {
                 }
             }
         }
+    }
+
+    /// Watches directory `rel`; one whose path is too long for a system call (`long`) through
+    /// its handle, opened beneath the root a piece at a time.
+    fn add_watch(&mut self, abs: &Path, rel: &[u8], long: bool) -> io::Result<WatchDescriptor> {
+        if !long {
+            return self.inotify.watches().add(abs, mask());
+        }
+        let fd = self.handle.open_beneath(
+            Path::new(OsStr::from_bytes(rel)),
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            0,
+        )?;
+        // The descriptor's magic link is followed on purpose: it is the directory just opened
+        // without following anything.
+        let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        self.inotify
+            .watches()
+            .add(&link, mask() & !WatchMask::DONT_FOLLOW)
+    }
+
+    /// The names in directory `rel`, and whether each is a directory.
+    fn entries(&self, abs: &Path, rel: &[u8], long: bool) -> Vec<(Vec<u8>, bool)> {
+        if long {
+            return self
+                .handle
+                .scan_dir(Path::new(OsStr::from_bytes(rel)))
+                .map(|names| {
+                    names
+                        .into_iter()
+                        .map(|(name, st)| {
+                            let is_dir = st.is_ok_and(|st| {
+                                crate::fsops::file_type(&st) == rustix::fs::FileType::Directory
+                            });
+                            (name, is_dir)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        }
+        let Ok(entries) = std::fs::read_dir(abs) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .map(|e| {
+                let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+                (e.file_name().as_bytes().to_vec(), is_dir)
+            })
+            .collect()
     }
 
     fn unwatch_tree(&mut self, rel: &[u8]) {

@@ -235,6 +235,7 @@ pub(super) struct Packs {
     index: RwLock<Index>,
     /// The indexes were read once: from then on [`Packs::refresh`] reads only what is new.
     loaded: std::sync::atomic::AtomicBool,
+    first_load: Mutex<()>,
     active: Mutex<Option<Active>>,
     /// Packs holding blobs written or deduplicated against since the last sync.
     unsynced: Mutex<BTreeSet<u32>>,
@@ -249,6 +250,7 @@ impl Packs {
             dir,
             index: RwLock::new(Index::default()),
             loaded: std::sync::atomic::AtomicBool::new(false),
+            first_load: Mutex::new(()),
             active: Mutex::new(None),
             unsynced: Mutex::new(BTreeSet::new()),
         };
@@ -258,7 +260,11 @@ impl Packs {
     /// The index, read from disk the first time it is needed.
     fn index(&self) -> Result<&RwLock<Index>, BlobError> {
         if !self.loaded.load(Ordering::Acquire) {
-            self.refresh()?;
+            // One first load at a time: parallel writers all arrive here at once.
+            let _first = self.first_load.lock().map_err(|_| poisoned(&self.dir))?;
+            if !self.loaded.load(Ordering::Acquire) {
+                self.refresh()?;
+            }
         }
         Ok(&self.index)
     }
@@ -280,21 +286,28 @@ impl Packs {
             }
         }
         let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
+        // A pack this process appends to holds its lock, so nobody else collects it; one that
+        // is missing from the listing was created after the listing was read.
         if index
             .packs
             .iter()
-            .any(|p| !p.gone && !names.contains(&p.name))
+            .any(|p| !p.gone && !p.ours && !names.contains(&p.name))
         {
             // Another process collected a pack: rebuild the map, so a blob it moved is found
             // where it now lives.
-            for p in index.packs.iter_mut() {
+            // What this process appends meanwhile stays: its own packs are not reread.
+            for p in index.packs.iter_mut().filter(|p| !p.ours) {
                 if !names.contains(&p.name) {
                     p.gone = true;
                     p.reader = None;
                 }
                 p.idx_read = 0;
             }
-            index.map.clear();
+            let packs = &index.packs;
+            let ours: HashSet<u32> = (0..packs.len() as u32)
+                .filter(|id| packs[*id as usize].ours)
+                .collect();
+            index.map.retain(|_, loc| ours.contains(&loc.pack));
         }
         for name in names {
             let id = match index.by_name.get(&name) {
