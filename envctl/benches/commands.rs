@@ -96,10 +96,12 @@ fn commands(c: &mut Criterion) {
         "git --git-dir={} --work-tree=. -c user.name=bench -c user.email=bench@localhost",
         git_dir.display()
     );
+    // git leaves the environment's own home alone, as envctl does.
     sh(
         &tree,
         &format!(
-            "git init -q --bare {} && {git} add -A && {git} commit -q -m init",
+            "git init -q --bare {0} && echo /.environment/ >> {0}/info/exclude && {git} add -A \
+             && {git} commit -q -m init",
             git_dir.display()
         ),
     );

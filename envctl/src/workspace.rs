@@ -286,40 +286,32 @@ impl Session {
         Ok(t?)
     }
 
-    /// Names what the capture could not read (it stays pending, never dropped), in one line.
+    /// Names what the capture could not read (pending, never dropped), what it recorded
+    /// without content, and what it can never record: one line each.
     fn say_unreadable(&self) {
-        let unread: Vec<_> = self
-            .tracker
-            .iter()
-            .chain(self.rootfs.iter())
-            .flat_map(|t| t.unreadable())
-            .collect();
-        if let Some((first, why)) = unread.first() {
-            eprintln!(
-                "envctl: {} path(s) could not be read and are not recorded yet (first: {}: \
-                 {why}); they are captured once they can be read",
-                unread.len(),
-                first.display()
-            );
-        }
-        let refused: Vec<_> = self
-            .tracker
-            .iter()
-            .chain(self.rootfs.iter())
-            .flat_map(|t| t.refused())
-            .collect();
-        if let Some((first, why)) = refused.first() {
-            eprintln!(
-                "envctl: {} path(s) can never be recorded and are left out of every version \
-                 (first: {}…: {why})",
-                refused.len(),
-                first
-                    .display()
-                    .to_string()
-                    .chars()
-                    .take(80)
-                    .collect::<String>()
-            );
+        let trackers = || self.tracker.iter().chain(self.rootfs.iter());
+        for (paths, what) in [
+            (
+                trackers().flat_map(|t| t.unreadable()).collect::<Vec<_>>(),
+                "could not be read and are not recorded yet; they are captured once they can \
+                 be read",
+            ),
+            (
+                trackers().flat_map(|t| t.without_content()).collect(),
+                "stayed unreadable and are recorded without their content",
+            ),
+            (
+                trackers().flat_map(|t| t.refused()).collect(),
+                "can never be recorded and are left out of every version",
+            ),
+        ] {
+            if let Some((first, why)) = paths.first() {
+                let first: String = first.display().to_string().chars().take(120).collect();
+                eprintln!(
+                    "envctl: {} path(s) {what} (first: {first}: {why})",
+                    paths.len()
+                );
+            }
         }
     }
 

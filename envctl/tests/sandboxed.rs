@@ -924,3 +924,38 @@ fn exec_through_the_socket_holds_no_privilege() {
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
     assert!(status.contains("Seccomp:\t2"), "{status}");
 }
+
+#[test]
+fn the_run_summary_names_what_could_not_be_read() {
+    if !sandboxes("the_run_summary_names_what_could_not_be_read") {
+        return;
+    }
+    let ws = Ws::new();
+    // The agent (without capabilities inside) makes a file nobody may read, as dpkg does for
+    // a moment; the supervisor, unless it is root, cannot read it either.
+    let out = ws.run(&[
+        "--json",
+        "run",
+        "--isolate",
+        "host",
+        "--",
+        "sh",
+        "-c",
+        "echo secret > locked && chmod 000 locked && echo ok > fine",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let unreadable: Vec<&str> = summary["unreadable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|u| u["path"].as_str())
+        .collect();
+    if running_as_root() {
+        assert!(unreadable.is_empty(), "root reads everything: {summary}");
+    } else {
+        assert_eq!(unreadable, ["locked"], "{summary}");
+        assert!(ws.read("fine").is_some());
+    }
+    also_unprivileged("the_run_summary_names_what_could_not_be_read");
+}

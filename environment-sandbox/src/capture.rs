@@ -254,6 +254,33 @@ pub struct Captured {
     /// The paths that can never be recorded (longer than the key limit), and why: refused
     /// alone, while the rest of the capture goes on.
     pub refused: Vec<(Vec<u8>, String)>,
+    /// The paths that stayed unreadable past the tracker's bound, and why: recorded with their
+    /// metadata and the [`UNREADABLE`] marker instead of their content.
+    pub without_content: Vec<(Vec<u8>, String)>,
+}
+
+/// The attribute of a value recorded without its content, because the path stayed unreadable
+/// (a mode-000 file of another user, say); it holds why. A restore leaves such a path as it
+/// finds it, and names it when it is missing.
+pub const UNREADABLE: &str = "unreadable";
+
+/// What is known of a path that cannot be read: its type, mode and mtime, and the marker.
+fn without_content(st: &rustix::fs::Stat, why: &str) -> Value {
+    let mode = st.st_mode & 0o7777;
+    let mut v = if fsops::file_type(st) == FileType::Directory {
+        Value::dir()
+    } else {
+        Value::file(Vec::new())
+    }
+    .mode(mode);
+    v.meta.mtime_ns = Some(fsops::mtime_ns(st));
+    v.meta
+        .attributes
+        .insert(UNREADABLE.to_owned(), why.to_owned());
+    v.meta
+        .attributes
+        .insert("unreadable_size".to_owned(), st.st_size.to_string());
+    v
 }
 
 /// Reads `paths` (relative to `root`) as values, in parallel when there are many: `None` for a
@@ -283,6 +310,9 @@ pub(crate) fn read_values(
 
 /// Reads changed paths and commits them.
 pub struct Capturer {
+    /// A file that has stayed unreadable this long (by its ctime: no chmod, no write since) is
+    /// recorded without its content instead of waiting on.
+    pub(crate) unreadable_after: std::time::Duration,
     pub(crate) env: LocalEnvironment,
     pub(crate) root: Root,
     pub(crate) noise: Noise,
@@ -402,6 +432,10 @@ impl Capturer {
             .collect();
         let looked = reader.look_all(&paths, bulk)?;
         let mut refused = Vec::new();
+        let mut marked = Vec::new();
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
         for (rel, seen) in &looked {
             let key = match self.keys.key(rel) {
                 Ok(key) => key,
@@ -412,7 +446,24 @@ impl Capturer {
             };
             match seen {
                 Seen::Skipped => {}
-                Seen::Unreadable(e) => unreadable.push((rel.clone(), e.to_string())),
+                Seen::Unreadable(e) => {
+                    let why = e.to_string();
+                    // Unchanged (no chmod, no write) for longer than the bound: it stays so.
+                    let stays = self.root.lstat(rel_path(rel)).ok().filter(|st| {
+                        now_ns - fsops::ctime_ns(st) >= self.unreadable_after.as_nanos() as i64
+                    });
+                    match stays {
+                        Some(st) => {
+                            let value = without_content(&st, &why);
+                            if self.env.read_unchecked(&key, &head)?.as_ref() != Some(&value) {
+                                all_quiet = false;
+                                changes.insert(key, Some(value));
+                            }
+                            marked.push((rel.clone(), why));
+                        }
+                        None => unreadable.push((rel.clone(), why)),
+                    }
+                }
                 Seen::Gone => {
                     let prefix = self.keys.prefix(rel)?;
                     for (k, _) in self.env.list(&self.actor, &prefix, &head)? {
@@ -467,6 +518,16 @@ impl Capturer {
             if all_quiet {
                 flags |= OpFlags::QUIET;
             }
+            let mut intent = intent;
+            if let Some((first, _)) = marked.first() {
+                intent.text = format!(
+                    "{} ({} path(s) could not be read and are recorded without content; first: \
+                     {})",
+                    intent.text,
+                    marked.len(),
+                    rel_path(first).display()
+                );
+            }
             let mut req = ActRequest::new(actor.unwrap_or(&self.actor).clone(), intent)
                 .on(self.branch.clone())
                 .flags(flags);
@@ -481,6 +542,7 @@ impl Capturer {
             files,
             unreadable,
             refused,
+            without_content: marked,
         })
     }
 

@@ -12,7 +12,7 @@ use environment_core::{Content, EntryKind, KeyChange, LocalEnvironment, OpId, Va
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use serde_like::PlanEntry;
 
-use crate::capture::Capturer;
+use crate::capture::{Capturer, UNREADABLE};
 use crate::error::{Result, SandboxError};
 use crate::fsops;
 use crate::noise::Class;
@@ -205,14 +205,28 @@ impl Capturer {
             let Some(rel) = self.keys.rel(&c.key) else {
                 continue;
             };
+            let path = Path::new(OsStr::from_bytes(rel));
             match &c.after {
+                // Recorded without its content: whatever is there stays; nothing can be made
+                // where nothing is.
+                Some(v) if v.meta.attributes.contains_key(UNREADABLE) => {
+                    if self.root.lstat(path).is_err() {
+                        tree.not_restored
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((
+                                path.to_path_buf(),
+                                "its content could not be read when it was recorded".into(),
+                            ));
+                    }
+                    continue;
+                }
                 Some(v) if matches!(v.meta.kind, EntryKind::File | EntryKind::Symlink) => {
                     run.push((rel, v));
                     continue;
                 }
                 _ => tree.write_files(&mut run, &mut cache)?,
             }
-            let path = Path::new(OsStr::from_bytes(rel));
             match &c.after {
                 None => {
                     tree.remove(path)?;

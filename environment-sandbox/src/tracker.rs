@@ -57,6 +57,12 @@ pub struct TrackerConfig {
     /// cannot be reached is [`SandboxError::Monitor`] in manual mode; in background mode the
     /// tracker rescans instead.
     pub monitor: Option<PathBuf>,
+    /// A path that cannot be read stays pending and is retried; one that has stayed unreadable
+    /// this long (no chmod, no write since, by its ctime) is recorded without its content
+    /// instead, with the [`UNREADABLE`](crate::capture::UNREADABLE) marker and a warning in the
+    /// operation's intent. Long enough for dpkg's mode-0 window (milliseconds), short enough
+    /// that a file another user keeps closed never holds a change back.
+    pub unreadable_after: Duration,
     /// Rescan the whole tree at open when nothing vouches for the changes since the last
     /// capture (no monitor, or one without a baseline). Off for read-only work: the tracker
     /// then captures only what a monitor knows, and later barriers rescan.
@@ -77,6 +83,7 @@ impl TrackerConfig {
             auto: true,
             monitor: None,
             rescan_on_open: true,
+            unreadable_after: Duration::from_secs(10),
         }
     }
 }
@@ -101,6 +108,8 @@ struct Shared {
     unreadable: Mutex<BTreeMap<Vec<u8>, String>>,
     /// The paths no capture can record (longer than the key limit), and why.
     refused: Mutex<BTreeMap<Vec<u8>, String>>,
+    /// The paths recorded without their content (unreadable past the bound), and why.
+    without_content: Mutex<BTreeMap<Vec<u8>, String>>,
     /// What is running while the tree changes (an agent's command), named in the intent of
     /// automatic captures.
     context: Mutex<Option<String>>,
@@ -114,6 +123,7 @@ fn settle(shared: &Shared, batch: &BTreeSet<Vec<u8>>, captured: &Captured) {
     for (set, found) in [
         (&shared.unreadable, unreadable),
         (&shared.refused, &captured.refused),
+        (&shared.without_content, &captured.without_content),
     ] {
         let mut u = lock(set);
         u.retain(|p, _| !batch.contains(p));
@@ -134,6 +144,14 @@ fn settle(shared: &Shared, batch: &BTreeSet<Vec<u8>>, captured: &Captured) {
         );
     }
     keep_pending(shared, unreadable.iter().map(|(p, _)| p.clone()));
+}
+
+/// The paths of a set kept by the tracker, with why each is there.
+fn listed(set: &Mutex<BTreeMap<Vec<u8>, String>>) -> Vec<(PathBuf, String)> {
+    lock(set)
+        .iter()
+        .map(|(p, why)| (PathBuf::from(std::ffi::OsStr::from_bytes(p)), why.clone()))
+        .collect()
 }
 
 fn now_ms() -> i64 {
@@ -307,6 +325,7 @@ impl Tracker {
             ),
         };
         let mut capturer = Capturer {
+            unreadable_after: config.unreadable_after,
             env,
             root,
             noise,
@@ -353,6 +372,7 @@ impl Tracker {
             holds: AtomicU64::new(0),
             unreadable: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(BTreeMap::new()),
+            without_content: Mutex::new(BTreeMap::new()),
             context: Mutex::new(None),
             config,
         });
@@ -507,19 +527,19 @@ impl Tracker {
     /// The paths the last captures could not read (relative to the root), and why. They are
     /// neither recorded nor removed: they stay pending and are captured once they can be read.
     pub fn unreadable(&self) -> Vec<(PathBuf, String)> {
-        lock(&self.shared.unreadable)
-            .iter()
-            .map(|(p, why)| (PathBuf::from(std::ffi::OsStr::from_bytes(p)), why.clone()))
-            .collect()
+        listed(&self.shared.unreadable)
+    }
+
+    /// The paths recorded without their content because they stayed unreadable (relative to
+    /// the root), and why.
+    pub fn without_content(&self) -> Vec<(PathBuf, String)> {
+        listed(&self.shared.without_content)
     }
 
     /// The paths no capture can record (longer than the key limit), relative to the root, and
     /// why: refused alone while everything else is captured; a restore leaves them alone.
     pub fn refused(&self) -> Vec<(PathBuf, String)> {
-        lock(&self.shared.refused)
-            .iter()
-            .map(|(p, why)| (PathBuf::from(std::ffi::OsStr::from_bytes(p)), why.clone()))
-            .collect()
+        listed(&self.shared.refused)
     }
 
     /// The tracked root (canonical).

@@ -447,3 +447,86 @@ fn a_failed_capture_keeps_its_batch_for_the_next() {
     );
     assert_eq!(disk(&work, &no_skip), v);
 }
+
+/// A file that stays unreadable (its ctime older than the tracker's bound) is recorded with
+/// its metadata and the unreadable marker, the operation says so, and a restore leaves what is
+/// on disk alone, naming the path when it is missing.
+fn without_content_scenario(dir: &std::path::Path) {
+    use environment_sandbox::capture::UNREADABLE;
+    let work = dir.join("work");
+    write(&work, "a.txt", b"a\n");
+    write(&work, "locked", b"never read\n");
+    std::fs::set_permissions(work.join("locked"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    // A bound of an hour: the file stays pending.
+    cfg.unreadable_after = Duration::from_secs(3600);
+    let tracker = Tracker::open(env.clone(), cfg.clone()).unwrap();
+    assert!(!view(&env, &env.head("main").unwrap()).contains_key("locked"));
+    assert_eq!(tracker.unreadable().len(), 1);
+    drop(tracker);
+    // A bound already past: recorded without content, named, and said in the intent.
+    cfg.unreadable_after = Duration::ZERO;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let head = env.head("main").unwrap();
+    let key = environment_core::Key::fs("locked").unwrap();
+    let value = env.read_unchecked(&key, &head).unwrap().expect("recorded");
+    assert!(value.meta.attributes.contains_key(UNREADABLE), "{value:?}");
+    assert_eq!(value.meta.mode, 0);
+    assert!(tracker.unreadable().is_empty(), "no longer pending");
+    assert_eq!(tracker.without_content().len(), 1);
+    assert!(
+        env.op(&head)
+            .unwrap()
+            .intent
+            .text
+            .contains("without content")
+    );
+    // Nothing changed since: another capture records nothing.
+    assert!(
+        tracker
+            .capture_now(
+                Intent::new(IntentKind::Capture, "again"),
+                OpFlags::AUTO_CAPTURE
+            )
+            .unwrap()
+            .is_none()
+    );
+    // Readable again: recorded with its content. A restore to the version without it leaves
+    // the file on disk as it is…
+    let agent = ActorId::new("agent:t").unwrap();
+    std::fs::set_permissions(work.join("locked"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    tracker.rescan_now().unwrap();
+    let v = view(&env, &env.head("main").unwrap());
+    assert!(
+        matches!(v.get("locked"), Some(Entry::File { content, .. }) if content == b"never read\n")
+    );
+    let plan = tracker
+        .restore(&agent, &head, Intent::new(IntentKind::Restore, "back"))
+        .unwrap();
+    assert!(plan.not_restored.is_empty(), "{:?}", plan.not_restored);
+    assert_eq!(std::fs::read(work.join("locked")).unwrap(), b"never read\n");
+    // …and names it when it is gone: its content was never known.
+    std::fs::remove_file(work.join("locked")).unwrap();
+    tracker.rescan_now().unwrap();
+    let plan = tracker
+        .restore(&agent, &head, Intent::new(IntentKind::Restore, "again"))
+        .unwrap();
+    assert!(
+        plan.not_restored
+            .iter()
+            .any(|(p, _)| p == std::path::Path::new("locked")),
+        "{:?}",
+        plan.not_restored
+    );
+}
+
+#[test]
+fn a_file_that_stays_unreadable_is_recorded_without_content() {
+    common::as_nobody(
+        "a_file_that_stays_unreadable_is_recorded_without_content",
+        common::always,
+        without_content_scenario,
+    );
+}

@@ -472,6 +472,8 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
             "agent": summary.agent,
             "isolation": described,
             "recorded_as_found": found_after,
+            "unreadable": paths_json(&summary.unreadable),
+            "without_content": paths_json(&summary.without_content),
         }));
     } else {
         let short = |v: &str| v.chars().take(12).collect::<String>();
@@ -496,8 +498,36 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
                 witness()
             );
         }
+        for (label, paths, what) in [
+            (
+                "unreadable:",
+                &summary.unreadable,
+                "could not be read and are not recorded yet",
+            ),
+            (
+                "no content:",
+                &summary.without_content,
+                "stayed unreadable and are recorded without their content",
+            ),
+        ] {
+            if let Some((first, why)) = paths.first() {
+                eprintln!(
+                    "  {label:<14} {} path(s) {what} (first: {}: {why})",
+                    paths.len(),
+                    first.display()
+                );
+            }
+        }
     }
     Ok(status)
+}
+
+/// Paths with why, for `--json`.
+fn paths_json(paths: &[(std::path::PathBuf, String)]) -> serde_json::Value {
+    paths
+        .iter()
+        .map(|(p, why)| json!({"path": p.display().to_string(), "why": why}))
+        .collect()
 }
 
 fn spawn_failure(program: &str, e: SandboxError) -> Failure {

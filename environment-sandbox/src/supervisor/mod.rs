@@ -278,6 +278,10 @@ pub struct Summary {
     pub final_version: String,
     /// How the agent ended, if one ran.
     pub agent: Option<AgentExit>,
+    /// Paths that could not be read at the end (still pending: not recorded), and why.
+    pub unreadable: Vec<(PathBuf, String)>,
+    /// Paths recorded without their content because they stayed unreadable, and why.
+    pub without_content: Vec<(PathBuf, String)>,
 }
 
 /// Runs an agent with its changes captured, its requests answered and authorized.
@@ -584,16 +588,19 @@ impl Supervisor {
             std::mem::take(&mut *self.shared.extra.write().unwrap_or_else(|p| p.into_inner()));
         // Shell processes end with the shell, before the final capture takes what they left.
         *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = ShellHandles::default();
-        for t in extra {
-            final_capture(&t)?;
+        for t in &extra {
+            final_capture(t)?;
         }
-        let captures = match tracker {
+        let captures = match &tracker {
             Some(t) => {
                 let before = t.captures();
-                before + u64::from(final_capture(&t)?)
+                before + u64::from(final_capture(t)?)
             }
             None => 0,
         };
+        let trackers: Vec<&Arc<Tracker>> = tracker.iter().chain(extra.iter()).collect();
+        let unreadable = trackers.iter().flat_map(|t| t.unreadable()).collect();
+        let without_content = trackers.iter().flat_map(|t| t.without_content()).collect();
         let shared = &self.shared;
         let last = shared.env.head(&shared.branch)?;
         let files_changed = shared
@@ -619,6 +626,8 @@ impl Supervisor {
             first_version: self.first.to_string(),
             final_version: last.to_string(),
             agent: self.agent.last_exit(),
+            unreadable,
+            without_content,
         })
     }
 
