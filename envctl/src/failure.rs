@@ -213,6 +213,10 @@ impl From<SandboxError> for Failure {
             SandboxError::Rule { .. } => {
                 Failure::usage(e.to_string()).hint("noise rules use gitignore syntax")
             }
+            SandboxError::SeedUnreadable { .. } => Failure::other(e.to_string()).hint(
+                "seed as the tree's owner, or from a tar archive one makes (`sudo tar -cf \
+                 rootfs.tar -C DIR .`), then `envctl init --rootfs rootfs.tar`",
+            ),
             SandboxError::Watch(_) => Failure::other(e.to_string())
                 .hint("raise fs.inotify.max_user_watches, or ignore large generated directories"),
             other => Failure::other(other.to_string())

@@ -858,3 +858,46 @@ fn a_restore_summarizes_by_top_level_entry() {
     let out = ws.ok(&["restore", &with, "--verbose"]);
     assert!(out.contains("write  .venv/lib/m17.py"), "{out}");
 }
+
+#[test]
+fn an_init_that_cannot_seed_leaves_nothing_half_made() {
+    also_unprivileged("an_init_that_cannot_seed_leaves_nothing_half_made");
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("tree");
+    std::fs::create_dir_all(src.join("etc")).unwrap();
+    std::fs::write(src.join("etc/ok"), "ok\n").unwrap();
+    std::fs::write(src.join("etc/shadow"), "secret\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        src.join("etc/shadow"),
+        std::fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let out = envctl_in(&work, &["init", "--rootfs", src.to_str().unwrap()]);
+    if running_as_root() {
+        assert_eq!(code(&out), 0, "root reads every file: {}", stderr(&out));
+        return;
+    }
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_one_sentence(&stderr(&out));
+    assert!(
+        !work.join(".environment").exists(),
+        "nothing half-made is left"
+    );
+    assert_eq!(
+        code(&envctl_in(&work, &["status"])),
+        3,
+        "not an environment"
+    );
+    // Once the tree can be read, init works.
+    std::fs::set_permissions(
+        src.join("etc/shadow"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let out = envctl_in(&work, &["init", "--rootfs", src.to_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(work.join(".environment/rootfs/etc/shadow").exists());
+}

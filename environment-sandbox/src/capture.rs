@@ -1,6 +1,6 @@
 //! Capture: read what changed on disk and commit it as one operation.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -152,7 +152,7 @@ impl Reader<'_> {
                 }
             }
         };
-        Ok(Seen::Present(value, StatEntry::of(&st), class))
+        Ok(Seen::Present(value, StatEntry::of(&st), class, 1))
     }
 
     /// Reads a regular file, again if it changed while being read (fstat before and after).
@@ -233,6 +233,7 @@ impl Reader<'_> {
                 Value { content, meta },
                 StatEntry::of(&before),
                 class,
+                before.st_nlink,
             ));
         }
         // It keeps changing: leave it for the next capture rather than record a torn read.
@@ -258,6 +259,11 @@ pub struct Captured {
     /// metadata and the [`UNREADABLE`] marker instead of their content.
     pub without_content: Vec<(Vec<u8>, String)>,
 }
+
+/// The attribute of a file that is one of several hard links to one inode in the tree: the
+/// first of their paths (in byte order), the same in every member's value, so that a restore
+/// links them again.
+pub const HARDLINK: &str = "hardlink";
 
 /// The attribute of a value recorded without its content, because the path stayed unreadable
 /// (a mode-000 file of another user, say); it holds why. A restore leaves such a path as it
@@ -299,7 +305,7 @@ pub(crate) fn read_values(
         .look_all(&paths, bulk)?
         .into_iter()
         .filter_map(|(rel, seen)| match seen {
-            Seen::Present(v, _, _) => Some(Ok((rel, Some(v)))),
+            Seen::Present(v, ..) => Some(Ok((rel, Some(v)))),
             Seen::Gone => Some(Ok((rel, None))),
             Seen::Skipped => None,
             // A fork's layer is read once: what cannot be read is an error, never dropped.
@@ -378,7 +384,9 @@ fn same_content(file: &mut File, content: &Content) -> Result<bool> {
 /// What one path looks like now.
 enum Seen {
     Gone,
-    Present(Value, StatEntry, Class),
+    /// Its value, its stat, its class, and its link count (a regular file's: more than one
+    /// is a hard-link group).
+    Present(Value, StatEntry, Class, u64),
     Skipped,
     /// Cannot be read now (a mode-000 file, a directory on the way that may not be searched, a
     /// file swapped for another kind mid-read): neither recorded nor removed, and kept pending.
@@ -430,7 +438,8 @@ impl Capturer {
             .map(Vec::as_slice)
             .filter(|r| !r.is_empty())
             .collect();
-        let looked = reader.look_all(&paths, bulk)?;
+        let mut looked = reader.look_all(&paths, bulk)?;
+        self.link_groups(&reader, &mut looked, bulk)?;
         let mut refused = Vec::new();
         let mut marked = Vec::new();
         let now_ns = std::time::SystemTime::now()
@@ -479,8 +488,8 @@ impl Capturer {
                 }
                 // As last recorded or written (a restore's own write, seen again through a
                 // monitor): unchanged, whatever the head says now.
-                Seen::Present(_, stat, _) if self.cache.lookup(rel)? == Some(*stat) => {}
-                Seen::Present(value, stat, class) => {
+                Seen::Present(_, stat, ..) if self.cache.lookup(rel)? == Some(*stat) => {}
+                Seen::Present(value, stat, class, _) => {
                     let before = self.env.read_unchecked(&key, &head)?;
                     if before.as_ref() != Some(value) {
                         if *class != Class::Quiet {
@@ -544,6 +553,63 @@ impl Capturer {
             refused,
             without_content: marked,
         })
+    }
+
+    /// Hard links: every path of a group is looked at with any of them (a write through one
+    /// changes them all, and inotify names only the path written; a link removed changes the
+    /// others' link count), and each member's value names its group by the group's first path.
+    fn link_groups(&self, reader: &Reader<'_>, looked: &mut Vec<Looked>, bulk: bool) -> Result<()> {
+        let known: HashSet<Vec<u8>> = looked.iter().map(|(p, _)| p.clone()).collect();
+        let mut more = BTreeSet::new();
+        for (rel, seen) in looked.iter() {
+            let ino = match seen {
+                Seen::Present(v, st, _, links) if *links > 1 && v.meta.kind == EntryKind::File => {
+                    Some(st.ino)
+                }
+                Seen::Gone => self
+                    .cache
+                    .lookup(rel)?
+                    .filter(|e| FileType::from_raw_mode(e.mode) == FileType::RegularFile)
+                    .map(|e| e.ino),
+                _ => None,
+            };
+            if let Some(ino) = ino {
+                for p in self.cache.paths_with_ino(ino)? {
+                    if !known.contains(&p) {
+                        more.insert(p);
+                    }
+                }
+            }
+        }
+        if !more.is_empty() {
+            let extra: Vec<&[u8]> = more.iter().map(Vec::as_slice).collect();
+            let found = reader.look_all(&extra, bulk)?;
+            looked.extend(found);
+        }
+        // Members of one inode: the same inode number, checked on the same device.
+        let mut groups: HashMap<(u64, u64), Vec<usize>> = HashMap::new();
+        for (i, (rel, seen)) in looked.iter().enumerate() {
+            if let Seen::Present(v, st, _, links) = seen
+                && *links > 1
+                && v.meta.kind == EntryKind::File
+                && let Ok(now) = self.root.lstat(rel_path(rel))
+                && now.st_ino == st.ino
+            {
+                groups.entry((now.st_dev, st.ino)).or_default().push(i);
+            }
+        }
+        for members in groups.values().filter(|m| m.len() > 1) {
+            let Some(first) = members.iter().map(|i| &looked[*i].0).min().cloned() else {
+                continue;
+            };
+            let label = String::from_utf8_lossy(&first).into_owned();
+            for i in members {
+                if let Seen::Present(v, ..) = &mut looked[*i].1 {
+                    v.meta.attributes.insert(HARDLINK.to_owned(), label.clone());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Walks the whole tree and returns the paths whose stat differs from the cache, plus those

@@ -60,6 +60,17 @@ pub enum SandboxError {
         /// What is wrong.
         detail: String,
     },
+    /// A rootfs seed source this user cannot fully read: refused before anything was written.
+    #[error(
+        "{count} entries of the rootfs source cannot be read by this user (first: {}); nothing was seeded",
+        first.display()
+    )]
+    SeedUnreadable {
+        /// How many files and directories cannot be read.
+        count: usize,
+        /// The first of them, relative to the source.
+        first: PathBuf,
+    },
     /// A rootfs seed entry that would land outside the destination, or cannot be created:
     /// refused before anything was written.
     #[error("rootfs seed entry {entry}: {reason}; nothing was written")]

@@ -12,7 +12,7 @@ use environment_core::{Content, EntryKind, KeyChange, LocalEnvironment, OpId, Va
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use serde_like::PlanEntry;
 
-use crate::capture::{Capturer, UNREADABLE};
+use crate::capture::{Capturer, HARDLINK, UNREADABLE};
 use crate::error::{Result, SandboxError};
 use crate::fsops;
 use crate::noise::Class;
@@ -197,6 +197,7 @@ impl Capturer {
     pub(crate) fn apply(&self, changes: &[KeyChange]) -> Result<Applied> {
         let mut cache = Vec::new();
         let mut run: Vec<(&[u8], &Value)> = Vec::new();
+        let mut links: Vec<(&[u8], &Value)> = Vec::new();
         let tree = self.tree_writer();
         // Read-only directories are written as tar and rsync do: made writable while their
         // contents change, and given their final mode last, deepest first.
@@ -219,6 +220,17 @@ impl Capturer {
                                 "its content could not be read when it was recorded".into(),
                             ));
                     }
+                    continue;
+                }
+                // A hard link of a group whose first path is another: linked to it once that
+                // one is written.
+                Some(v)
+                    if v.meta
+                        .attributes
+                        .get(HARDLINK)
+                        .is_some_and(|l| l.as_bytes() != rel) =>
+                {
+                    links.push((rel, v));
                     continue;
                 }
                 Some(v) if matches!(v.meta.kind, EntryKind::File | EntryKind::Symlink) => {
@@ -244,6 +256,7 @@ impl Capturer {
             }
         }
         tree.write_files(&mut run, &mut cache)?;
+        tree.write_files(&mut links, &mut cache)?;
         let mut finals: Vec<_> = finals.into_iter().collect();
         finals
             .sort_by_key(|(rel, _)| std::cmp::Reverse(rel.iter().filter(|b| **b == b'/').count()));
@@ -595,6 +608,13 @@ impl TreeWriter<'_> {
                 rustix::fs::mknodat(&dir, tmp, FileType::Fifo, mode, 0)
                     .map_err(|e| SandboxError::io("mkfifo", path)(errno(e)))?;
             }
+            _ if self.link_to_first(path, v, &dir, tmp)? => {
+                if existing.is_some_and(|st| Some(st.st_ino) == self.first_ino(v)) {
+                    // Already a link of the group: nothing to do but drop the new name.
+                    let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
+                    return Ok(existing.map(|st| StatEntry::of(&st)));
+                }
+            }
             _ => {
                 let fd = rustix::fs::openat(
                     &dir,
@@ -625,6 +645,36 @@ impl TreeWriter<'_> {
         let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| SandboxError::io("lstat", path)(errno(e)))?;
         Ok(Some(StatEntry::of(&st)))
+    }
+}
+
+impl TreeWriter<'_> {
+    /// The inode of the first path of `v`'s hard-link group, as it is on disk.
+    fn first_ino(&self, v: &Value) -> Option<u64> {
+        let first = v.meta.attributes.get(HARDLINK)?;
+        let st = self.root.lstat(Path::new(first.as_str())).ok()?;
+        (fsops::file_type(&st) == FileType::RegularFile).then_some(st.st_ino)
+    }
+
+    /// Makes `tmp` (in `dir`, beside `name`) a hard link of the first path of `v`'s group, when
+    /// `v` is a member of one other than its first and that path holds a regular file of the
+    /// group's size (written before the members: see `apply`). False: write the content.
+    fn link_to_first(&self, path: &Path, v: &Value, dir: &OwnedFd, tmp: &str) -> Result<bool> {
+        let Some(first) = v.meta.attributes.get(HARDLINK) else {
+            return Ok(false);
+        };
+        let first = Path::new(first.as_str());
+        if first == path || v.meta.kind != EntryKind::File {
+            return Ok(false);
+        }
+        let Ok((first_dir, first_name)) = self.root.parent(first) else {
+            return Ok(false);
+        };
+        let fits =
+            rustix::fs::statat(&first_dir, first_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+                fsops::file_type(&st) == FileType::RegularFile && st.st_size as u64 == v.meta.size
+            });
+        Ok(fits && rustix::fs::linkat(&first_dir, first_name, dir, tmp, AtFlags::empty()).is_ok())
     }
 }
 

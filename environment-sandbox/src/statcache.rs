@@ -66,6 +66,7 @@ impl StatCache {
             "CREATE TABLE IF NOT EXISTS stat_cache(scope TEXT NOT NULL, path BLOB NOT NULL, size INTEGER NOT NULL,
                  mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, mode INTEGER NOT NULL,
                  PRIMARY KEY(scope, path)) WITHOUT ROWID;
+             CREATE INDEX IF NOT EXISTS stat_cache_ino ON stat_cache(scope, ino);
              CREATE TABLE IF NOT EXISTS restore_intent(scope TEXT PRIMARY KEY, target TEXT NOT NULL, started_ms INTEGER NOT NULL);",
         )?;
         // What a restore meant to do, so that a crash mid-way can be finished (added later:
@@ -138,6 +139,15 @@ impl StatCache {
                 })
             })
             .optional()?)
+    }
+
+    /// The cached paths of inode `ino`: the other links of a hard-linked file.
+    pub fn paths_with_ino(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT path FROM stat_cache WHERE scope = ?1 AND ino = ?2")?;
+        let rows = stmt.query_map(params![self.scope, ino as i64], |r| r.get(0))?;
+        Ok(rows.collect::<std::result::Result<_, _>>()?)
     }
 
     /// Every cached path (loads the whole cache: for rescans).

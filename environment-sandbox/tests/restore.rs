@@ -481,3 +481,63 @@ fn device_nodes_are_made_or_named_and_sockets_made() {
         special_files_scenario,
     );
 }
+
+/// Hard links: a write through one link is recorded for every link of the group (inotify
+/// names only the path written), and a restore makes them one inode again.
+fn hard_link_scenario(dir: &std::path::Path) {
+    use environment_core::{ActorId, LocalEnvironment, Options};
+    use environment_sandbox::{Tracker, TrackerConfig};
+    let work = dir.join("work");
+    write(&work, "a/one", b"shared\n");
+    std::fs::create_dir_all(work.join("b")).unwrap();
+    std::fs::hard_link(work.join("a/one"), work.join("b/two")).unwrap();
+    std::fs::hard_link(work.join("a/one"), work.join("three")).unwrap();
+    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let agent = ActorId::new("agent:t").unwrap();
+    let first = env.head("main").unwrap();
+    let step = || {
+        tracker
+            .capture_now(Intent::new(IntentKind::Command, "step"), OpFlags::COMMAND)
+            .unwrap()
+    };
+    // Through one link: the watcher sees a/one only, the version has all three changed.
+    std::fs::write(work.join("a/one"), "changed through one\n").unwrap();
+    step();
+    let changed = env.head("main").unwrap();
+    assert_eq!(view(&env, &changed), disk(&work, &no_skip));
+    // Back: one inode again, three names, the old content.
+    tracker
+        .restore(&agent, &first, Intent::new(IntentKind::Restore, "back"))
+        .unwrap();
+    let ino = |p: &str| std::fs::metadata(work.join(p)).unwrap().ino();
+    assert_eq!(ino("a/one"), ino("b/two"));
+    assert_eq!(ino("a/one"), ino("three"));
+    assert_eq!(std::fs::read(work.join("three")).unwrap(), b"shared\n");
+    assert_eq!(disk(&work, &no_skip), view(&env, &first));
+    // A link removed and the group broken up: restored as a group all the same.
+    std::fs::remove_file(work.join("b/two")).unwrap();
+    std::fs::remove_file(work.join("three")).unwrap();
+    std::fs::write(work.join("three"), "alone\n").unwrap();
+    step();
+    let v = view(&env, &env.head("main").unwrap());
+    assert!(!v.contains_key("b/two"));
+    tracker
+        .restore(&agent, &first, Intent::new(IntentKind::Restore, "again"))
+        .unwrap();
+    assert_eq!(ino("a/one"), ino("b/two"));
+    assert_eq!(ino("a/one"), ino("three"));
+    assert_eq!(std::fs::metadata(work.join("three")).unwrap().nlink(), 3);
+    assert_eq!(disk(&work, &no_skip), view(&env, &first));
+}
+
+#[test]
+fn hard_link_groups_are_captured_and_restored_as_groups() {
+    common::both(
+        "hard_link_groups_are_captured_and_restored_as_groups",
+        common::always,
+        hard_link_scenario,
+    );
+}

@@ -259,3 +259,72 @@ fn seeding_refuses_a_non_empty_destination() {
     assert_eq!(std::fs::read(dest.join("keep")).unwrap(), b"mine\n");
     assert!(!dest.join("etc").exists());
 }
+
+/// Seeding from a directory keeps hard links and modification times, as the tar seed does;
+/// a tree this user cannot fully read is refused before anything is written.
+fn seed_dir_scenario(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let src = dir.join("src");
+    write(&src, "usr/bin/tool", b"#!/bin/sh\n");
+    write(&src, "etc/conf", b"x = 1\n");
+    std::fs::hard_link(src.join("usr/bin/tool"), src.join("usr/bin/tool-alias")).unwrap();
+    std::os::unix::fs::symlink("tool", src.join("usr/bin/link")).unwrap();
+    let old = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 0,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 0,
+        },
+    };
+    for p in ["etc/conf", "usr/bin/link", "usr/bin", "usr"] {
+        rustix::fs::utimensat(
+            rustix::fs::CWD,
+            src.join(p),
+            &old,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+    }
+    let dest = dir.join("rootfs");
+    Rootfs::seed_from_dir(&src, &dest).unwrap();
+    let meta = |p: &str| std::fs::symlink_metadata(dest.join(p)).unwrap();
+    assert_eq!(meta("usr/bin/tool").ino(), meta("usr/bin/tool-alias").ino());
+    for p in ["etc/conf", "usr/bin/link", "usr/bin", "usr"] {
+        assert_eq!(meta(p).mtime(), 1_000_000_000, "{p}");
+    }
+    // Unreadable to this user: refused whole, nothing written.
+    let locked = dir.join("locked-src");
+    write(&locked, "ok", b"fine\n");
+    write(&locked, "etc/shadow", b"secret\n");
+    std::fs::set_permissions(
+        locked.join("etc/shadow"),
+        std::fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    let dest = dir.join("rootfs-2");
+    let result = Rootfs::seed_from_dir(&locked, &dest);
+    if rustix::process::geteuid().is_root() {
+        result.unwrap();
+    } else {
+        assert!(
+            matches!(
+                result,
+                Err(environment_sandbox::SandboxError::SeedUnreadable { count: 1, .. })
+            ),
+            "{result:?}"
+        );
+        assert!(!dest.exists(), "nothing written");
+    }
+}
+
+#[test]
+fn a_directory_seed_keeps_links_and_times_and_refuses_what_it_cannot_read() {
+    common::both(
+        "a_directory_seed_keeps_links_and_times_and_refuses_what_it_cannot_read",
+        common::always,
+        seed_dir_scenario,
+    );
+}

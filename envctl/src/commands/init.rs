@@ -44,10 +44,19 @@ pub fn run(
         .canonicalize()
         .map_err(|e| Failure::io("resolve", &dir, e))?;
     let marker = dir.join(MARKER);
+    // What a home given with --home held before: a failed init leaves exactly that.
+    let kept: Option<Vec<std::ffi::OsString>> = home.filter(|h| h.exists()).map(|h| {
+        std::fs::read_dir(h)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect()
+    });
     let home = match home {
         None => {
             std::fs::create_dir(&marker).map_err(|e| Failure::io("create", &marker, e))?;
-            marker
+            marker.clone()
         }
         Some(h) => {
             std::fs::create_dir_all(h).map_err(|e| Failure::io("create", h, e))?;
@@ -62,10 +71,22 @@ pub fn run(
         home,
         credentials: Default::default(),
     };
-    let session = Session::open(ws.clone(), actor)?;
-    let rootfs_at = match rootfs {
-        Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),
-        None => None,
+    // The rootfs first, so that the first capture takes it too; an init that fails takes back
+    // what it made, so that nothing half-made is left for `status` to accept and a second
+    // `init` to refuse.
+    let made = (|| -> Outcome<_> {
+        let rootfs_at = match rootfs {
+            Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),
+            None => None,
+        };
+        Ok((Session::open(ws.clone(), actor)?, rootfs_at))
+    })();
+    let (session, rootfs_at) = match made {
+        Ok(m) => m,
+        Err(f) => {
+            take_back(&ws.home, &marker, kept.as_deref());
+            return Err(f);
+        }
     };
     let head = session.head()?;
     let files = session.env.op(&head)?.summary.total();
@@ -90,6 +111,25 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+/// Removes what a failed `init` made: the marker, and the home, or, if the home was there
+/// before, what init put in it (`kept` names what was there).
+fn take_back(home: &Path, marker: &Path, kept: Option<&[std::ffi::OsString]>) {
+    match kept {
+        None => {
+            let _ = std::fs::remove_dir_all(home);
+        }
+        Some(kept) => {
+            for entry in std::fs::read_dir(home).into_iter().flatten().flatten() {
+                if !kept.contains(&entry.file_name()) {
+                    let p = entry.path();
+                    let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(marker).or_else(|_| std::fs::remove_dir_all(marker));
 }
 
 /// Copies a directory tree, or unpacks a tar file, into `dest`.

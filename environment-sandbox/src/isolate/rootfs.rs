@@ -1,9 +1,10 @@
 //! Seeding a managed rootfs: a directory owned by the user that the launcher maps to root
 //! inside ([`super::Root::Rootfs`]).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Result, SandboxError};
@@ -11,50 +12,62 @@ use crate::error::{Result, SandboxError};
 /// Seeds rootfs directories.
 ///
 /// Device nodes, fifos and sockets are skipped (an unprivileged user cannot create device
-/// nodes; the launcher provides `/dev`). Ownership is not kept: everything belongs to the user,
+/// nodes; the launcher provides `/dev`). Hard links and modification times are kept. Ownership is not kept: everything belongs to the user,
 /// which is root inside.
 #[derive(Clone, Copy, Debug)]
 pub struct Rootfs;
 
 impl Rootfs {
     /// Copies the tree at `src` into `dest` (created if missing, else it must be empty):
-    /// files with their modes, directories, symbolic links as they are (never followed).
-    /// Returns the number of entries written.
+    /// files with their modes and modification times, hard links as links (as the tar seed
+    /// keeps them), directories, symbolic links as they are (never followed). The whole tree is
+    /// looked at first: one that this user cannot fully read is refused with
+    /// [`SandboxError::SeedUnreadable`] before anything is written. Returns the number of
+    /// entries written.
     pub fn seed_from_dir(src: &Path, dest: &Path) -> Result<u64> {
+        let entries = survey(src)?;
         empty_dest(dest)?;
         let mut count = 0;
         let mut dirs = Vec::new();
-        let mut stack = vec![PathBuf::new()];
-        while let Some(rel) = stack.pop() {
-            let from = src.join(&rel);
-            let entries = std::fs::read_dir(&from).map_err(SandboxError::io("read_dir", &from))?;
-            for entry in entries {
-                let entry = entry.map_err(SandboxError::io("read_dir", &from))?;
-                let rel = rel.join(entry.file_name());
-                let (from, to) = (src.join(&rel), dest.join(&rel));
-                let meta =
-                    std::fs::symlink_metadata(&from).map_err(SandboxError::io("lstat", &from))?;
-                let ft = meta.file_type();
-                if ft.is_dir() {
-                    std::fs::create_dir(&to).map_err(SandboxError::io("mkdir", &to))?;
-                    dirs.push((to, meta.permissions()));
-                    stack.push(rel);
-                } else if ft.is_symlink() {
-                    let target =
-                        std::fs::read_link(&from).map_err(SandboxError::io("readlink", &from))?;
-                    std::os::unix::fs::symlink(&target, &to)
-                        .map_err(SandboxError::io("symlink", &to))?;
-                } else if ft.is_file() {
-                    std::fs::copy(&from, &to).map_err(SandboxError::io("copy", &to))?;
-                } else {
-                    continue;
+        // The first copy of each inode with several links: the others are links to it.
+        let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
+        for (rel, meta) in &entries {
+            let (from, to) = (src.join(rel), dest.join(rel));
+            let ft = meta.file_type();
+            if ft.is_dir() {
+                std::fs::create_dir(&to).map_err(SandboxError::io("mkdir", &to))?;
+                dirs.push((to, meta.clone()));
+            } else if ft.is_symlink() {
+                let target =
+                    std::fs::read_link(&from).map_err(SandboxError::io("readlink", &from))?;
+                std::os::unix::fs::symlink(&target, &to)
+                    .map_err(SandboxError::io("symlink", &to))?;
+                set_times(&to, meta)?;
+            } else if ft.is_file() {
+                let id = (meta.dev(), meta.ino());
+                match linked.get(&id) {
+                    Some(first) if meta.nlink() > 1 => {
+                        std::fs::hard_link(first, &to).map_err(SandboxError::io("link", &to))?;
+                    }
+                    _ => {
+                        std::fs::copy(&from, &to).map_err(SandboxError::io("copy", &to))?;
+                        set_times(&to, meta)?;
+                        if meta.nlink() > 1 {
+                            linked.insert(id, to.clone());
+                        }
+                    }
                 }
-                count += 1;
+            } else {
+                continue;
             }
+            count += 1;
         }
-        // Directory modes last, deepest first, so a read-only directory could still be filled.
-        for (dir, perm) in dirs.into_iter().rev() {
-            std::fs::set_permissions(&dir, perm).map_err(SandboxError::io("chmod", &dir))?;
+        // Directory modes and times last, deepest first, so a read-only directory could still
+        // be filled and its time is not moved by what went into it.
+        for (dir, meta) in dirs.into_iter().rev() {
+            std::fs::set_permissions(&dir, meta.permissions())
+                .map_err(SandboxError::io("chmod", &dir))?;
+            set_times(&dir, &meta)?;
         }
         Ok(count + confine_package_tools(dest)?)
     }
@@ -100,6 +113,70 @@ impl Rootfs {
         }
         Ok(count + confine_package_tools(dest)?)
     }
+}
+
+/// Every entry of the tree at `src` (parents before children) with its `lstat`, after checking
+/// that this user can read all of it: each directory listed, each file opened.
+fn survey(src: &Path) -> Result<Vec<(PathBuf, std::fs::Metadata)>> {
+    let mut entries = Vec::new();
+    let mut unreadable: Vec<PathBuf> = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(dir) = stack.pop() {
+        let from = src.join(&dir);
+        let listing = match std::fs::read_dir(&from) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                unreadable.push(dir);
+                continue;
+            }
+            Err(e) => return Err(SandboxError::io("read_dir", &from)(e)),
+        };
+        for entry in listing {
+            let entry = entry.map_err(SandboxError::io("read_dir", &from))?;
+            let rel = dir.join(entry.file_name());
+            let path = src.join(&rel);
+            let meta =
+                std::fs::symlink_metadata(&path).map_err(SandboxError::io("lstat", &path))?;
+            if meta.is_dir() {
+                stack.push(rel.clone());
+            } else if meta.is_file()
+                && let Err(e) = File::open(&path)
+            {
+                if e.kind() != std::io::ErrorKind::PermissionDenied {
+                    return Err(SandboxError::io("open", &path)(e));
+                }
+                unreadable.push(rel);
+                continue;
+            }
+            entries.push((rel, meta));
+        }
+    }
+    if let Some(first) = unreadable.first() {
+        return Err(SandboxError::SeedUnreadable {
+            count: unreadable.len(),
+            first: first.clone(),
+        });
+    }
+    Ok(entries)
+}
+
+/// Gives `path` (never followed) the access and modification times of `meta`.
+fn set_times(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    let ts = |secs: i64, nsecs: i64| rustix::fs::Timespec {
+        tv_sec: secs,
+        tv_nsec: nsecs as _,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: ts(meta.atime(), meta.atime_nsec()),
+        last_modification: ts(meta.mtime(), meta.mtime_nsec()),
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        path,
+        &times,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| SandboxError::io("set the times of", path)(e.into()))
 }
 
 /// Where apt is told how to work in the sandbox.
