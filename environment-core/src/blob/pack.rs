@@ -231,7 +231,8 @@ pub(super) struct PackSweep {
 /// The packs of one blob store.
 pub(super) struct Packs {
     dir: PathBuf,
-    /// Read through [`Packs::index`], which loads it first.
+    /// Read through [`Packs::index`], which loads it first, where the whole map is needed
+    /// (lookups); this process's own packs and appends are in it from the start.
     index: RwLock<Index>,
     /// The indexes were read once: from then on [`Packs::refresh`] reads only what is new.
     loaded: std::sync::atomic::AtomicBool,
@@ -456,7 +457,10 @@ impl Packs {
 
     /// Appends a blob unless it is already packed. `bytes` hash to `hash`.
     pub fn put(&self, hash: Hash, bytes: &[u8]) -> Result<(), BlobError> {
-        let found = self.index().ok().and_then(|l| l.read().ok()).and_then(|i| {
+        // Before the indexes are read, only what this process packed is known: a blob packed
+        // by an earlier process is packed again rather than every index read for a few writes
+        // (a command that writes a few blobs costs what it writes; collection keeps one copy).
+        let found = self.index.read().ok().and_then(|i| {
             let loc = i.map.get(&hash).copied()?;
             Some((
                 loc,
@@ -481,7 +485,9 @@ impl Packs {
     /// and makes the new copy the one the map names.
     fn append(&self, hash: Hash, bytes: &[u8], moving: bool) -> Result<(), BlobError> {
         let mut active = self.active.lock().map_err(|_| poisoned(&self.dir))?;
-        if !moving && self.known(&hash) {
+        // Appended by another thread meanwhile? (The map as it is: loading the indexes takes
+        // the lock held here.)
+        if !moving && self.index.read().is_ok_and(|i| i.map.contains_key(&hash)) {
             return Ok(());
         }
         if active.as_ref().is_none_or(|a| a.data_len >= PACK_TARGET) {
@@ -511,7 +517,7 @@ impl Packs {
         if a.pending.len() >= PENDING_MAX {
             self.write_pending(a)?;
         }
-        self.index()?
+        self.index
             .write()
             .map_err(|_| poisoned(&self.dir))?
             .map
@@ -579,7 +585,7 @@ impl Packs {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&self.dir))?;
-        let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
+        let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
         let id = index.packs.len() as u32;
         index.packs.push(Pack {
             name: name.clone(),
@@ -605,7 +611,7 @@ impl Packs {
     /// descriptor drops), it is a pack like any other process's from now on.
     fn seal(&self, mut a: Active) -> Result<(), BlobError> {
         self.write_pending(&mut a)?;
-        let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
+        let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
         let pack = &mut index.packs[a.id as usize];
         pack.ours = false;
         pack.idx_read = a.idx_len;
@@ -661,19 +667,19 @@ impl Packs {
     }
 
     fn durable_len(&self, id: u32) -> Result<u64, BlobError> {
-        let index = self.index()?.read().map_err(|_| poisoned(&self.dir))?;
+        let index = self.index.read().map_err(|_| poisoned(&self.dir))?;
         Ok(index.packs[id as usize].durable)
     }
 
     fn mark_durable(&self, id: u32, len: u64) -> Result<(), BlobError> {
-        let mut index = self.index()?.write().map_err(|_| poisoned(&self.dir))?;
+        let mut index = self.index.write().map_err(|_| poisoned(&self.dir))?;
         let pack = &mut index.packs[id as usize];
         pack.durable = pack.durable.max(len);
         Ok(())
     }
 
     fn name_of(&self, id: u32) -> Result<String, BlobError> {
-        let index = self.index()?.read().map_err(|_| poisoned(&self.dir))?;
+        let index = self.index.read().map_err(|_| poisoned(&self.dir))?;
         Ok(index.packs[id as usize].name.clone())
     }
 
