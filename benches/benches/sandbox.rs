@@ -15,12 +15,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use environment_benches::{bench_mode, gen_tree, mutate, small_files};
 use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, OpId, Options};
 use environment_sandbox::{ForkConfig, Forks, Tracker, TrackerConfig};
-
-fn bench_mode() -> bool {
-    std::env::args().any(|a| a == "--bench")
-}
 
 /// Whether a run filtered by name (`cargo bench --bench sandbox -- fork`) measures `group`: a
 /// group left out does not build its tree (minutes for the reference shape).
@@ -30,52 +27,6 @@ fn wanted(group: &str) -> bool {
         .filter(|a| !a.starts_with('-'))
         .collect();
     filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()))
-}
-
-fn gen_tree(dir: &Path) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads/gen_tree.py");
-    let mut cmd = Command::new("python3");
-    cmd.arg(&script).arg("make").arg(dir).args(["--large", ""]);
-    if !bench_mode() {
-        cmd.args(["--files", "2000", "--dirs", "150"]);
-    }
-    let out = cmd.output().expect("python3 runs gen_tree.py");
-    assert!(
-        out.status.success(),
-        "gen_tree.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn small_files(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            let ft = e.file_type().unwrap();
-            if ft.is_dir() {
-                if e.file_name() != ".git" {
-                    stack.push(e.path());
-                }
-            } else if !e.file_name().to_string_lossy().starts_with("big") {
-                out.push(e.path());
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Appends a line to `n` files, round robin from `*next`.
-fn mutate(files: &[PathBuf], n: usize, next: &mut usize) {
-    use std::io::Write;
-    for _ in 0..n {
-        let p = &files[*next % files.len()];
-        *next += 7919;
-        let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
-        writeln!(f, "mutated {next}").unwrap();
-    }
 }
 
 fn sh(dir: &Path, cmd: &str) {
@@ -117,7 +68,7 @@ fn fixture() -> Fixture {
     let mut cfg = TrackerConfig::new(&tree, ActorId::new("service:watcher").unwrap());
     cfg.auto = false;
     let tracker = Tracker::open(env.clone(), cfg).unwrap();
-    let files = small_files(&tree);
+    let files = small_files(&tree, &[".git"]);
     let scratch = dir.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     Fixture {

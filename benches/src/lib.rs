@@ -1,1 +1,61 @@
-//! Benches live in `benches/`.
+//! What the benches share: the reference trees of `shared/workloads/gen_tree.py` and the
+//! mutations they time. The benches themselves live in `benches/` (and envctl's in its own).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Whether this is a measured run (`cargo bench`), not the run once as a test.
+pub fn bench_mode() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// Makes the reference tree `repo-100k-small` at `dir` (100,000 files, no large ones) when
+/// measuring, a tree of 2,000 files otherwise.
+pub fn gen_tree(dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads/gen_tree.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).arg("make").arg(dir).args(["--large", ""]);
+    if !bench_mode() {
+        cmd.args(["--files", "2000", "--dirs", "150"]);
+    }
+    let out = cmd.output().expect("python3 runs gen_tree.py");
+    assert!(
+        out.status.success(),
+        "gen_tree.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The small files of a tree (not the large `big*` ones), sorted, skipping the directories
+/// named in `skip` (a repository, an environment's home).
+pub fn small_files(root: &Path, skip: &[&str]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name();
+            if e.file_type().unwrap().is_dir() {
+                if !skip.iter().any(|s| name == *s) {
+                    stack.push(e.path());
+                }
+            } else if !name.to_string_lossy().starts_with("big") {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Appends a line to `n` files, round robin from `*next`.
+pub fn mutate(files: &[PathBuf], n: usize, next: &mut usize) {
+    use std::io::Write;
+    for _ in 0..n {
+        let p = &files[*next % files.len()];
+        *next += 7919;
+        let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+        writeln!(f, "mutated {next}").unwrap();
+    }
+}

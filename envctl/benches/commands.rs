@@ -7,62 +7,13 @@
 //! small tree.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use environment_benches::{gen_tree, mutate, small_files};
 
 const ENVCTL: &str = env!("CARGO_BIN_EXE_envctl");
-
-fn bench_mode() -> bool {
-    std::env::args().any(|a| a == "--bench")
-}
-
-fn gen_tree(dir: &Path) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads/gen_tree.py");
-    let mut cmd = Command::new("python3");
-    cmd.arg(&script).arg("make").arg(dir).args(["--large", ""]);
-    if !bench_mode() {
-        cmd.args(["--files", "2000", "--dirs", "150"]);
-    }
-    let out = cmd.output().expect("python3 runs gen_tree.py");
-    assert!(
-        out.status.success(),
-        "gen_tree.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn files_of(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            let name = e.file_name();
-            if e.file_type().unwrap().is_dir() {
-                if name != ".environment" {
-                    stack.push(e.path());
-                }
-            } else if name != ".environment" {
-                out.push(e.path());
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Appends a line to `n` files, round robin from `*next`.
-fn mutate(files: &[PathBuf], n: usize, next: &mut usize) {
-    use std::io::Write;
-    for _ in 0..n {
-        let p = &files[*next % files.len()];
-        *next += 7919;
-        let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
-        writeln!(f, "mutated {next}").unwrap();
-    }
-}
 
 fn run(dir: &Path, program: &str, args: &[&str]) {
     let out = Command::new(program)
@@ -86,7 +37,7 @@ fn commands(c: &mut Criterion) {
     let tmp = tempfile::tempdir().unwrap();
     let tree = tmp.path().join("tree");
     gen_tree(&tree);
-    let files = files_of(&tree);
+    let files = small_files(&tree, &[".environment"]);
     run(&tree, ENVCTL, &["init"]);
     // The first command after init finds the monitor init started, with its baseline.
     run(&tree, ENVCTL, &["status"]);
