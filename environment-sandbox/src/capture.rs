@@ -561,26 +561,35 @@ impl Capturer {
     fn link_groups(&self, reader: &Reader<'_>, looked: &mut Vec<Looked>, bulk: bool) -> Result<()> {
         let known: HashSet<Vec<u8>> = looked.iter().map(|(p, _)| p.clone()).collect();
         let mut more = BTreeSet::new();
+        // Inodes whose links may include paths cached with one link only (a link just made to
+        // a file captured alone): found by one look at the whole cache.
+        let mut unsure = BTreeSet::new();
         for (rel, seen) in looked.iter() {
             let ino = match seen {
                 Seen::Present(v, st, _, links) if *links > 1 && v.meta.kind == EntryKind::File => {
+                    let cached = self.cache.lookup(rel)?;
+                    if cached.is_none_or(|e| e.ino != st.ino || e.links != *links) {
+                        unsure.insert(st.ino);
+                    }
                     Some(st.ino)
                 }
                 Seen::Gone => self
                     .cache
                     .lookup(rel)?
-                    .filter(|e| FileType::from_raw_mode(e.mode) == FileType::RegularFile)
+                    .filter(|e| {
+                        e.links > 1 && FileType::from_raw_mode(e.mode) == FileType::RegularFile
+                    })
                     .map(|e| e.ino),
                 _ => None,
             };
             if let Some(ino) = ino {
-                for p in self.cache.paths_with_ino(ino)? {
-                    if !known.contains(&p) {
-                        more.insert(p);
-                    }
-                }
+                more.extend(self.cache.paths_with_ino(ino)?);
             }
         }
+        if !unsure.is_empty() {
+            more.extend(self.cache.paths_of_inodes(&unsure)?);
+        }
+        more.retain(|p| !known.contains(p));
         if !more.is_empty() {
             let extra: Vec<&[u8]> = more.iter().map(Vec::as_slice).collect();
             let found = reader.look_all(&extra, bulk)?;

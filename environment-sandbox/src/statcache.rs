@@ -21,6 +21,9 @@ pub struct StatEntry {
     pub ctime_ns: i64,
     /// Inode number.
     pub ino: u64,
+    /// Link count: more than one for a file with hard links (whose other paths the cache
+    /// finds by inode).
+    pub links: u64,
     /// Full mode, file type included.
     pub mode: u32,
 }
@@ -33,6 +36,7 @@ impl StatEntry {
             mtime_ns: crate::fsops::mtime_ns(st),
             ctime_ns: crate::fsops::ctime_ns(st),
             ino: st.st_ino,
+            links: st.st_nlink,
             mode: st.st_mode,
         }
     }
@@ -66,8 +70,23 @@ impl StatCache {
             "CREATE TABLE IF NOT EXISTS stat_cache(scope TEXT NOT NULL, path BLOB NOT NULL, size INTEGER NOT NULL,
                  mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, mode INTEGER NOT NULL,
                  PRIMARY KEY(scope, path)) WITHOUT ROWID;
-             CREATE INDEX IF NOT EXISTS stat_cache_ino ON stat_cache(scope, ino);
              CREATE TABLE IF NOT EXISTS restore_intent(scope TEXT PRIMARY KEY, target TEXT NOT NULL, started_ms INTEGER NOT NULL);",
+        )?;
+        // Link counts (added later: older caches get the column, every entry counting one
+        // link), and an index of the hard-linked entries only: one of every entry would
+        // double the cost of each capture's update.
+        let has_links: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('stat_cache') WHERE name = 'links'",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_links {
+            conn.execute_batch(
+                "ALTER TABLE stat_cache ADD COLUMN links INTEGER NOT NULL DEFAULT 1",
+            )?;
+        }
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS stat_cache_links ON stat_cache(scope, ino) WHERE links > 1",
         )?;
         // What a restore meant to do, so that a crash mid-way can be finished (added later:
         // older caches get the columns).
@@ -96,7 +115,7 @@ impl StatCache {
         }
         let mut entries = HashMap::new();
         let mut stmt = self.conn.prepare(
-            "SELECT path, size, mtime_ns, ctime_ns, ino, mode FROM stat_cache WHERE scope = ?1",
+            "SELECT path, size, mtime_ns, ctime_ns, ino, mode, links FROM stat_cache WHERE scope = ?1",
         )?;
         let mut rows = stmt.query([&self.scope])?;
         while let Some(r) = rows.next()? {
@@ -108,6 +127,7 @@ impl StatCache {
                     ctime_ns: r.get(3)?,
                     ino: r.get::<_, i64>(4)? as u64,
                     mode: r.get::<_, i64>(5)? as u32,
+                    links: r.get::<_, i64>(6)? as u64,
                 },
             );
         }
@@ -126,7 +146,7 @@ impl StatCache {
             return Ok(e.get(path).copied());
         }
         let mut stmt = self.conn.prepare_cached(
-            "SELECT size, mtime_ns, ctime_ns, ino, mode FROM stat_cache WHERE scope = ?1 AND path = ?2",
+            "SELECT size, mtime_ns, ctime_ns, ino, mode, links FROM stat_cache WHERE scope = ?1 AND path = ?2",
         )?;
         Ok(stmt
             .query_row(params![self.scope, path], |r| {
@@ -136,18 +156,49 @@ impl StatCache {
                     ctime_ns: r.get(2)?,
                     ino: r.get::<_, i64>(3)? as u64,
                     mode: r.get::<_, i64>(4)? as u32,
+                    links: r.get::<_, i64>(5)? as u64,
                 })
             })
             .optional()?)
     }
 
-    /// The cached paths of inode `ino`: the other links of a hard-linked file.
+    /// The cached paths of inode `ino` recorded with several links: the other links of a
+    /// hard-linked file.
     pub fn paths_with_ino(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT path FROM stat_cache WHERE scope = ?1 AND ino = ?2")?;
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT path FROM stat_cache WHERE scope = ?1 AND ino = ?2 AND links > 1",
+        )?;
         let rows = stmt.query_map(params![self.scope, ino as i64], |r| r.get(0))?;
         Ok(rows.collect::<std::result::Result<_, _>>()?)
+    }
+
+    /// The cached paths of any of `inodes`, whatever their link count when cached: one look at
+    /// the whole cache (in memory when loaded), for links just made.
+    pub fn paths_of_inodes(
+        &self,
+        inodes: &std::collections::BTreeSet<u64>,
+    ) -> Result<Vec<Vec<u8>>> {
+        if let Some(e) = self.entries.get() {
+            return Ok(e
+                .iter()
+                .filter(|(_, s)| inodes.contains(&s.ino))
+                .map(|(p, _)| p.clone())
+                .collect());
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT path, ino FROM stat_cache WHERE scope = ?1")?;
+        let rows = stmt.query_map([&self.scope], |r| {
+            Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)? as u64))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (path, ino) = row?;
+            if inodes.contains(&ino) {
+                out.push(path);
+            }
+        }
+        Ok(out)
     }
 
     /// Every cached path (loads the whole cache: for rescans).
@@ -177,7 +228,7 @@ impl StatCache {
         let tx = self.conn.transaction()?;
         {
             let mut put = tx.prepare_cached(
-                "INSERT OR REPLACE INTO stat_cache(scope, path, size, mtime_ns, ctime_ns, ino, mode) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT OR REPLACE INTO stat_cache(scope, path, size, mtime_ns, ctime_ns, ino, mode, links) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )?;
             let mut del =
                 tx.prepare_cached("DELETE FROM stat_cache WHERE scope = ?1 AND path = ?2")?;
@@ -190,7 +241,8 @@ impl StatCache {
                         e.mtime_ns,
                         e.ctime_ns,
                         e.ino as i64,
-                        e.mode as i64
+                        e.mode as i64,
+                        e.links as i64
                     ])?,
                     None => del.execute(params![self.scope, path])?,
                 };

@@ -531,6 +531,20 @@ fn hard_link_scenario(dir: &std::path::Path) {
     assert_eq!(ino("a/one"), ino("three"));
     assert_eq!(std::fs::metadata(work.join("three")).unwrap().nlink(), 3);
     assert_eq!(disk(&work, &no_skip), view(&env, &first));
+    // A link made to a file captured alone: the group is found (the first file's count
+    // moved), and a restore links them.
+    write(&work, "solo", b"solo\n");
+    step();
+    std::fs::hard_link(work.join("solo"), work.join("b/solo-link")).unwrap();
+    step();
+    let linked = env.head("main").unwrap();
+    std::fs::remove_file(work.join("b/solo-link")).unwrap();
+    std::fs::remove_file(work.join("solo")).unwrap();
+    step();
+    tracker
+        .restore(&agent, &linked, Intent::new(IntentKind::Restore, "linked"))
+        .unwrap();
+    assert_eq!(ino("solo"), ino("b/solo-link"));
 }
 
 #[test]
