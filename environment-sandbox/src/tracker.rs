@@ -113,6 +113,9 @@ struct Shared {
     /// What is running while the tree changes (an agent's command), named in the intent of
     /// automatic captures.
     context: Mutex<Option<String>>,
+    /// The monitor that gave a background tracker its opening set: told at the last capture
+    /// that everything it saw since is recorded.
+    handoff: Mutex<Option<Feed>>,
     config: TrackerConfig,
 }
 
@@ -374,6 +377,7 @@ impl Tracker {
             refused: Mutex::new(BTreeMap::new()),
             without_content: Mutex::new(BTreeMap::new()),
             context: Mutex::new(None),
+            handoff: Mutex::new(None),
             config,
         });
         settle(&shared, &dirty, &first);
@@ -382,6 +386,8 @@ impl Tracker {
             Some(m) => m.acknowledge(&lock(&shared.pending).dirty),
             None => acknowledge(&shared),
         }
+        // Kept for the last capture, which tells the monitor what this tracker recorded.
+        *lock(&shared.handoff) = opening;
         let mut threads = Vec::new();
         if shared.config.auto {
             for (name, f) in [
@@ -706,7 +712,25 @@ impl Tracker {
     /// Stops tracking after a final capture.
     pub fn close(mut self) -> Result<Option<Observation>> {
         self.stop_threads();
-        self.capture_now(intent("final capture"), OpFlags::AUTO_CAPTURE)
+        self.capture_last(intent("final capture"), OpFlags::AUTO_CAPTURE)
+    }
+
+    /// The last capture (the capture barrier, then no more): with a monitor that gave this
+    /// tracker its opening set, the monitor is told afterwards that everything it saw up to
+    /// this barrier is recorded, so that the next command does not read it again. A capture
+    /// that fails tells it nothing.
+    pub fn capture_last(&self, intent: Intent, flags: OpFlags) -> Result<Option<Observation>> {
+        let mut monitor = lock(&self.shared.handoff).take();
+        // What the monitor saw before this point, this tracker saw too (it watched from before
+        // the opening drain), so the capture below records it.
+        if let Some(m) = monitor.as_mut() {
+            m.drain(&mut BTreeSet::new());
+        }
+        let captured = self.capture_now(intent, flags)?;
+        if let Some(m) = monitor.as_mut() {
+            m.acknowledge(&lock(&self.shared.pending).dirty);
+        }
+        Ok(captured)
     }
 
     fn stop_threads(&mut self) {

@@ -208,3 +208,25 @@ fn a_second_monitor_does_not_start_and_a_stopped_one_costs_a_rescan() {
     .unwrap();
     m.head_matches_disk();
 }
+
+#[test]
+fn a_background_tracker_hands_back_what_it_recorded() {
+    let m = Monitored::new();
+    // A supervisor's tracker: it watches by itself, takes its opening set from the monitor…
+    let mut config = m.config(true);
+    config.auto = true;
+    let t = Tracker::open(m.env.clone(), config).unwrap();
+    write(m.work.path(), "agent/one.txt", b"one\n");
+    write(m.work.path(), "keep.txt", b"changed by the agent\n");
+    std::fs::remove_file(m.work.path().join("gone.txt")).unwrap();
+    t.close().unwrap();
+    m.head_matches_disk();
+    // …and at its last capture tells the monitor that all of it is recorded: the next command
+    // has nothing to read again, and the monitor's set is still complete.
+    let after = m.changes();
+    assert!(after.paths.is_empty(), "{:?}", paths(&after.paths));
+    assert_eq!(after.incomplete, None);
+    // What changes afterwards is the monitor's again.
+    write(m.work.path(), "later.txt", b"later\n");
+    assert!(paths(&m.changes().paths).contains(&"later.txt".to_owned()));
+}

@@ -671,7 +671,7 @@ impl Supervisor {
 /// on disk, unrecorded by this actor, as they would after a refused automatic capture (another
 /// actor may record them as found), and the supervisor still stops and reports.
 fn final_capture(t: &Tracker) -> Result<bool> {
-    match t.capture_now(
+    match t.capture_last(
         Intent::new(IntentKind::Capture, "final capture"),
         environment_core::OpFlags::AUTO_CAPTURE,
     ) {
