@@ -559,7 +559,6 @@ impl Capturer {
     /// changes them all, and inotify names only the path written; a link removed changes the
     /// others' link count), and each member's value names its group by the group's first path.
     fn link_groups(&self, reader: &Reader<'_>, looked: &mut Vec<Looked>, bulk: bool) -> Result<()> {
-        let known: HashSet<Vec<u8>> = looked.iter().map(|(p, _)| p.clone()).collect();
         let mut more = BTreeSet::new();
         // Inodes whose links may include paths cached with one link only (a link just made to
         // a file captured alone): found by one look at the whole cache.
@@ -589,7 +588,11 @@ impl Capturer {
         if !unsure.is_empty() {
             more.extend(self.cache.paths_of_inodes(&unsure)?);
         }
-        more.retain(|p| !known.contains(p));
+        if !more.is_empty() {
+            // Only when there is a group: a capture without hard links copies no path.
+            let known: HashSet<&[u8]> = looked.iter().map(|(p, _)| p.as_slice()).collect();
+            more.retain(|p| !known.contains(p.as_slice()));
+        }
         if !more.is_empty() {
             let extra: Vec<&[u8]> = more.iter().map(Vec::as_slice).collect();
             let found = reader.look_all(&extra, bulk)?;

@@ -72,35 +72,16 @@ impl StatCache {
                  PRIMARY KEY(scope, path)) WITHOUT ROWID;
              CREATE TABLE IF NOT EXISTS restore_intent(scope TEXT PRIMARY KEY, target TEXT NOT NULL, started_ms INTEGER NOT NULL);",
         )?;
-        // Link counts (added later: older caches get the column, every entry counting one
-        // link), and an index of the hard-linked entries only: one of every entry would
-        // double the cost of each capture's update.
-        let has_links: bool = conn.query_row(
-            "SELECT count(*) > 0 FROM pragma_table_info('stat_cache') WHERE name = 'links'",
-            [],
-            |r| r.get(0),
-        )?;
-        if !has_links {
-            conn.execute_batch(
-                "ALTER TABLE stat_cache ADD COLUMN links INTEGER NOT NULL DEFAULT 1",
-            )?;
-        }
+        // Added later, so older caches get them: link counts (every entry counting one link),
+        // with an index of the hard-linked entries only (one of every entry would double the
+        // cost of each capture's update); and what a restore meant to do, so that a crash
+        // mid-way can be finished.
+        add_column(&conn, "stat_cache", "links", "INTEGER NOT NULL DEFAULT 1")?;
         conn.execute_batch(
             "CREATE INDEX IF NOT EXISTS stat_cache_links ON stat_cache(scope, ino) WHERE links > 1",
         )?;
-        // What a restore meant to do, so that a crash mid-way can be finished (added later:
-        // older caches get the columns).
         for column in ["from_version", "actor", "intent"] {
-            let known: bool = conn.query_row(
-                "SELECT count(*) > 0 FROM pragma_table_info('restore_intent') WHERE name = ?1",
-                [column],
-                |r| r.get(0),
-            )?;
-            if !known {
-                conn.execute_batch(&format!(
-                    "ALTER TABLE restore_intent ADD COLUMN {column} TEXT"
-                ))?;
-            }
+            add_column(&conn, "restore_intent", column, "TEXT")?;
         }
         Ok(StatCache {
             conn,
@@ -119,17 +100,7 @@ impl StatCache {
         )?;
         let mut rows = stmt.query([&self.scope])?;
         while let Some(r) = rows.next()? {
-            entries.insert(
-                r.get::<_, Vec<u8>>(0)?,
-                StatEntry {
-                    size: r.get::<_, i64>(1)? as u64,
-                    mtime_ns: r.get(2)?,
-                    ctime_ns: r.get(3)?,
-                    ino: r.get::<_, i64>(4)? as u64,
-                    mode: r.get::<_, i64>(5)? as u32,
-                    links: r.get::<_, i64>(6)? as u64,
-                },
-            );
+            entries.insert(r.get::<_, Vec<u8>>(0)?, entry_at(r, 1)?);
         }
         Ok(self.entries.get_or_init(|| entries))
     }
@@ -149,16 +120,7 @@ impl StatCache {
             "SELECT size, mtime_ns, ctime_ns, ino, mode, links FROM stat_cache WHERE scope = ?1 AND path = ?2",
         )?;
         Ok(stmt
-            .query_row(params![self.scope, path], |r| {
-                Ok(StatEntry {
-                    size: r.get::<_, i64>(0)? as u64,
-                    mtime_ns: r.get(1)?,
-                    ctime_ns: r.get(2)?,
-                    ino: r.get::<_, i64>(3)? as u64,
-                    mode: r.get::<_, i64>(4)? as u32,
-                    links: r.get::<_, i64>(5)? as u64,
-                })
-            })
+            .query_row(params![self.scope, path], |r| entry_at(r, 0))
             .optional()?)
     }
 
@@ -304,6 +266,31 @@ impl StatCache {
             )
             .optional()?)
     }
+}
+
+/// Adds `column` to `table` unless it is there (a cache made by an earlier version).
+fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<()> {
+    let known: bool = conn.query_row(
+        &format!("SELECT count(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
+        [column],
+        |r| r.get(0),
+    )?;
+    if !known {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
+}
+
+/// The entry in a row's columns `size, mtime_ns, ctime_ns, ino, mode, links` from `first` on.
+fn entry_at(r: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<StatEntry> {
+    Ok(StatEntry {
+        size: r.get::<_, i64>(first)? as u64,
+        mtime_ns: r.get(first + 1)?,
+        ctime_ns: r.get(first + 2)?,
+        ino: r.get::<_, i64>(first + 3)? as u64,
+        mode: r.get::<_, i64>(first + 4)? as u32,
+        links: r.get::<_, i64>(first + 5)? as u64,
+    })
 }
 
 /// What a restore that started meant to do, recorded before its first write.
