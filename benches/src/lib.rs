@@ -59,3 +59,24 @@ pub fn mutate(files: &[PathBuf], n: usize, next: &mut usize) {
         writeln!(f, "mutated {next}").unwrap();
     }
 }
+
+/// Runs `cmd` to its end and returns whether it exited with 0 and its peak resident memory in
+/// KiB (from `wait4`, which std's `wait` does not give).
+pub fn peak_memory(cmd: &mut Command) -> (bool, i64) {
+    let child = cmd.spawn().unwrap();
+    let pid = child.id() as i32;
+    let mut status = 0;
+    #[allow(unsafe_code)]
+    // SAFETY: `rusage` is plain data, valid zeroed; `wait4` writes only to the two locals, for
+    // the child just spawned, which std has not waited for (it never will: `child` is dropped
+    // without a wait).
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::wait4(pid, &mut status, 0, &mut usage), pid);
+        usage
+    };
+    (
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        usage.ru_maxrss,
+    )
+}

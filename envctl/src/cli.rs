@@ -220,8 +220,8 @@ pub enum Network {
 #[derive(Args, Clone, Debug, Default)]
 pub struct SandboxArgs {
     /// The command's network: host (shared, the default) or none (only loopback).
-    #[arg(long, value_enum, default_value_t = Network::Host)]
-    pub network: Network,
+    #[arg(long, value_enum)]
+    pub network: Option<Network>,
     /// A further host directory the command may write, at the same path (repeatable), e.g. a
     /// package manager's cache under $HOME. Not captured: only the workspace is.
     #[arg(long = "writable", value_name = "DIR")]
@@ -230,6 +230,13 @@ pub struct SandboxArgs {
     /// `*` takes every name with that prefix, e.g. `npm_config_*`).
     #[arg(long = "pass-env", value_name = "NAME")]
     pub pass_env: Vec<String>,
+}
+
+impl SandboxArgs {
+    /// Whether any of them was given (a supervisor's sandbox cannot be opened up per command).
+    pub fn given(&self) -> bool {
+        self.network.is_some() || !self.writable.is_empty() || !self.pass_env.is_empty()
+    }
 }
 
 /// `envctl run`.

@@ -901,3 +901,100 @@ fn an_init_that_cannot_seed_leaves_nothing_half_made() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(work.join(".environment/rootfs/etc/shadow").exists());
 }
+
+/// Runs envctl to its end and returns whether it succeeded and its peak resident memory in KiB.
+fn peak_memory(dir: &Path, args: &[&str]) -> (bool, i64) {
+    environment_benches::peak_memory(
+        envctl_cmd(dir, args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    )
+}
+
+#[test]
+fn large_and_sparse_files_are_captured_and_restored_in_bounded_memory() {
+    use std::io::{Seek, SeekFrom, Write};
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    // Well above the bound, so nothing of either file may be held whole.
+    const BOUND_KIB: i64 = 96 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    // Written and hashed in pieces: a child's peak memory counts the parent's at its exec, so
+    // this process stays small.
+    let hash = |path: &Path| {
+        let mut h = blake3::Hasher::new();
+        std::io::copy(&mut std::fs::File::open(path).unwrap(), &mut h).unwrap();
+        h.finalize()
+    };
+    {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(work.join("big.bin")).unwrap());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..(160 << 20) / 8 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.write_all(&x.to_le_bytes()).unwrap();
+        }
+    }
+    let data = hash(&work.join("big.bin"));
+    let mut img = std::fs::File::create(work.join("disk.img")).unwrap();
+    img.seek(SeekFrom::Start(1 << 30)).unwrap();
+    img.write_all(b"middle").unwrap();
+    img.set_len(2 << 30).unwrap();
+    drop(img);
+
+    let (ok, init_kib) = peak_memory(work, &["init"]);
+    assert!(ok, "init failed");
+    assert!(init_kib < BOUND_KIB, "init peaked at {init_kib} KiB");
+    assert!(envctl_in(work, &["mark", "before"]).status.success());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(work.join("big.bin"))
+        .unwrap()
+        .write_all_at(b"!", 80 << 20)
+        .unwrap();
+    let (ok, status_kib) = peak_memory(work, &["status"]);
+    assert!(
+        ok && status_kib < BOUND_KIB,
+        "status: {ok}, {status_kib} KiB"
+    );
+
+    // The store holds the data once and about one chunk more; the holes not at all.
+    let mut stored = 0;
+    let mut stack = vec![work.join(".environment")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let m = e.as_ref().unwrap().metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.unwrap().path());
+            } else {
+                stored += m.blocks() * 512;
+            }
+        }
+    }
+    assert!(
+        stored < (160 << 20) + (24 << 20),
+        "the home takes {stored} bytes"
+    );
+
+    std::fs::remove_file(work.join("disk.img")).unwrap();
+    std::fs::write(work.join("big.bin"), b"clobbered").unwrap();
+    let (ok, restore_kib) = peak_memory(work, &["restore", "before"]);
+    assert!(
+        ok && restore_kib < BOUND_KIB,
+        "restore: {ok}, {restore_kib} KiB"
+    );
+    assert_eq!(hash(&work.join("big.bin")), data);
+    let img = std::fs::File::open(work.join("disk.img")).unwrap();
+    let m = img.metadata().unwrap();
+    assert_eq!(m.len(), 2 << 30);
+    assert!(
+        m.blocks() * 512 < 1 << 20,
+        "the hole was written: {}",
+        m.blocks() * 512
+    );
+    let mut middle = [0u8; 6];
+    img.read_exact_at(&mut middle, 1 << 30).unwrap();
+    assert_eq!(&middle, b"middle");
+    also_unprivileged("large_and_sparse_files_are_captured_and_restored_in_bounded_memory");
+}

@@ -911,6 +911,27 @@ fn exec_through_the_socket_holds_no_privilege() {
     let ws = Ws::acting_as(Some("human:test"));
     let child = supervised(&ws, "host");
     let out = ws.run(&["exec", "--", "cat", "/proc/self/status"]);
+    // Asking the supervisor for more than its sandbox gives is refused, and runs nothing.
+    let outside = tempfile::tempdir().unwrap();
+    let before = ws.json(&["log", "--all"]);
+    for more in [
+        &["--writable", outside.path().to_str().unwrap()][..],
+        &["--network", "host"],
+        &["--network", "none"],
+        &["--pass-env", "HOME"],
+    ] {
+        let mut args = vec!["exec"];
+        args.extend_from_slice(more);
+        args.extend_from_slice(&["--", "sh", "-c", "touch ran; touch \"$0\"/x"]);
+        args.push(outside.path().to_str().unwrap());
+        ws.fails(&args, 2);
+    }
+    assert!(!ws.path("ran").exists() && !outside.path().join("x").exists());
+    assert_eq!(
+        ws.json(&["log", "--all"]),
+        before,
+        "a refused exec records nothing"
+    );
     drop(stop(child));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(

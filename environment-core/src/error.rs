@@ -22,6 +22,14 @@ pub enum BlobError {
         /// What its bytes hash to now.
         actual: Hash,
     },
+    /// A blob named as a manifest of chunks does not hold one.
+    #[error("blob {hash} is not a valid manifest of chunks: {reason}")]
+    BadManifest {
+        /// The blob's name.
+        hash: Hash,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The filesystem refused.
     #[error("blob store I/O at {path}: {source}")]
     Io {
@@ -315,7 +323,7 @@ impl ForAgent for KeyError {
 impl ForAgent for BlobError {
     fn for_agent(&self) -> String {
         let next = match self {
-            BlobError::Corrupt { .. } => {
+            BlobError::Corrupt { .. } | BlobError::BadManifest { .. } => {
                 "Stop and tell a human: the environment's storage is damaged."
             }
             BlobError::Missing(_) => "Store the content first, or refer to content that exists.",

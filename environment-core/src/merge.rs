@@ -53,7 +53,7 @@ impl Conflict {
     pub fn from_value(v: &Value) -> Option<Conflict> {
         match &v.content {
             crate::value::Content::Inline(b) => serde_json::from_slice(b).ok(),
-            crate::value::Content::Blob(_) => None,
+            crate::value::Content::Blob(_) | crate::value::Content::Chunks(_) => None,
         }
     }
 

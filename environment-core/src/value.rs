@@ -49,6 +49,8 @@ pub enum Content {
     Inline(Vec<u8>),
     /// Content in the blob store, named by its blake3 hash.
     Blob(Hash),
+    /// A large or sparse file in chunks: the blob named is its [`crate::blob::Manifest`].
+    Chunks(Hash),
 }
 
 impl fmt::Debug for Content {
@@ -56,6 +58,7 @@ impl fmt::Debug for Content {
         match self {
             Content::Inline(b) => write!(f, "Inline({:?})", crate::key::escape(b)),
             Content::Blob(h) => write!(f, "Blob({})", h.short(12)),
+            Content::Chunks(h) => write!(f, "Chunks({})", h.short(12)),
         }
     }
 }
@@ -111,6 +114,10 @@ impl Value {
             }
             Content::Blob(hash) => {
                 varint(out, 1);
+                out.extend_from_slice(&hash.0);
+            }
+            Content::Chunks(hash) => {
+                varint(out, 2);
                 out.extend_from_slice(&hash.0);
             }
         }
@@ -206,10 +213,11 @@ impl Value {
         self
     }
 
-    /// The blob this value refers to, if its content is in the blob store.
+    /// The blob this value refers to, if its content is in the blob store (for chunked
+    /// content, its manifest).
     pub fn blob(&self) -> Option<Hash> {
         match self.content {
-            Content::Blob(h) => Some(h),
+            Content::Blob(h) | Content::Chunks(h) => Some(h),
             Content::Inline(_) => None,
         }
     }
@@ -280,6 +288,7 @@ pub(crate) mod tests {
             prop_oneof![
                 proptest::collection::vec(any::<u8>(), 0..300).prop_map(Content::Inline),
                 any::<[u8; 32]>().prop_map(|h| Content::Blob(Hash(h))),
+                any::<[u8; 32]>().prop_map(|h| Content::Chunks(Hash(h))),
             ],
             proptest::sample::select(kinds),
             any::<(u32, u64, Option<i64>)>(),

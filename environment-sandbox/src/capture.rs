@@ -21,7 +21,8 @@ use crate::statcache::{StatCache, StatEntry};
 /// filesystem is synced once before the commit.
 const BULK: usize = 32;
 
-/// Files up to this size are read whole before they are stored; larger ones are streamed.
+/// Files up to this size are read whole before they are stored; larger ones are stored in
+/// chunks (see `environment_core::blob::Manifest`).
 const IN_MEMORY: u64 = 4 << 20;
 
 /// How often a file that keeps changing while it is read is read again.
@@ -203,13 +204,11 @@ impl Reader<'_> {
                 };
                 Content::Blob(stored.map_err(environment_core::EnvError::from)?)
             } else {
-                let (hash, _) = if bulk {
-                    blobs.put_reader_unsynced(&mut file)
-                } else {
-                    blobs.put_reader(&mut file)
-                }
-                .map_err(environment_core::EnvError::from)?;
-                Content::Blob(hash)
+                // Larger: in chunks, holes as holes, one chunk in memory at a time.
+                let put = blobs
+                    .put_chunked(&file, !bulk)
+                    .map_err(environment_core::EnvError::from)?;
+                Content::Chunks(put.manifest)
             };
             let after =
                 rustix::fs::fstat(&file).map_err(|e| SandboxError::io("fstat", path)(e.into()))?;
@@ -219,7 +218,7 @@ impl Reader<'_> {
             // Timestamps move in clock ticks, not per write: a file modified within the last
             // tick may have changed while it was read with fstat none the wiser. Such a file is
             // read again and must give the same bytes.
-            if is_recent(&after) && !same_content(&mut file, &content)? {
+            if is_recent(&after) && !same_content(&mut file, &content, blobs)? {
                 continue;
             }
             let mut meta = Meta::of(EntryKind::File);
@@ -359,7 +358,11 @@ fn is_recent(st: &rustix::fs::Stat) -> bool {
 }
 
 /// Reads the file again from the start and checks it still holds `content`.
-fn same_content(file: &mut File, content: &Content) -> Result<bool> {
+fn same_content(
+    file: &mut File,
+    content: &Content,
+    blobs: &environment_core::BlobStore,
+) -> Result<bool> {
     use std::io::{Seek, SeekFrom};
     let io = |e: std::io::Error| SandboxError::Io {
         op: "re-read",
@@ -378,6 +381,12 @@ fn same_content(file: &mut File, content: &Content) -> Result<bool> {
             std::io::copy(file, &mut hasher).map_err(io)?;
             Ok(hasher.finalize().as_bytes() == &hash.0)
         }
+        // Chunked again: what it stores is already there if the file did not change.
+        Content::Chunks(manifest) => Ok(blobs
+            .put_chunked(file, false)
+            .map_err(environment_core::EnvError::from)?
+            .manifest
+            == *manifest),
     }
 }
 

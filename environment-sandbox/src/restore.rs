@@ -681,12 +681,19 @@ impl TreeWriter<'_> {
 /// Writes a file's content (leaving holes where the content is zeros, so sparse files stay
 /// sparse), then its mode (after the content: writing clears setuid) and mtime.
 pub(crate) fn fill(env: &LocalEnvironment, fd: OwnedFd, v: &Value, path: &Path) -> Result<()> {
+    let mut file = File::from(fd);
+    let io = SandboxError::io;
     let bytes = match &v.content {
         Content::Inline(b) => b.clone(),
         Content::Blob(_) => env.content(v)?,
+        // Piece by piece, holes as the manifest has them.
+        Content::Chunks(m) => {
+            env.blobs()
+                .write_chunked(m, &file)
+                .map_err(environment_core::EnvError::from)?;
+            return finish_file(&file, v, path);
+        }
     };
-    let mut file = File::from(fd);
-    let io = SandboxError::io;
     const CHUNK: usize = 64 << 10;
     let mut pos = 0usize;
     while pos < bytes.len() {
@@ -702,6 +709,12 @@ pub(crate) fn fill(env: &LocalEnvironment, fd: OwnedFd, v: &Value, path: &Path) 
     }
     file.set_len(bytes.len() as u64)
         .map_err(io("truncate", path))?;
+    finish_file(&file, v, path)
+}
+
+/// A written file's mode (after the content: writing clears setuid) and mtime.
+fn finish_file(file: &File, v: &Value, path: &Path) -> Result<()> {
+    let io = SandboxError::io;
     rustix::fs::fchmod(file.as_fd(), Mode::from_raw_mode(v.meta.mode & 0o7777))
         .map_err(|e| io("chmod", path)(errno(e)))?;
     if let Some(ns) = v.meta.mtime_ns {

@@ -123,28 +123,134 @@ fn resolution_beneath_the_root_refuses_symlinks_and_dotdot() {
     }
 }
 
-#[test]
-fn sparse_files_stay_sparse() {
-    let s = setup(|w| {
-        let f = std::fs::File::create(w.join("disk.img")).unwrap();
-        f.set_len(64 << 20).unwrap();
-        use std::io::{Seek, Write};
-        let mut f = f;
-        f.seek(std::io::SeekFrom::Start(32 << 20)).unwrap();
-        f.write_all(b"middle").unwrap();
-    });
-    let good = s.env.head("main").unwrap();
-    std::fs::remove_file(s.work.path().join("disk.img")).unwrap();
-    restore(&s, &good);
-    let m = std::fs::metadata(s.work.path().join("disk.img")).unwrap();
-    assert_eq!(m.len(), 64 << 20);
+/// Bytes that do not repeat (so chunks do not deduplicate by accident).
+fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The blake3 hash of a file, read in pieces.
+fn file_hash(path: &std::path::Path) -> blake3::Hash {
+    let mut h = blake3::Hasher::new();
+    std::io::copy(&mut std::fs::File::open(path).unwrap(), &mut h).unwrap();
+    h.finalize()
+}
+
+fn large_files_scenario(dir: &std::path::Path) {
+    use environment_core::{ActorId, Content, LocalEnvironment, Options};
+    use environment_sandbox::{Tracker, TrackerConfig};
+    use std::io::{Seek, SeekFrom, Write};
+    use std::os::unix::fs::FileExt;
+    const GIB: u64 = 1 << 30;
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    // A 1 GiB disk image holding 1 MiB and a few bytes; a 24 MiB file of data.
+    let mut img = std::fs::File::create(work.join("disk.img")).unwrap();
+    img.write_all(b"head").unwrap();
+    img.seek(SeekFrom::Start(GIB / 2)).unwrap();
+    img.write_all(&noise(1 << 20, 3)).unwrap();
+    img.set_len(GIB - 4).unwrap();
+    img.seek(SeekFrom::End(0)).unwrap();
+    img.write_all(b"tail").unwrap();
+    drop(img);
+    let data = noise(24 << 20, 5);
+    std::fs::write(work.join("data.bin"), &data).unwrap();
+    let (img_hash, data_hash) = (
+        file_hash(&work.join("disk.img")),
+        file_hash(&work.join("data.bin")),
+    );
+
+    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let agent = ActorId::new("agent:t").unwrap();
+    let first = env.head("main").unwrap();
+    let stored = env.blobs().usage().unwrap();
     assert!(
-        m.blocks() * 512 < 1 << 20,
-        "restored file takes {} bytes",
+        stored.bytes < (24 << 20) + (2 << 20),
+        "the hole was stored: {stored:?}"
+    );
+    let img_value = env
+        .read_unchecked(&environment_core::Key::fs("disk.img").unwrap(), &first)
+        .unwrap()
+        .unwrap();
+    assert!(matches!(img_value.content, Content::Chunks(_)));
+    assert_eq!(img_value.meta.size, GIB);
+
+    // One byte changed in the middle of the data: about one chunk more.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(work.join("data.bin"))
+        .unwrap()
+        .write_all_at(b"!", 12 << 20)
+        .unwrap();
+    tracker
+        .capture_now(Intent::new(IntentKind::Command, "poke"), OpFlags::COMMAND)
+        .unwrap()
+        .expect("the change is recorded");
+    let poked = env.head("main").unwrap();
+    let after = env.blobs().usage().unwrap();
+    assert!(
+        after.bytes - stored.bytes <= 2 * environment_core::blob::CHUNK_MAX as u64 + (64 << 10),
+        "one byte cost {} bytes",
+        after.bytes - stored.bytes
+    );
+    let poked_hash = file_hash(&work.join("data.bin"));
+
+    // Both gone or broken, then back: byte for byte, the image still sparse.
+    std::fs::remove_file(work.join("disk.img")).unwrap();
+    std::fs::write(work.join("data.bin"), b"clobbered").unwrap();
+    let intent = || Intent::new(IntentKind::Restore, "back");
+    tracker.restore(&agent, &first, intent()).unwrap();
+    assert_eq!(file_hash(&work.join("disk.img")), img_hash);
+    assert_eq!(file_hash(&work.join("data.bin")), data_hash);
+    let m = std::fs::metadata(work.join("disk.img")).unwrap();
+    assert_eq!(m.len(), GIB);
+    assert!(
+        m.blocks() * 512 < 16 << 20,
+        "the restored image takes {} bytes",
         m.blocks() * 512
     );
-    let bytes = std::fs::read(s.work.path().join("disk.img")).unwrap();
-    assert_eq!(&bytes[32 << 20..(32 << 20) + 6], b"middle");
+    tracker.restore(&agent, &poked, intent()).unwrap();
+    assert_eq!(file_hash(&work.join("data.bin")), poked_hash);
+
+    // Collection keeps every chunk a version names and takes those none does.
+    let orphan = work.join("orphan");
+    std::fs::write(&orphan, noise(9 << 20, 11)).unwrap();
+    let guard = env.blobs().write_guard().unwrap();
+    let put = env
+        .blobs()
+        .put_chunked(&std::fs::File::open(&orphan).unwrap(), true)
+        .unwrap();
+    drop(guard);
+    std::fs::remove_file(&orphan).unwrap();
+    let report = env.gc(&agent).unwrap();
+    assert!(
+        report.removed >= 3,
+        "the orphan's manifest and chunks go: {report:?}"
+    );
+    assert!(!env.blobs().contains(&put.manifest));
+    env.verify_deep().unwrap();
+    tracker.restore(&agent, &first, intent()).unwrap();
+    assert_eq!(file_hash(&work.join("data.bin")), data_hash);
+    assert_eq!(file_hash(&work.join("disk.img")), img_hash);
+}
+
+#[test]
+fn large_and_sparse_files_cost_what_they_hold() {
+    common::both(
+        "large_and_sparse_files_cost_what_they_hold",
+        common::always,
+        large_files_scenario,
+    );
 }
 
 #[test]

@@ -122,7 +122,7 @@ pub fn namespaces() -> Result<(), String> {
 /// What `--network`, `--writable` and `--pass-env` ask of a sandbox (the sandbox checks the
 /// directories when it is built).
 fn open_up(spec: &mut IsolationSpec, args: &SandboxArgs) {
-    spec.network = args.network == Network::Host;
+    spec.network = args.network.unwrap_or(Network::Host) == Network::Host;
     spec.env_allow.extend(args.pass_env.iter().cloned());
     spec.writable.extend(args.writable.iter().cloned());
 }

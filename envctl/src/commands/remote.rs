@@ -179,6 +179,15 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
             return Ok(print_merge(&r, branch, json));
         }
         Command::Exec(a) => {
+            if a.sandbox.given() {
+                // The command runs in the run's sandbox: what it may reach was fixed when the
+                // run started, and the socket's callers (the agent among them) cannot widen it.
+                return Err(Failure::usage(
+                    "a command run through the supervisor gets the run's sandbox: --network, \
+                     --writable and --pass-env cannot change it",
+                )
+                .hint("give them to `envctl run`, or run exec when no supervisor runs"));
+            }
             let mut p = json!({ "argv": a.command });
             if let Some(i) = &a.intent {
                 p["intent"] = json!(i);

@@ -22,8 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::error::BlobError;
 use crate::hash::Hash;
 
+mod chunked;
 mod pack;
 
+pub use chunked::{CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, ChunkedPut, Manifest, Piece};
 pub use pack::PACKED_MAX;
 
 /// The blob store of one environment.

@@ -155,7 +155,7 @@ impl LocalEnvironment {
         let needs_blobs = req.changes.iter().any(|c| match c {
             Change::Put(_, v) => {
                 matches!(&v.content, Content::Inline(b) if b.len() > INLINE_MAX)
-                    || matches!(v.content, Content::Blob(_))
+                    || matches!(v.content, Content::Blob(_) | Content::Chunks(_))
             }
             Change::Delete(_) => false,
         });
@@ -274,7 +274,7 @@ impl LocalEnvironment {
                     v.content = Content::Blob(blobs.put(bytes)?);
                 }
             }
-            Content::Blob(h) => {
+            Content::Blob(h) | Content::Chunks(h) => {
                 if guard.is_none() && may_store {
                     *guard = Some(blobs.write_guard()?);
                 }

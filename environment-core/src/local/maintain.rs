@@ -12,6 +12,7 @@ use crate::error::{EnvError, Result};
 use crate::hash::Hash;
 use crate::op::OpId;
 use crate::tree::{self, Node, NodeId, Ptr};
+use crate::value::Content;
 
 /// What a garbage collection did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,10 +202,23 @@ impl Inner {
             let nodes = self.nodes_in(conn);
             let mut seen = HashSet::new();
             let mut live = HashSet::new();
+            let mut manifests = HashSet::new();
             for root in &roots {
-                tree::walk_nodes(&nodes, root, &mut |p| seen.insert(p.id), &mut |b| {
-                    live.insert(b);
+                tree::walk_nodes(&nodes, root, &mut |p| seen.insert(p.id), &mut |c| match c {
+                    Content::Chunks(m) => {
+                        manifests.insert(*m);
+                    }
+                    Content::Blob(b) => {
+                        live.insert(*b);
+                    }
+                    Content::Inline(_) => {}
                 })?;
+            }
+            // A chunked file keeps its manifest and every chunk it names; a manifest that
+            // cannot be read stops the collection (its chunks would be taken for dead).
+            for m in manifests {
+                live.extend(self.blobs.manifest(&m)?.pieces.iter().map(|p| p.hash));
+                live.insert(m);
             }
             let mut stmt = conn.prepare_cached("SELECT hash FROM blob_pins")?;
             let pins = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;

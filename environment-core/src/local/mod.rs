@@ -329,11 +329,14 @@ impl LocalEnvironment {
             .with(|conn| tree::get(&self.inner.nodes_in(conn), &view, key))
     }
 
-    /// The bytes of a value: inline content, or its blob (checked against its hash).
+    /// The bytes of a value, whole: inline content, or its blob or chunks (each checked
+    /// against its hash). For a large file, [`BlobStore::write_chunked`] writes it without
+    /// holding it in memory.
     pub fn content(&self, value: &Value) -> Result<Vec<u8>> {
         match &value.content {
             Content::Inline(b) => Ok(b.clone()),
             Content::Blob(h) => Ok(self.inner.blobs.get(h)?),
+            Content::Chunks(m) => Ok(self.inner.blobs.read_chunked(m)?),
         }
     }
 

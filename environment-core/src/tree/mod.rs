@@ -306,12 +306,13 @@ fn diff_entry(
 }
 
 /// Visits every node reachable from `root`: `seen` returns false for a node already visited,
-/// which is then not descended into. `blob` is called for every blob a value refers to.
+/// which is then not descended into. `blob` is called for the content of every value that
+/// refers to the blob store.
 pub(crate) fn walk_nodes(
     src: &dyn NodeSource,
     root: &Ptr,
     seen: &mut dyn FnMut(&Ptr) -> bool,
-    blob: &mut dyn FnMut(crate::hash::Hash),
+    blob: &mut dyn FnMut(&crate::value::Content),
 ) -> Result<()> {
     let mut stack = vec![*root];
     while let Some(h) = stack.pop() {
@@ -322,8 +323,8 @@ pub(crate) fn walk_nodes(
             Node::Leaf(es) => {
                 for named in es {
                     let e = &named.1;
-                    if let Some(b) = e.value.as_ref().and_then(Value::blob) {
-                        blob(b);
+                    if let Some(v) = e.value.as_ref().filter(|v| v.blob().is_some()) {
+                        blob(&v.content);
                     }
                     if let Some(t) = e.tree {
                         stack.push(t);
