@@ -62,6 +62,7 @@ pub fn mutate(files: &[PathBuf], n: usize, next: &mut usize) {
 
 /// Runs `cmd` to its end and returns whether it exited with 0 and its peak resident memory in
 /// KiB (from `wait4`, which std's `wait` does not give).
+#[allow(clippy::zombie_processes)] // reaped by `wait4` below
 pub fn peak_memory(cmd: &mut Command) -> (bool, i64) {
     let child = cmd.spawn().unwrap();
     let pid = child.id() as i32;

@@ -57,7 +57,7 @@ impl Manifest {
 
     fn encode(&self) -> Vec<u8> {
         let mut out = vec![MANIFEST_V1];
-        out.extend(postcard::to_allocvec(self).expect("a manifest always encodes"));
+        crate::encoding::encode_into(self, &mut out);
         out
     }
 
