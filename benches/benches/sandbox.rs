@@ -1,6 +1,7 @@
 //! environment-sandbox against its peers, side by side on the same tree in one run:
 //! capture after 1 and 1,000 changed files vs `git add -A && git commit`; restore of 1 and 1,000
-//! files vs `rsync -a --delete` (a full scan); the first capture of the whole tree vs `cp -a`.
+//! files vs `rsync -a --delete` (a full scan), and of a 200,000-entry directory; the first
+//! capture of the whole tree vs `cp -a`; a full rescan vs a parallel stat walk and `find -ls`.
 //!
 //! A recorded `exec` of `true` (authorize, run, store its output, capture, commit one operation)
 //! vs spawning and waiting for `true` alone.
@@ -128,6 +129,46 @@ fn bench_capture(c: &mut Criterion) {
     g.finish();
 }
 
+/// A full rescan (after a lost event queue, or on first use) of the tree with nothing changed,
+/// against a parallel stat walk of the same tree (the `ignore` crate's walker, every entry
+/// stat'ed, on every core) and `find -ls`.
+fn bench_rescan(c: &mut Criterion) {
+    const GROUP: &str = "rescan of the whole tree, nothing changed";
+    if !wanted(GROUP) {
+        return;
+    }
+    let f = fixture();
+    let mut g = c.benchmark_group(GROUP);
+    g.sample_size(10);
+    g.bench_function("environment", |b| {
+        b.iter(|| assert!(f.tracker.rescan_now().unwrap().is_none()))
+    });
+    g.bench_function("parallel stat walk (ignore crate)", |b| {
+        b.iter(|| {
+            let n = std::sync::atomic::AtomicUsize::new(0);
+            ignore::WalkBuilder::new(&f.tree)
+                .standard_filters(false)
+                .threads(environment_benches::cores())
+                .build_parallel()
+                .run(|| {
+                    Box::new(|e| {
+                        if let Ok(e) = e
+                            && std::fs::symlink_metadata(e.path()).is_ok()
+                        {
+                            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        ignore::WalkState::Continue
+                    })
+                });
+            assert!(n.into_inner() > f.files.len());
+        })
+    });
+    g.bench_function("find -ls", |b| {
+        b.iter(|| sh(&f.tree, "find . -ls > /dev/null"))
+    });
+    g.finish();
+}
+
 fn bench_restore(c: &mut Criterion) {
     if !wanted("restore") {
         return;
@@ -177,6 +218,74 @@ fn bench_restore(c: &mut Criterion) {
         f.tracker
             .restore(&agent, &good, Intent::new(IntentKind::Restore, "reset"))
             .unwrap();
+    }
+    g.finish();
+}
+
+/// One directory of 200,000 files (2,000 run as a test) brought back after it was deleted,
+/// against `rsync -a --delete` from a copy.
+fn bench_wide_directory(c: &mut Criterion) {
+    const GROUP: &str = "restore of a 200,000-entry directory";
+    if !wanted(GROUP) {
+        return;
+    }
+    let n = if bench_mode() { 200_000 } else { 2_000 };
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    let wide = tree.join("wide");
+    std::fs::create_dir_all(&wide).unwrap();
+    for i in 0..n {
+        std::fs::write(wide.join(format!("entry-{i:06}")), format!("{i}\n")).unwrap();
+    }
+    let pristine = dir.path().join("pristine");
+    sh(
+        dir.path(),
+        &format!("cp -a {} {}", tree.display(), pristine.display()),
+    );
+    let env = LocalEnvironment::open(dir.path().join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&tree, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let with = env.head("main").unwrap();
+    let agent = ActorId::new("agent:bench").unwrap();
+    let gone = || {
+        std::fs::remove_dir_all(&wide).unwrap();
+        sync_disk();
+    };
+    let mut g = c.benchmark_group(GROUP);
+    g.sample_size(10);
+    g.sampling_mode(criterion::SamplingMode::Flat);
+    g.bench_function("environment", |b| {
+        b.iter_batched(
+            || {
+                gone();
+                tracker
+                    .capture_now(Intent::new(IntentKind::Command, "rm"), OpFlags::COMMAND)
+                    .unwrap();
+            },
+            |_| {
+                tracker
+                    .restore(&agent, &with, Intent::new(IntentKind::Restore, "bench"))
+                    .unwrap()
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    if have("rsync") {
+        g.bench_function("rsync -a --delete", |b| {
+            b.iter_batched(
+                gone,
+                |_| {
+                    sh(
+                        &tree,
+                        &format!("rsync -a --delete {}/ ./", pristine.display()),
+                    )
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    } else {
+        eprintln!("rsync is not installed: the rsync peer is skipped");
     }
     g.finish();
 }
@@ -397,6 +506,6 @@ fn bench_sandbox_start(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = bench_exec, bench_sandbox_start, bench_capture, bench_restore, bench_first_capture, bench_fork
+    targets = bench_exec, bench_sandbox_start, bench_capture, bench_rescan, bench_restore, bench_wide_directory, bench_first_capture, bench_fork
 }
 criterion_main!(benches);

@@ -10,6 +10,11 @@ pub fn bench_mode() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
+/// The cores this machine has (what a parallel peer may use).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Makes the reference tree `repo-100k-small` at `dir` (100,000 files, no large ones) when
 /// measuring, a tree of 2,000 files otherwise.
 pub fn gen_tree(dir: &Path) {

@@ -634,49 +634,62 @@ impl Capturer {
     }
 
     /// Walks the whole tree and returns the paths whose stat differs from the cache, plus those
-    /// the cache or the head knows and the disk no longer has. Reads no file content.
+    /// the cache or the head knows and the disk no longer has. Reads no file content. The walk
+    /// goes a level at a time, the directories of a level listed and stat'ed on every core.
     pub fn rescan_dirty(&self) -> Result<BTreeSet<Vec<u8>>> {
+        /// Below this many directories in a level, threads cost more than they give.
+        const PARALLEL_FROM: usize = 8;
         let mut dirty = BTreeSet::new();
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
-        let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
-        while let Some(dir) = stack.pop() {
-            let entries = match self.root.scan_dir(rel_path(&dir)) {
-                Ok(n) => n,
-                Err(_) => {
+        let mut level: Vec<Vec<u8>> = vec![Vec::new()];
+        while !level.is_empty() {
+            let threads = if level.len() >= PARALLEL_FROM {
+                crate::parallel::threads()
+            } else {
+                1
+            };
+            let root = &self.root;
+            let scanned = crate::parallel::map(&level, threads, "rescan", |dir| {
+                Ok(root.scan_dir(rel_path(dir)))
+            })?;
+            let mut next = Vec::new();
+            for (dir, scanned) in level.into_iter().zip(scanned) {
+                let Ok(entries) = scanned else {
                     dirty.insert(dir);
                     continue;
-                }
-            };
-            for (name, st) in entries {
-                let rel = if dir.is_empty() {
-                    name
-                } else {
-                    [dir.as_slice(), b"/", &name].concat()
                 };
-                if is_restore_temp(&rel) {
-                    // Left by a restore that was killed: ours to remove.
-                    if let Ok((d, n)) = self.root.parent(rel_path(&rel)) {
-                        let _ = rustix::fs::unlinkat(&d, n, rustix::fs::AtFlags::empty());
+                for (name, st) in entries {
+                    let rel = if dir.is_empty() {
+                        name
+                    } else {
+                        [dir.as_slice(), b"/", &name].concat()
+                    };
+                    if is_restore_temp(&rel) {
+                        // Left by a restore that was killed: ours to remove.
+                        if let Ok((d, n)) = self.root.parent(rel_path(&rel)) {
+                            let _ = rustix::fs::unlinkat(&d, n, rustix::fs::AtFlags::empty());
+                        }
+                        continue;
                     }
-                    continue;
+                    let path = rel_path(&rel);
+                    let Ok(st) = st else {
+                        dirty.insert(rel);
+                        continue;
+                    };
+                    let is_dir = fsops::file_type(&st) == FileType::Directory;
+                    if self.noise.is_ignored(path, is_dir) {
+                        continue;
+                    }
+                    if self.cache.get(&rel)? != Some(&StatEntry::of(&st)) {
+                        dirty.insert(rel.clone());
+                    }
+                    if is_dir {
+                        next.push(rel.clone());
+                    }
+                    seen.insert(rel);
                 }
-                let path = rel_path(&rel);
-                let Ok(st) = st else {
-                    dirty.insert(rel);
-                    continue;
-                };
-                let is_dir = fsops::file_type(&st) == FileType::Directory;
-                if self.noise.is_ignored(path, is_dir) {
-                    continue;
-                }
-                if self.cache.get(&rel)? != Some(&StatEntry::of(&st)) {
-                    dirty.insert(rel.clone());
-                }
-                if is_dir {
-                    stack.push(rel.clone());
-                }
-                seen.insert(rel);
             }
+            level = next;
         }
         for p in self.cache.paths()? {
             if !seen.contains(p) {

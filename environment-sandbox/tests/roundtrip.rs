@@ -1,10 +1,14 @@
 //! Round trip: random mutations of a tree, a capture after each, then a restore to a random
-//! earlier version gives exactly that version's tree.
+//! earlier version gives exactly that version's tree: contents, modes (read-only directories
+//! among them), symlinks, large and sparse files, hard-link groups, and no ignored content left
+//! in a directory the version lacks.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
 
 use common::{disk, no_skip, setup, view, write};
 use environment_core::{Intent, IntentKind, OpFlags};
@@ -18,6 +22,14 @@ enum Mutation {
     Symlink(usize, usize),
     MkdirOver(usize),
     RemoveDir(usize),
+    /// A file past the size read whole (so stored in chunks), with a hole in it or not.
+    Large(usize, u8, bool),
+    /// A hard link at the first path to the file at the second.
+    HardLink(usize, usize),
+    /// Ignored content (a `__pycache__`) in a directory.
+    Ignored(usize),
+    /// A directory's mode: read-only with its contents, or writable again.
+    ChmodDir(usize, u32),
 }
 
 const PATHS: [&str; 8] = ["a", "b/c", "b/d", "e/f/g", "e/f/h", "e/i", "j", "b/k/l"];
@@ -31,6 +43,10 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         1 => (0..PATHS.len(), 0..PATHS.len()).prop_map(|(p, t)| Mutation::Symlink(p, t)),
         1 => (0..PATHS.len()).prop_map(Mutation::MkdirOver),
         1 => (0..DIRS.len()).prop_map(Mutation::RemoveDir),
+        1 => (0..PATHS.len(), any::<u8>(), any::<bool>()).prop_map(|(p, b, h)| Mutation::Large(p, b, h)),
+        1 => (0..PATHS.len(), 0..PATHS.len()).prop_map(|(p, t)| Mutation::HardLink(p, t)),
+        1 => (0..DIRS.len()).prop_map(Mutation::Ignored),
+        1 => (0..DIRS.len(), prop_oneof![Just(0o555u32), Just(0o755)]).prop_map(|(d, m)| Mutation::ChmodDir(d, m)),
     ]
 }
 
@@ -87,7 +103,71 @@ fn apply(root: &std::path::Path, m: &Mutation) {
             }
         }
         Mutation::RemoveDir(i) => clear(&root.join(DIRS[*i])),
+        Mutation::Large(i, byte, hole) => {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut content = vec![*byte; 5 << 20];
+            content[..4].copy_from_slice(b"head");
+            apply(root, &Mutation::Write(*i, Vec::new()));
+            let mut f = std::fs::File::create(root.join(PATHS[*i])).unwrap();
+            if *hole {
+                f.write_all(&content[..1 << 20]).unwrap();
+                f.seek(SeekFrom::Start(4 << 20)).unwrap();
+                f.write_all(&content[4 << 20..]).unwrap();
+            } else {
+                f.write_all(&content).unwrap();
+            }
+        }
+        Mutation::HardLink(i, t) => {
+            let (p, target) = (root.join(PATHS[*i]), root.join(PATHS[*t]));
+            if i != t
+                && p.parent().unwrap().is_dir()
+                && std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_file())
+            {
+                clear(&p);
+                std::fs::hard_link(target, p).unwrap();
+            }
+        }
+        Mutation::Ignored(i) => {
+            let d = root.join(DIRS[*i]);
+            if std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
+                write(&d, "__pycache__/m.cpython-313.pyc", b"compiled");
+            }
+        }
+        Mutation::ChmodDir(i, mode) => {
+            let d = root.join(DIRS[*i]);
+            if std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(*mode)).unwrap();
+            }
+        }
     }
+}
+
+/// Ignored content: never in a version, compared on its own.
+fn ignored(rel: &str) -> bool {
+    rel.split('/').any(|c| c == "__pycache__")
+}
+
+/// The hard-link groups of the tree: the paths of every file with more than one link, by inode.
+fn link_groups(root: &Path) -> BTreeSet<BTreeSet<String>> {
+    let mut by_ino: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for (rel, _) in disk(root, &ignored) {
+        let m = std::fs::symlink_metadata(root.join(&rel)).unwrap();
+        if m.is_file() && m.nlink() > 1 {
+            by_ino.entry(m.ino()).or_default().insert(rel);
+        }
+    }
+    by_ino.into_values().collect()
+}
+
+/// Every directory holding ignored content.
+fn ignored_homes(root: &Path) -> BTreeSet<String> {
+    disk(root, &no_skip)
+        .into_keys()
+        .filter_map(|rel| {
+            let (home, _) = rel.split_once("/__pycache__")?;
+            Some(home.to_owned())
+        })
+        .collect()
 }
 
 proptest! {
@@ -95,17 +175,29 @@ proptest! {
     #[test]
     fn restore_to_any_captured_version_gives_its_tree(steps in proptest::collection::vec(mutation(), 1..12), pick in any::<proptest::sample::Index>()) {
         let s = setup(|_| {});
-        let mut versions = vec![(s.env.head("main").unwrap(), disk(s.work.path(), &no_skip))];
+        let w = s.work.path();
+        let mut versions = vec![(s.env.head("main").unwrap(), disk(w, &ignored), link_groups(w))];
         for m in &steps {
-            apply(s.work.path(), m);
+            apply(w, m);
             s.tracker.capture_now(Intent::new(IntentKind::Command, "mutate"), OpFlags::COMMAND).unwrap();
             let head = s.env.head("main").unwrap();
-            let tree = disk(s.work.path(), &no_skip);
+            let tree = disk(w, &ignored);
             prop_assert_eq!(&view(&s.env, &head), &tree);
-            versions.push((head, tree));
+            versions.push((head, tree, link_groups(w)));
         }
-        let (target, tree) = pick.get(&versions).clone();
+        let (target, tree, groups) = pick.get(&versions).clone();
+        let homes_before = ignored_homes(w);
         s.tracker.restore(&s.agent, &target, Intent::new(IntentKind::Restore, "back")).unwrap();
-        prop_assert_eq!(disk(s.work.path(), &no_skip), tree);
+        prop_assert_eq!(disk(w, &ignored), tree.clone());
+        prop_assert_eq!(link_groups(w), groups);
+        // Ignored content stays where its directory stays, and goes where it goes.
+        for home in ignored_homes(w) {
+            prop_assert!(tree.contains_key(&home), "{home}/__pycache__ outlived its directory");
+        }
+        for home in homes_before {
+            if tree.contains_key(&home) && matches!(tree[&home], common::Entry::Dir { .. }) {
+                prop_assert!(w.join(&home).join("__pycache__").exists(), "{home}/__pycache__ was removed");
+            }
+        }
     }
 }
