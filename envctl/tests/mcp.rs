@@ -454,3 +454,71 @@ async fn tools_go_through_a_supervisor_socket() {
     assert!(killed.success());
     assert!(run.wait().unwrap().code().is_some());
 }
+
+/// Makes `depth` nested directories of 200-byte names below `root`, one descriptor at a time
+/// (the path is too long for one system call); returns the directory and its relative path.
+fn deep_dir(root: &Path, depth: usize) -> (std::os::fd::OwnedFd, String) {
+    use rustix::fs::{Mode, OFlags};
+    let mut dir = rustix::fs::open(root, OFlags::DIRECTORY, Mode::empty()).unwrap();
+    let mut rel = Vec::new();
+    for i in 0..depth {
+        let name = format!("{i:03}{}", "d".repeat(197));
+        rustix::fs::mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+        dir = rustix::fs::openat(&dir, name.as_str(), OFlags::DIRECTORY, Mode::empty()).unwrap();
+        rel.push(name);
+    }
+    (dir, rel.join("/"))
+}
+
+fn read_at(dir: &std::os::fd::OwnedFd, name: &str) -> Option<String> {
+    use rustix::fs::{Mode, OFlags};
+    let f = rustix::fs::openat(dir, name, OFlags::RDONLY, Mode::empty()).ok()?;
+    let mut out = vec![0u8; 256];
+    let n = rustix::io::read(&f, &mut out).unwrap();
+    Some(String::from_utf8_lossy(&out[..n]).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_beyond_path_max_work_over_mcp() {
+    use rustix::fs::{Mode, OFlags};
+    let ws = workspace();
+    let dir = ws.path();
+    let (deep, rel) = deep_dir(dir, 25);
+    assert!(rel.len() > 4096);
+    let f = rustix::fs::openat(
+        &deep,
+        "bottom.txt",
+        OFlags::CREATE | OFlags::WRONLY,
+        Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    rustix::io::write(&f, b"deep\n").unwrap();
+    drop(f);
+    let client = connect(dir).await;
+    let file = format!("{rel}/bottom.txt");
+    assert!(
+        ok(&client, "list_files", json!({}))
+            .await
+            .contains("bottom.txt")
+    );
+    assert_eq!(
+        ok(&client, "read_file", json!({"path": file})).await,
+        "deep\n"
+    );
+    ok(&client, "mark", json!({"name": "deep"})).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"path": file, "content": "changed\n"}),
+    )
+    .await;
+    assert_eq!(read_at(&deep, "bottom.txt").as_deref(), Some("changed\n"));
+    assert!(
+        ok(&client, "diff", json!({"from": "deep"}))
+            .await
+            .contains("bottom.txt")
+    );
+    ok(&client, "restore", json!({"version": "deep"})).await;
+    assert_eq!(read_at(&deep, "bottom.txt").as_deref(), Some("deep\n"));
+    client.cancel().await.unwrap();
+}

@@ -253,6 +253,112 @@ fn large_and_sparse_files_cost_what_they_hold() {
     );
 }
 
+/// A tree shaped like what `npm install` leaves: hundreds of packages, scoped and nested ones,
+/// `.bin` symlinks, executables, read-only files, empty directories and a store of hard links.
+fn node_modules(work: &std::path::Path) {
+    let nm = work.join("node_modules");
+    for i in 0..300 {
+        let name = if i % 10 == 0 {
+            format!("@scope/pkg-{i}")
+        } else {
+            format!("pkg-{i}")
+        };
+        let p = nm.join(&name);
+        write(
+            &p,
+            "package.json",
+            format!("{{\"name\":\"{name}\",\"version\":\"1.{i}.0\"}}\n").as_bytes(),
+        );
+        write(
+            &p,
+            "index.js",
+            format!("module.exports = require('./lib/m{i}.js');\n").as_bytes(),
+        );
+        write(&p, &format!("lib/m{i}.js"), &vec![b'x'; 100 + i * 37]);
+        write(&p, "README.md", b"# readme\n");
+        if i % 7 == 0 {
+            write(&p, "bin/cli.js", b"#!/usr/bin/env node\n");
+            std::fs::set_permissions(p.join("bin/cli.js"), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            std::fs::create_dir_all(nm.join(".bin")).unwrap();
+            std::os::unix::fs::symlink(
+                format!("../{name}/bin/cli.js"),
+                nm.join(format!(".bin/tool-{i}")),
+            )
+            .unwrap();
+        }
+        if i % 11 == 0 {
+            write(
+                &p,
+                &format!("node_modules/dep-{i}/package.json"),
+                b"{\"name\":\"dep\"}\n",
+            );
+            std::fs::create_dir_all(p.join("empty")).unwrap();
+        }
+        if i % 13 == 0 {
+            std::fs::set_permissions(p.join("README.md"), std::fs::Permissions::from_mode(0o444))
+                .unwrap();
+        }
+    }
+    // A content store linked into place, as pnpm does.
+    write(&nm, ".store/blob-a", b"shared content\n");
+    std::fs::hard_link(nm.join(".store/blob-a"), nm.join("pkg-1/linked.js")).unwrap();
+    std::fs::hard_link(nm.join(".store/blob-a"), nm.join("pkg-2/linked.js")).unwrap();
+    write(work, "package-lock.json", b"{\"lockfileVersion\":3}\n");
+}
+
+fn node_modules_scenario(dir: &std::path::Path) {
+    use environment_core::{ActorId, LocalEnvironment, Options};
+    use environment_sandbox::{Tracker, TrackerConfig};
+    let work = dir.join("work");
+    write(&work, "package.json", b"{\"name\":\"app\"}\n");
+    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let agent = ActorId::new("agent:npm").unwrap();
+    let before = (env.head("main").unwrap(), disk(&work, &no_skip));
+    node_modules(&work);
+    tracker
+        .capture_now(
+            Intent::new(IntentKind::Command, "npm install"),
+            OpFlags::COMMAND,
+        )
+        .unwrap()
+        .expect("the install is recorded");
+    let installed = (
+        env.head("main").unwrap(),
+        disk(&work, &no_skip),
+        common::link_groups(&work, &no_skip),
+    );
+    assert_eq!(view(&env, &installed.0), installed.1);
+    let intent = || Intent::new(IntentKind::Restore, "npm");
+    for _ in 0..2 {
+        tracker.restore(&agent, &before.0, intent()).unwrap();
+        assert_eq!(
+            disk(&work, &no_skip),
+            before.1,
+            "back: nothing of the install is left"
+        );
+        tracker.restore(&agent, &installed.0, intent()).unwrap();
+        assert_eq!(
+            disk(&work, &no_skip),
+            installed.1,
+            "forward: the install, byte for byte"
+        );
+        assert_eq!(common::link_groups(&work, &no_skip), installed.2);
+    }
+}
+
+#[test]
+fn a_node_modules_tree_goes_back_and_forth_exactly() {
+    common::both(
+        "a_node_modules_tree_goes_back_and_forth_exactly",
+        common::always,
+        node_modules_scenario,
+    );
+}
+
 #[test]
 fn ignored_paths_are_never_restored_or_deleted() {
     let s = setup(|w| write(w, "src/a.rs", b"a"));

@@ -6,8 +6,8 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use common::{disk, no_skip, setup, view, write};
@@ -147,18 +147,6 @@ fn ignored(rel: &str) -> bool {
     rel.split('/').any(|c| c == "__pycache__")
 }
 
-/// The hard-link groups of the tree: the paths of every file with more than one link, by inode.
-fn link_groups(root: &Path) -> BTreeSet<BTreeSet<String>> {
-    let mut by_ino: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
-    for (rel, _) in disk(root, &ignored) {
-        let m = std::fs::symlink_metadata(root.join(&rel)).unwrap();
-        if m.is_file() && m.nlink() > 1 {
-            by_ino.entry(m.ino()).or_default().insert(rel);
-        }
-    }
-    by_ino.into_values().collect()
-}
-
 /// Every directory holding ignored content.
 fn ignored_homes(root: &Path) -> BTreeSet<String> {
     disk(root, &no_skip)
@@ -176,20 +164,20 @@ proptest! {
     fn restore_to_any_captured_version_gives_its_tree(steps in proptest::collection::vec(mutation(), 1..12), pick in any::<proptest::sample::Index>()) {
         let s = setup(|_| {});
         let w = s.work.path();
-        let mut versions = vec![(s.env.head("main").unwrap(), disk(w, &ignored), link_groups(w))];
+        let mut versions = vec![(s.env.head("main").unwrap(), disk(w, &ignored), common::link_groups(w, &ignored))];
         for m in &steps {
             apply(w, m);
             s.tracker.capture_now(Intent::new(IntentKind::Command, "mutate"), OpFlags::COMMAND).unwrap();
             let head = s.env.head("main").unwrap();
             let tree = disk(w, &ignored);
             prop_assert_eq!(&view(&s.env, &head), &tree);
-            versions.push((head, tree, link_groups(w)));
+            versions.push((head, tree, common::link_groups(w, &ignored)));
         }
         let (target, tree, groups) = pick.get(&versions).clone();
         let homes_before = ignored_homes(w);
         s.tracker.restore(&s.agent, &target, Intent::new(IntentKind::Restore, "back")).unwrap();
         prop_assert_eq!(disk(w, &ignored), tree.clone());
-        prop_assert_eq!(link_groups(w), groups);
+        prop_assert_eq!(common::link_groups(w, &ignored), groups);
         // Ignored content stays where its directory stays, and goes where it goes.
         for home in ignored_homes(w) {
             prop_assert!(tree.contains_key(&home), "{home}/__pycache__ outlived its directory");

@@ -75,6 +75,22 @@ pub fn disk(root: &Path, skip: &dyn Fn(&str) -> bool) -> BTreeMap<String, Entry>
     out
 }
 
+/// The hard-link groups under `root`: the paths of every file with more than one link, by
+/// inode (paths matching `skip` left out).
+pub fn link_groups(
+    root: &Path,
+    skip: &dyn Fn(&str) -> bool,
+) -> std::collections::BTreeSet<std::collections::BTreeSet<String>> {
+    let mut by_ino: BTreeMap<u64, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for (rel, _) in disk(root, skip) {
+        let m = std::fs::symlink_metadata(root.join(&rel)).unwrap();
+        if m.is_file() && m.nlink() > 1 {
+            by_ino.entry(m.ino()).or_default().insert(rel);
+        }
+    }
+    by_ino.into_values().collect()
+}
+
 /// Every `fs` key of a version, as the disk would show it.
 pub fn view(env: &LocalEnvironment, version: &OpId) -> BTreeMap<String, Entry> {
     let actor = ActorId::new("test:reader").unwrap();
