@@ -144,8 +144,7 @@ fn file_hash(path: &std::path::Path) -> blake3::Hash {
 }
 
 fn large_files_scenario(dir: &std::path::Path) {
-    use environment_core::{ActorId, Content, LocalEnvironment, Options};
-    use environment_sandbox::{Tracker, TrackerConfig};
+    use environment_core::{ActorId, Content};
     use std::io::{Seek, SeekFrom, Write};
     use std::os::unix::fs::FileExt;
     const GIB: u64 = 1 << 30;
@@ -167,10 +166,7 @@ fn large_files_scenario(dir: &std::path::Path) {
         file_hash(&work.join("data.bin")),
     );
 
-    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
-    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
-    cfg.auto = false;
-    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let (env, tracker) = common::manual(&work, &dir.join("home"));
     let agent = ActorId::new("agent:t").unwrap();
     let first = env.head("main").unwrap();
     let stored = env.blobs().usage().unwrap();
@@ -308,14 +304,10 @@ fn node_modules(work: &std::path::Path) {
 }
 
 fn node_modules_scenario(dir: &std::path::Path) {
-    use environment_core::{ActorId, LocalEnvironment, Options};
-    use environment_sandbox::{Tracker, TrackerConfig};
+    use environment_core::ActorId;
     let work = dir.join("work");
     write(&work, "package.json", b"{\"name\":\"app\"}\n");
-    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
-    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
-    cfg.auto = false;
-    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let (env, tracker) = common::manual(&work, &dir.join("home"));
     let agent = ActorId::new("agent:npm").unwrap();
     let before = (env.head("main").unwrap(), disk(&work, &no_skip));
     node_modules(&work);
@@ -697,17 +689,13 @@ fn device_nodes_are_made_or_named_and_sockets_made() {
 /// Hard links: a write through one link is recorded for every link of the group (inotify
 /// names only the path written), and a restore makes them one inode again.
 fn hard_link_scenario(dir: &std::path::Path) {
-    use environment_core::{ActorId, LocalEnvironment, Options};
-    use environment_sandbox::{Tracker, TrackerConfig};
+    use environment_core::ActorId;
     let work = dir.join("work");
     write(&work, "a/one", b"shared\n");
     std::fs::create_dir_all(work.join("b")).unwrap();
     std::fs::hard_link(work.join("a/one"), work.join("b/two")).unwrap();
     std::fs::hard_link(work.join("a/one"), work.join("three")).unwrap();
-    let env = LocalEnvironment::open(dir.join("home"), Options::default()).unwrap();
-    let mut cfg = TrackerConfig::new(&work, ActorId::new("service:watcher").unwrap());
-    cfg.auto = false;
-    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let (env, tracker) = common::manual(&work, &dir.join("home"));
     let agent = ActorId::new("agent:t").unwrap();
     let first = env.head("main").unwrap();
     let step = || {

@@ -133,10 +133,7 @@ pub fn setup(prepare: impl FnOnce(&Path)) -> Setup {
     let work = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
     prepare(work.path());
-    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
-    let mut cfg = TrackerConfig::new(work.path(), ActorId::new("service:watcher").unwrap());
-    cfg.auto = false;
-    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let (env, tracker) = manual(work.path(), home.path());
     Setup {
         work,
         home,
@@ -144,6 +141,15 @@ pub fn setup(prepare: impl FnOnce(&Path)) -> Setup {
         tracker,
         agent: ActorId::new("agent:test").unwrap(),
     }
+}
+
+/// An environment in `home` and a tracker of `work` that captures only when asked.
+pub fn manual(work: &Path, home: &Path) -> (LocalEnvironment, Tracker) {
+    let env = LocalEnvironment::open(home, Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(work, ActorId::new("service:watcher").unwrap());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    (env, tracker)
 }
 
 pub fn write(root: &Path, rel: &str, content: &[u8]) {
