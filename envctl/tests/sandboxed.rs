@@ -944,6 +944,7 @@ fn exec_through_the_socket_holds_no_privilege() {
     assert!(status.contains("CapBnd:\t0000000000000000"), "{status}");
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
     assert!(status.contains("Seccomp:\t2"), "{status}");
+    also_unprivileged("exec_through_the_socket_holds_no_privilege");
 }
 
 #[test]
