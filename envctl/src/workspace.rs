@@ -287,7 +287,8 @@ impl Session {
     }
 
     /// Names what the capture could not read (pending, never dropped), what it recorded
-    /// without content, and what it can never record: one line each.
+    /// without content, what it can never record, and why captures cost the whole tree: one
+    /// line each.
     fn say_unreadable(&self) {
         let trackers = || self.tracker.iter().chain(self.rootfs.iter());
         for (paths, what) in [
@@ -312,6 +313,9 @@ impl Session {
                     paths.len()
                 );
             }
+        }
+        for why in trackers().filter_map(|t| t.blind()) {
+            eprintln!("envctl: every capture rescans the whole tree: {why}");
         }
     }
 

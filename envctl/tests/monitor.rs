@@ -250,3 +250,65 @@ fn another_user_cannot_reach_the_monitor() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// envctl `args` in the workspace, in a user namespace of its own whose inotify watch limit is
+/// `limit` (a limit of that namespace alone: the host's stays as it is); a monitor it starts
+/// keeps the limit.
+fn under_watch_limit(ws: &Ws, limit: u32, args: &[&str]) -> std::process::Output {
+    let script = format!("echo {limit} > /proc/sys/user/max_inotify_watches && exec \"$@\"");
+    let mut c = std::process::Command::new("unshare");
+    c.args(["-Ur", "sh", "-c", &script, "sh", BIN])
+        .args(args)
+        .current_dir(&ws.dir)
+        .env_remove("ENVIRONMENT_DIR")
+        .env_remove("ENVIRONMENT_ACTOR")
+        .env_remove("ENVIRONMENT_SOCKET")
+        .env_remove("ENVIRONMENT_TOKEN");
+    c.output().unwrap()
+}
+
+#[test]
+fn a_watch_limit_costs_rescans_never_a_change_and_says_so() {
+    also_unprivileged("a_watch_limit_costs_rescans_never_a_change_and_says_so");
+    let ws = Ws::new();
+    stop_monitors(&ws, "TERM");
+    // More directories than the limit lets the monitor watch.
+    let deep = (0..24)
+        .map(|i| format!("d{i}"))
+        .collect::<Vec<_>>()
+        .join("/");
+    std::fs::create_dir_all(ws.path(&deep)).unwrap();
+    let probe = under_watch_limit(&ws, 8, &["status"]);
+    if code(&probe) != 0 && stderr(&probe).contains("unshare") {
+        missing_prerequisite(&format!(
+            "a user namespace to lower the watch limit in: {}",
+            stderr(&probe)
+        ));
+        return;
+    }
+    assert_eq!(code(&probe), 0, "{}", stderr(&probe));
+    let says = |out: &std::process::Output| {
+        stderr(out)
+            .lines()
+            .filter(|l| l.contains("rescans the whole tree") && l.contains("watch limit"))
+            .count()
+    };
+    assert_eq!(says(&probe), 1, "one line says why: {}", stderr(&probe));
+    assert_eq!(monitors(&ws.home()).len(), 1, "status started a monitor");
+    // The monitor has had its rescan acknowledged; the directories it could not watch still
+    // count: every change there is recorded by the next command, every time.
+    for round in 0..2 {
+        let file = format!("{deep}/late-{round}.txt");
+        std::fs::write(ws.path(&file), "written where no watch sees it\n").unwrap();
+        let out = ws.run(&["status"]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert!(
+            recorded(&ws, &format!("fs:{file}")),
+            "round {round}: {:?}",
+            changed_paths(&ws)
+        );
+        assert_eq!(says(&out), 1, "{}", stderr(&out));
+        eprintln!("{:?}", changed_paths(&ws));
+    }
+    stop_monitors(&ws, "TERM");
+}

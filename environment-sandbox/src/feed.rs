@@ -31,6 +31,8 @@ pub(crate) struct MonitorFeed {
     rescanned: bool,
     /// The monitor went away: its set is lost, every capture rescans.
     gone: bool,
+    /// Why every capture rescans for as long as it lasts, as the last answer said.
+    blind: Option<String>,
 }
 
 impl Feed {
@@ -43,6 +45,7 @@ impl Feed {
             rescan: None,
             rescanned: false,
             gone: false,
+            blind: None,
         }))
     }
 
@@ -56,6 +59,7 @@ impl Feed {
                     let n = c.paths.len();
                     dirty.extend(c.paths);
                     m.seq = Some(c.seq);
+                    m.blind = c.blind;
                     if let Some(why) = c.incomplete {
                         m.rescan.get_or_insert(why);
                     }
@@ -64,14 +68,35 @@ impl Feed {
                 Err(e) => {
                     tracing::warn!(error = %e, "the workspace monitor went away; rescanning");
                     m.gone = true;
-                    m.rescan = Some(format!("the workspace monitor went away ({e})"));
+                    let why = format!("the workspace monitor went away ({e})");
+                    m.blind = Some(why.clone());
+                    m.rescan = Some(why);
                     0
                 }
             },
         }
     }
 
-    /// Whether the next capture must rescan (without taking the request).
+    /// Why every capture rescans the whole tree for as long as it lasts (directories the
+    /// watch limit leaves unwatched, a monitor gone); `None` while the feed is whole.
+    pub(crate) fn blind(&self) -> Option<String> {
+        match self {
+            Feed::Watcher(w) => w.blind(),
+            Feed::Monitor(m) => m.blind.clone(),
+        }
+    }
+
+    /// Whether part of the tree is left unwatched (see [`Feed::blind`]), cheaply.
+    pub(crate) fn is_blind(&self) -> bool {
+        match self {
+            Feed::Watcher(w) => w.is_blind(),
+            Feed::Monitor(m) => m.blind.is_some(),
+        }
+    }
+
+    /// Whether the next capture must rescan (without taking the request); a blind feed asks
+    /// only through [`Feed::take_rescan`], so that a tracker rescans when it captures, not at
+    /// every tick.
     pub(crate) fn needs_rescan(&self) -> bool {
         match self {
             Feed::Watcher(w) => w.needs_rescan,
@@ -90,7 +115,10 @@ impl Feed {
     /// Takes the rescan request: why the capture about to run must rescan, if it must.
     pub(crate) fn take_rescan(&mut self) -> Option<String> {
         match self {
-            Feed::Watcher(w) => std::mem::take(&mut w.needs_rescan).then(|| LOST.to_owned()),
+            Feed::Watcher(w) => {
+                let lost = std::mem::take(&mut w.needs_rescan).then(|| LOST.to_owned());
+                w.blind().or(lost)
+            }
             Feed::Monitor(m) if m.gone => Some("no workspace monitor".to_owned()),
             Feed::Monitor(m) => m.rescan.take(),
         }
@@ -116,6 +144,7 @@ impl Feed {
             Err(e) => {
                 tracing::warn!(error = %e, "the workspace monitor went away; rescanning");
                 m.gone = true;
+                m.blind = Some(format!("the workspace monitor went away ({e})"));
             }
         }
     }

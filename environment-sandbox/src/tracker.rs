@@ -530,6 +530,14 @@ impl Tracker {
         *lock(&self.shared.context) = what;
     }
 
+    /// Why every capture of this tracker rescans the whole tree, for as long as it lasts: part
+    /// of the tree is left unwatched by the inotify watch limit, or the workspace monitor went
+    /// away. Nothing is missed (the rescans see it), but captures cost the whole tree, so the
+    /// user should be told. `None` while the change feed is whole.
+    pub fn blind(&self) -> Option<String> {
+        lock(&self.shared.watcher).blind()
+    }
+
     /// The paths the last captures could not read (relative to the root), and why. They are
     /// neither recorded nor removed: they stay pending and are captured once they can be read.
     pub fn unreadable(&self) -> Vec<(PathBuf, String)> {
@@ -885,10 +893,17 @@ fn capture_loop(shared: &Shared) {
         .quiet_period
         .min(Duration::from_millis(50))
         .max(Duration::from_millis(5));
+    // A change in a directory the watch limit leaves unwatched makes no event: while part of the
+    // tree is unwatched, it is also rescanned at this interval.
+    const BLIND_RESCAN_EVERY: Duration = Duration::from_secs(10);
+    let mut last_capture = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         thread::sleep(tick);
         let due = {
-            let rescan = lock(&shared.watcher).needs_rescan();
+            let feed = lock(&shared.watcher);
+            let rescan = feed.needs_rescan()
+                || (feed.is_blind() && last_capture.elapsed() >= BLIND_RESCAN_EVERY);
+            drop(feed);
             let p = lock(&shared.pending);
             rescan
                 || match (p.first_change, p.last_change) {
@@ -905,6 +920,7 @@ fn capture_loop(shared: &Shared) {
             if shared.holds.load(Ordering::SeqCst) > 0 {
                 continue;
             }
+            last_capture = Instant::now();
             if let Err(e) = capture_pending(
                 shared,
                 &mut capturer,

@@ -33,6 +33,9 @@ pub struct Watcher {
     wds: HashMap<Vec<u8>, WatchDescriptor>,
     /// A rescan is needed: the kernel queue overflowed or a watch could not be added.
     pub(crate) needs_rescan: bool,
+    /// Directories that could not be watched (the watch limit), their subtrees with them:
+    /// while any is left, no dirty set is complete. Retried at every drain.
+    unwatched: BTreeSet<Vec<u8>>,
     buffer: Vec<u8>,
 }
 
@@ -81,6 +84,7 @@ impl Watcher {
             paths: HashMap::new(),
             wds: HashMap::new(),
             needs_rescan: false,
+            unwatched: BTreeSet::new(),
             buffer: vec![0u8; 64 * 1024],
         };
         let mut ignored = BTreeSet::new();
@@ -99,6 +103,56 @@ impl Watcher {
         self.paths.len()
     }
 
+    /// Why events cannot be complete for as long as it lasts (directories left unwatched by
+    /// the watch limit), so that every capture must rescan; `None` when every directory is
+    /// watched.
+    pub fn blind(&self) -> Option<String> {
+        if !self.is_blind() {
+            return None;
+        }
+        let first = self.unwatched.first()?;
+        let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+            .map(|l| format!(" of {}", l.trim()))
+            .unwrap_or_default();
+        Some(format!(
+            "the inotify watch limit is reached ({} watches{limit}; raise fs.inotify.\
+             max_user_watches): {} director(ies) are not watched, the first {}",
+            self.paths.len(),
+            self.unwatched.len(),
+            self.root.join(OsStr::from_bytes(first)).display()
+        ))
+    }
+
+    /// Whether some directory is left unwatched (see [`Watcher::blind`]).
+    pub fn is_blind(&self) -> bool {
+        !self.unwatched.is_empty()
+    }
+
+    /// Tries again to watch the directories the watch limit left out (watches may have been
+    /// freed since); what it now watches is marked dirty, as a new directory is.
+    fn rewatch(&mut self, dirty: &mut BTreeSet<Vec<u8>>) {
+        // A failed retry tells nothing new: it must not ask for another rescan (the periodic
+        // one covers the unwatched part).
+        let asked = self.needs_rescan;
+        let mut left = std::mem::take(&mut self.unwatched).into_iter();
+        for dir in left.by_ref() {
+            if self.wds.contains_key(&dir) {
+                continue;
+            }
+            let first = dir.clone();
+            self.watch_tree(dir, dirty);
+            if self.unwatched.contains(&first) {
+                // Still at the limit: the rest waits for the next drain.
+                self.needs_rescan = asked;
+                break;
+            }
+            if !self.unwatched.is_empty() {
+                break;
+            }
+        }
+        self.unwatched.extend(left);
+    }
+
     /// Watches directory `rel` and everything below it, marking every entry found dirty.
     fn watch_tree(&mut self, rel: Vec<u8>, dirty: &mut BTreeSet<Vec<u8>>) {
         let mut stack = vec![rel];
@@ -115,9 +169,12 @@ impl Watcher {
                     self.wds.insert(dir.clone(), wd);
                 }
                 Err(e) if e.raw_os_error() == Some(28) => {
-                    // ENOSPC: the watch limit. Events can no longer be trusted to be complete.
+                    // ENOSPC: the watch limit. Nothing below is watched until a retry succeeds,
+                    // so no dirty set is complete meanwhile.
                     tracing::warn!(dir = %abs.display(), "inotify watch limit reached; falling back to rescans");
                     self.needs_rescan = true;
+                    self.unwatched.insert(dir);
+                    continue;
                 }
                 // Gone already, or not a directory any more: its parent's events say so.
                 Err(_) => continue,
@@ -201,6 +258,9 @@ impl Watcher {
     /// Reads every event the kernel has queued (without waiting) into `dirty`. Returns how many
     /// events were read. Once this returns, every change made before the call is in `dirty`.
     pub fn drain(&mut self, dirty: &mut BTreeSet<Vec<u8>>) -> usize {
+        if !self.unwatched.is_empty() {
+            self.rewatch(dirty);
+        }
         let mut count = 0;
         let mut moves: HashMap<u32, (Vec<u8>, bool)> = HashMap::new();
         loop {

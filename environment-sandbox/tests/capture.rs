@@ -530,3 +530,95 @@ fn a_file_that_stays_unreadable_is_recorded_without_content() {
         without_content_scenario,
     );
 }
+
+/// Set in this binary re-run under a lowered inotify watch limit.
+const WATCH_LIMITED: &str = "ENVIRONMENT_TEST_WATCH_LIMITED";
+
+/// Re-runs test `name` of this binary in a user namespace of its own whose inotify watch limit
+/// is `limit` (that namespace's alone), as the current user and, as root, also as uid 65534.
+fn under_watch_limit(name: &str, limit: u32) {
+    let script = format!("echo {limit} > /proc/sys/user/max_inotify_watches && exec \"$@\"");
+    let exe = std::env::current_exe().unwrap();
+    let mut users: Vec<Vec<String>> = vec![Vec::new()];
+    if rustix::process::geteuid().is_root() {
+        users.push(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        );
+    }
+    for prefix in users {
+        let mut argv = prefix.clone();
+        argv.extend(["unshare", "-Ur", "sh", "-c", &script, "sh"].map(str::to_owned));
+        let out = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .arg(&exe)
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(WATCH_LIMITED, "1")
+            .env("TMPDIR", "/tmp")
+            .env("HOME", "/tmp")
+            .current_dir("/")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() && text.contains("unshare:") {
+            common::missing_prerequisite(&format!("a user namespace ({prefix:?}): {text}"));
+            continue;
+        }
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{prefix:?}: {text}"
+        );
+    }
+}
+
+#[test]
+fn a_watch_limit_costs_rescans_never_a_change() {
+    if std::env::var_os(WATCH_LIMITED).is_none() {
+        return under_watch_limit("a_watch_limit_costs_rescans_never_a_change", 8);
+    }
+    // More directories than the limit lets the tracker watch.
+    let deep = (0..24)
+        .map(|i| format!("d{i}"))
+        .collect::<Vec<_>>()
+        .join("/");
+    let work = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join(&deep)).unwrap();
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let mut cfg = TrackerConfig::new(work.path(), ActorId::new("service:watcher").unwrap());
+    cfg.quiet_period = Duration::from_millis(50);
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let why = tracker
+        .blind()
+        .expect("the tracker says the tree is not all watched");
+    assert!(why.contains("watch limit"), "{why}");
+    // A change where no watch sees it makes no event: the periodic rescan records it anyway
+    // (the first ticks after the open may still rescan for the open's own sake).
+    std::thread::sleep(Duration::from_secs(1));
+    let file = format!("{deep}/unseen.txt");
+    write(work.path(), &file, b"no event for this\n");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !view(&env, &env.head("main").unwrap()).contains_key(&file) {
+        assert!(Instant::now() < deadline, "never captured: {file}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A capture asked for rescans too, so it misses nothing either.
+    let second = format!("{deep}/asked.txt");
+    write(work.path(), &second, b"captured when asked\n");
+    tracker
+        .capture_now(Intent::new(IntentKind::Command, "step"), OpFlags::COMMAND)
+        .unwrap();
+    assert!(view(&env, &env.head("main").unwrap()).contains_key(&second));
+    tracker.close().unwrap();
+}

@@ -474,6 +474,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
             "recorded_as_found": found_after,
             "unreadable": paths_json(&summary.unreadable),
             "without_content": paths_json(&summary.without_content),
+            "rescans": summary.blind,
         }));
     } else {
         let short = |v: &str| v.chars().take(12).collect::<String>();
@@ -517,6 +518,9 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
                     first.display()
                 );
             }
+        }
+        for why in &summary.blind {
+            eprintln!("  rescans:       every capture rescans the whole tree: {why}");
         }
     }
     Ok(status)

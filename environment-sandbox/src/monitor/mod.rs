@@ -82,6 +82,9 @@ enum Reply {
         seq: u64,
         /// Why the set cannot be trusted to be complete; none when it can.
         incomplete: Option<String>,
+        /// Why no set will be complete for as long as it lasts (the watch limit).
+        #[serde(default)]
+        blind: Option<String>,
         paths: Vec<WirePath>,
     },
     Done,
@@ -98,6 +101,9 @@ pub struct Changes {
     /// Why the set may be incomplete (the monitor has no baseline for the root: it just started
     /// watching, or lost events): the tracker must rescan. `None`: the set is complete.
     pub incomplete: Option<String>,
+    /// Why no set will be complete while it lasts (directories the watch limit leaves
+    /// unwatched): every capture rescans, and the user should be told. `None` otherwise.
+    pub blind: Option<String>,
     /// The changed paths, relative to the root.
     pub paths: BTreeSet<Vec<u8>>,
 }
@@ -183,10 +189,12 @@ impl MonitorClient {
             Reply::Changes {
                 seq,
                 incomplete,
+                blind,
                 paths,
             } => Ok(Changes {
                 seq,
                 incomplete,
+                blind,
                 paths: paths.into_iter().map(WirePath::into_bytes).collect(),
             }),
             other => Err(protocol(format!("unexpected answer {other:?}"))),

@@ -63,7 +63,11 @@ impl Watched {
         for p in found {
             self.dirty.insert(p, seq);
         }
-        if std::mem::take(&mut self.watcher.needs_rescan) {
+        if let Some(why) = self.watcher.blind() {
+            // Lasts until the watches are in place: no acknowledged rescan makes it complete.
+            self.watcher.needs_rescan = false;
+            self.lose(seq, &why);
+        } else if std::mem::take(&mut self.watcher.needs_rescan) {
             self.lose(
                 seq,
                 "the monitor lost events (a queue overflow or the watch limit)",
@@ -132,15 +136,12 @@ impl State {
                     };
                 }
             };
-            let mut w = Watched {
+            let w = Watched {
                 watcher,
                 rules,
                 dirty: HashMap::new(),
                 incomplete: Some((seq, "the monitor just started watching the tree".into())),
             };
-            if std::mem::take(&mut w.watcher.needs_rescan) {
-                w.lose(seq, "the inotify watch limit is too low for this tree");
-            }
             self.roots.insert(root.clone(), w);
         }
         let Some(w) = self.roots.get_mut(&root) else {
@@ -152,6 +153,7 @@ impl State {
         Reply::Changes {
             seq,
             incomplete: w.incomplete.as_ref().map(|(_, why)| why.clone()),
+            blind: w.watcher.blind(),
             paths: w.dirty.keys().map(|p| WirePath::of(p)).collect(),
         }
     }

@@ -282,6 +282,8 @@ pub struct Summary {
     pub unreadable: Vec<(PathBuf, String)>,
     /// Paths recorded without their content because they stayed unreadable, and why.
     pub without_content: Vec<(PathBuf, String)>,
+    /// Why captures rescanned whole trees at the end (see [`Tracker::blind`]), one per tree.
+    pub blind: Vec<String>,
 }
 
 /// Runs an agent with its changes captured, its requests answered and authorized.
@@ -601,6 +603,7 @@ impl Supervisor {
         let trackers: Vec<&Arc<Tracker>> = tracker.iter().chain(extra.iter()).collect();
         let unreadable = trackers.iter().flat_map(|t| t.unreadable()).collect();
         let without_content = trackers.iter().flat_map(|t| t.without_content()).collect();
+        let blind = trackers.iter().filter_map(|t| t.blind()).collect();
         let shared = &self.shared;
         let last = shared.env.head(&shared.branch)?;
         let files_changed = shared
@@ -628,6 +631,7 @@ impl Supervisor {
             agent: self.agent.last_exit(),
             unreadable,
             without_content,
+            blind,
         })
     }
 
