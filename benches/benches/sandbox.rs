@@ -27,7 +27,11 @@ fn wanted(group: &str) -> bool {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()))
+    // A filter names the group or one of its functions ("group/function").
+    filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| group.contains(f.as_str()) || f.starts_with(group))
 }
 
 fn sh(dir: &Path, cmd: &str) {

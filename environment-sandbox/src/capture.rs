@@ -635,12 +635,15 @@ impl Capturer {
 
     /// Walks the whole tree and returns the paths whose stat differs from the cache, plus those
     /// the cache or the head knows and the disk no longer has. Reads no file content. The walk
-    /// goes a level at a time, the directories of a level listed and stat'ed on every core.
+    /// goes a level at a time, the directories of a level listed, stat'ed and compared with the
+    /// cache on every core.
     pub fn rescan_dirty(&self) -> Result<BTreeSet<Vec<u8>>> {
         /// Below this many directories in a level, threads cost more than they give.
         const PARALLEL_FROM: usize = 8;
+        let cache = self.cache.all()?;
         let mut dirty = BTreeSet::new();
-        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        // The cached paths found on disk (the others found are dirty).
+        let mut found: Vec<Vec<u8>> = Vec::with_capacity(cache.len());
         let mut level: Vec<Vec<u8>> = vec![Vec::new()];
         while !level.is_empty() {
             let threads = if level.len() >= PARALLEL_FROM {
@@ -648,62 +651,98 @@ impl Capturer {
             } else {
                 1
             };
-            let root = &self.root;
-            let scanned = crate::parallel::map(&level, threads, "rescan", |dir| {
-                Ok(root.scan_dir(rel_path(dir)))
+            let (root, noise) = (&self.root, &self.noise);
+            let looked = crate::parallel::map(&level, threads, "rescan", |dir| {
+                Ok(look_at(root, noise, dir, cache))
             })?;
             let mut next = Vec::new();
-            for (dir, scanned) in level.into_iter().zip(scanned) {
-                let Ok(entries) = scanned else {
-                    dirty.insert(dir);
-                    continue;
-                };
-                for (name, st) in entries {
-                    let rel = if dir.is_empty() {
-                        name
-                    } else {
-                        [dir.as_slice(), b"/", &name].concat()
-                    };
-                    if is_restore_temp(&rel) {
-                        // Left by a restore that was killed: ours to remove.
-                        if let Ok((d, n)) = self.root.parent(rel_path(&rel)) {
-                            let _ = rustix::fs::unlinkat(&d, n, rustix::fs::AtFlags::empty());
-                        }
-                        continue;
-                    }
-                    let path = rel_path(&rel);
-                    let Ok(st) = st else {
-                        dirty.insert(rel);
-                        continue;
-                    };
-                    let is_dir = fsops::file_type(&st) == FileType::Directory;
-                    if self.noise.is_ignored(path, is_dir) {
-                        continue;
-                    }
-                    if self.cache.get(&rel)? != Some(&StatEntry::of(&st)) {
-                        dirty.insert(rel.clone());
-                    }
-                    if is_dir {
-                        next.push(rel.clone());
-                    }
-                    seen.insert(rel);
-                }
+            for l in looked {
+                dirty.extend(l.dirty);
+                next.extend(l.dirs);
+                found.extend(l.cached);
             }
             level = next;
         }
-        for p in self.cache.paths()? {
-            if !seen.contains(p) {
-                dirty.insert(p.clone());
-            }
+        let found: HashSet<&[u8]> = found.iter().map(Vec::as_slice).collect();
+        let on_disk = |p: &[u8]| found.contains(p) || dirty.contains(p);
+        let mut gone: Vec<Vec<u8>> = Vec::new();
+        if found.len() < cache.len() {
+            gone.extend(
+                cache
+                    .keys()
+                    .filter(|p| !found.contains(p.as_slice()))
+                    .cloned(),
+            );
         }
         let head = self.head()?;
         for (k, _) in self.env.list(&self.actor, &self.keys.prefix(b"")?, &head)? {
             if let Some(r) = self.keys.rel(&k)
-                && !seen.contains(r)
+                && !on_disk(r)
             {
-                dirty.insert(r.to_vec());
+                gone.push(r.to_vec());
             }
         }
+        drop(found);
+        dirty.extend(gone);
         Ok(dirty)
     }
+}
+
+/// One directory of a rescan: its entries compared with the cache.
+fn look_at(
+    root: &Root,
+    noise: &Noise,
+    dir: &[u8],
+    cache: &HashMap<Vec<u8>, StatEntry>,
+) -> LevelScan {
+    let mut l = LevelScan::default();
+    let Ok(entries) = root.scan_dir(rel_path(dir)) else {
+        l.dirty.push(dir.to_vec());
+        return l;
+    };
+    for (name, st) in entries {
+        let rel = if dir.is_empty() {
+            name
+        } else {
+            [dir, b"/", &name].concat()
+        };
+        if is_restore_temp(&rel) {
+            // Left by a restore that was killed: ours to remove.
+            if let Ok((d, n)) = root.parent(rel_path(&rel)) {
+                let _ = rustix::fs::unlinkat(&d, n, rustix::fs::AtFlags::empty());
+            }
+            continue;
+        }
+        let Ok(st) = st else {
+            l.dirty.push(rel);
+            continue;
+        };
+        let is_dir = fsops::file_type(&st) == FileType::Directory;
+        if noise.is_ignored_below_kept(rel_path(&rel), is_dir) {
+            continue;
+        }
+        if is_dir {
+            l.dirs.push(rel.clone());
+        }
+        match cache.get(&rel) {
+            Some(e) if *e == StatEntry::of(&st) => l.cached.push(rel),
+            Some(_) => {
+                l.dirty.push(rel.clone());
+                l.cached.push(rel);
+            }
+            None => l.dirty.push(rel),
+        }
+    }
+    l
+}
+
+/// What a rescan found in one directory.
+#[derive(Default)]
+struct LevelScan {
+    /// Entries whose stat differs from the cache, or that could not be stat'ed.
+    dirty: Vec<Vec<u8>>,
+    /// Subdirectories to walk next.
+    dirs: Vec<Vec<u8>>,
+    /// Entries the cache knows.
+    cached: Vec<Vec<u8>>,
 }

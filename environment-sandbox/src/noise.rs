@@ -147,6 +147,12 @@ impl Noise {
         self.classify(rel, is_dir) == Class::Ignored
     }
 
+    /// Whether `rel` is ignored, for a walk that never enters an ignored directory: its parents
+    /// are known not to be, so only its own name is matched.
+    pub fn is_ignored_below_kept(&self, rel: &Path, is_dir: bool) -> bool {
+        self.ignored.matched(rel, is_dir).is_ignore()
+    }
+
     /// Whether a restore must never delete `rel` (or anything under it).
     pub fn is_precious(&self, rel: &Path, is_dir: bool) -> bool {
         self.precious

@@ -105,6 +105,12 @@ impl StatCache {
         Ok(self.entries.get_or_init(|| entries))
     }
 
+    /// Every entry, by path (loads the whole cache: for rescans, which share it between
+    /// threads).
+    pub fn all(&self) -> Result<&HashMap<Vec<u8>, StatEntry>> {
+        self.entries()
+    }
+
     /// The entry of a path (loads the whole cache: for rescans).
     pub fn get(&self, path: &[u8]) -> Result<Option<&StatEntry>> {
         Ok(self.entries()?.get(path))
