@@ -347,6 +347,9 @@ impl Tracker {
         if !vouched {
             if config.rescan_on_open {
                 dirty.extend(capturer.rescan_dirty()?);
+                // The rescan covers whatever the feed lost while it was set up (the watch limit
+                // met while placing watches): that request is answered. A blind feed asks again.
+                let _ = source.take_rescan();
                 source.rescanned();
             } else {
                 source.request_rescan("not rescanned when the tracker opened");
