@@ -682,7 +682,6 @@ impl Capturer {
                 gone.push(r.to_vec());
             }
         }
-        drop(found);
         dirty.extend(gone);
         Ok(dirty)
     }

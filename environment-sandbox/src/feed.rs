@@ -35,6 +35,15 @@ pub(crate) struct MonitorFeed {
     blind: Option<String>,
 }
 
+impl MonitorFeed {
+    /// The monitor did not answer: its set is lost, and every capture from now on rescans.
+    fn went_away(&mut self, e: &std::io::Error) {
+        tracing::warn!(error = %e, "the workspace monitor went away; rescanning");
+        self.gone = true;
+        self.blind = Some(format!("the workspace monitor went away ({e})"));
+    }
+}
+
 impl Feed {
     pub(crate) fn monitor(client: MonitorClient, root: PathBuf, rules: NoiseRules) -> Feed {
         Feed::Monitor(Box::new(MonitorFeed {
@@ -66,11 +75,8 @@ impl Feed {
                     n
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "the workspace monitor went away; rescanning");
-                    m.gone = true;
-                    let why = format!("the workspace monitor went away ({e})");
-                    m.blind = Some(why.clone());
-                    m.rescan = Some(why);
+                    m.went_away(&e);
+                    m.rescan = m.blind.clone();
                     0
                 }
             },
@@ -141,11 +147,7 @@ impl Feed {
         }
         match m.client.acknowledge(&m.root, seq, pending, m.rescanned) {
             Ok(()) => m.rescanned = false,
-            Err(e) => {
-                tracing::warn!(error = %e, "the workspace monitor went away; rescanning");
-                m.gone = true;
-                m.blind = Some(format!("the workspace monitor went away ({e})"));
-            }
+            Err(e) => m.went_away(&e),
         }
     }
 

@@ -90,7 +90,9 @@ impl StatCache {
         })
     }
 
-    fn entries(&self) -> Result<&HashMap<Vec<u8>, StatEntry>> {
+    /// Every entry, by path: the whole cache, loaded once (for rescans, which share it between
+    /// threads).
+    pub fn all(&self) -> Result<&HashMap<Vec<u8>, StatEntry>> {
         if let Some(e) = self.entries.get() {
             return Ok(e);
         }
@@ -103,17 +105,6 @@ impl StatCache {
             entries.insert(r.get::<_, Vec<u8>>(0)?, entry_at(r, 1)?);
         }
         Ok(self.entries.get_or_init(|| entries))
-    }
-
-    /// Every entry, by path (loads the whole cache: for rescans, which share it between
-    /// threads).
-    pub fn all(&self) -> Result<&HashMap<Vec<u8>, StatEntry>> {
-        self.entries()
-    }
-
-    /// The entry of a path (loads the whole cache: for rescans).
-    pub fn get(&self, path: &[u8]) -> Result<Option<&StatEntry>> {
-        Ok(self.entries()?.get(path))
     }
 
     /// The entry of one path, without loading the whole cache (for captures of a few paths).
@@ -167,11 +158,6 @@ impl StatCache {
             }
         }
         Ok(out)
-    }
-
-    /// Every cached path (loads the whole cache: for rescans).
-    pub fn paths(&self) -> Result<impl Iterator<Item = &Vec<u8>>> {
-        Ok(self.entries()?.keys())
     }
 
     /// Whether nothing of this root was ever captured.
