@@ -230,12 +230,56 @@ pub struct SandboxArgs {
     /// `*` takes every name with that prefix, e.g. `npm_config_*`).
     #[arg(long = "pass-env", value_name = "NAME")]
     pub pass_env: Vec<String>,
+    /// The most memory the whole sandbox may use, swap refused (cgroup v2 `memory.max`): bytes,
+    /// or with a K, M or G suffix. Needs a delegated cgroup v2 subtree; refused without one.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// The most processes and threads the whole sandbox may hold at once, its own two included
+    /// (cgroup v2 `pids.max`). Needs a delegated cgroup v2 subtree; refused without one.
+    #[arg(long, value_name = "N")]
+    pub max_processes: Option<u64>,
+    /// The CPU bandwidth of the whole sandbox, in CPUs (e.g. 0.5 or 2; cgroup v2 `cpu.max`).
+    /// Needs a delegated cgroup v2 subtree; refused without one.
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpus)]
+    pub cpus: Option<u64>,
+}
+
+/// `512M`, `2G`, `65536`: bytes.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (bytes, or a number with K, M or G)"))?;
+    n.checked_mul(1 << shift)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("{s:?} is not a usable size"))
+}
+
+/// `1.5` CPUs: 1500 thousandths.
+fn parse_cpus(s: &str) -> Result<u64, String> {
+    let cpus: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of CPUs"))?;
+    if !(cpus.is_finite() && (0.001..=4096.0).contains(&cpus)) {
+        return Err(format!("{s:?}: CPUs must lie between 0.001 and 4096"));
+    }
+    Ok((cpus * 1000.0).round() as u64)
 }
 
 impl SandboxArgs {
     /// Whether any of them was given (a supervisor's sandbox cannot be opened up per command).
     pub fn given(&self) -> bool {
-        self.network.is_some() || !self.writable.is_empty() || !self.pass_env.is_empty()
+        self.network.is_some()
+            || !self.writable.is_empty()
+            || !self.pass_env.is_empty()
+            || self.memory.is_some()
+            || self.max_processes.is_some()
+            || self.cpus.is_some()
     }
 }
 

@@ -210,6 +210,11 @@ impl From<SandboxError> for Failure {
                 .hint("write a tracked path that is a regular file or does not exist yet"),
             SandboxError::InvalidSpec { .. } => Failure::usage(format!("{e}; nothing ran"))
                 .hint("check the directories given to the sandbox (--writable)"),
+            SandboxError::Cgroup { .. } => Failure::new(ExitCode::Unavailable, e.to_string()).hint(
+                "run where a cgroup v2 subtree is delegated to this user (e.g. `systemd-run \
+                     --user --scope -p Delegate=yes envctl …`), or drop --memory, \
+                     --max-processes and --cpus",
+            ),
             SandboxError::Rule { .. } => {
                 Failure::usage(e.to_string()).hint("noise rules use gitignore syntax")
             }

@@ -981,3 +981,59 @@ fn the_run_summary_names_what_could_not_be_read() {
     }
     also_unprivileged("the_run_summary_names_what_could_not_be_read");
 }
+
+/// Limits the host cannot apply are refused before the agent starts (exit 7, nothing run,
+/// nothing recorded), never dropped; where a cgroup v2 subtree is delegated they hold.
+#[test]
+fn cgroup_limits_are_applied_or_refused_never_dropped() {
+    if !sandboxes("cgroup_limits_are_applied_or_refused_never_dropped") {
+        return;
+    }
+    let ws = Ws::acting_as(Some("human:test"));
+    ws.ok(&["status"]);
+    let before = log_all(&ws).len();
+    let delegated = matches!(
+        Isolation::probe().unwrap().cgroup,
+        environment_sandbox::CgroupSupport::Delegated { ref controllers, .. }
+            if controllers.iter().any(|c| c == "pids")
+    );
+    for command in ["run", "exec"] {
+        let out = ws.run(&[
+            command,
+            "--max-processes",
+            "16",
+            "--",
+            "sh",
+            "-c",
+            "cat /sys/fs/cgroup/$(cut -d: -f3 /proc/self/cgroup)/pids.max > made",
+        ]);
+        if delegated {
+            assert_eq!(code(&out), 0, "{}", stderr(&out));
+            assert_eq!(ws.read("made").as_deref(), Some("16\n"));
+            std::fs::remove_file(ws.path("made")).unwrap();
+        } else {
+            eprintln!(
+                "cgroup v2 enforcement not checked on this host: {}",
+                stderr(&out)
+            );
+            assert_eq!(code(&out), 7, "{command}: {}", stderr(&out));
+            assert_eq!(ws.read("made"), None, "{command} ran without its limits");
+            assert_eq!(log_all(&ws).len(), before, "{command} recorded something");
+        }
+    }
+    // Unconfined, a limit cannot hold: refused too.
+    let out = ws.run(&[
+        "run",
+        "--isolate",
+        "none",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "touch made",
+    ]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert_eq!(ws.read("made"), None);
+    also_unprivileged("cgroup_limits_are_applied_or_refused_never_dropped");
+}

@@ -54,6 +54,13 @@ pub enum SandboxError {
         /// How to enable it (the sysctl, security profile or kernel feature involved).
         hint: String,
     },
+    /// cgroup v2 limits were asked and this host cannot apply them: refused before anything
+    /// ran.
+    #[error("cgroup v2 limits cannot be applied on this host: {why}; nothing was started")]
+    Cgroup {
+        /// Why (no delegated subtree, a controller missing, a write refused).
+        why: String,
+    },
     /// An isolation spec that cannot be used (a missing path, a relative inside path…).
     #[error("invalid isolation spec: {detail}")]
     InvalidSpec {

@@ -66,7 +66,10 @@ pub mod watch;
 pub use control::{ControlClient, ControlError};
 pub use error::{Result, SandboxError};
 pub use fork::{Candidate, ForkConfig, Forks, Pick, Tournament, TournamentReport, WorkingTree};
-pub use isolate::{Bind, Isolation, IsolationSpec, Limits, Root, Rootfs, Support, Workspace};
+pub use isolate::{
+    Bind, CgroupLimits, CgroupSupport, Isolation, IsolationSpec, Limits, Root, Rootfs, Support,
+    Workspace,
+};
 pub use launch::{Launcher, Unconfined};
 pub use monitor::{MonitorClient, MonitorConfig};
 pub use noise::{Class, Noise, NoiseRules};

@@ -414,3 +414,85 @@ fn ordinary_work_runs_with_every_layer_on() {
         scenario_ordinary_work,
     );
 }
+
+/// Where a process's cgroup v2 lives on the host, from a `/proc/PID/cgroup` it printed.
+fn cgroup_dir(proc_cgroup: &str) -> Option<std::path::PathBuf> {
+    proc_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| Path::new("/sys/fs/cgroup").join(p.trim().trim_start_matches('/')))
+}
+
+fn scenario_cgroup_limits() {
+    use environment_sandbox::{CgroupLimits, CgroupSupport, SandboxError};
+    let ws = tempfile::tempdir().unwrap();
+    let mut spec = IsolationSpec::host(ws.path());
+    spec.limits.cgroup = CgroupLimits {
+        memory: Some(64 << 20),
+        processes: Some(16),
+        cpu_millis: Some(500),
+    };
+    let support = Isolation::probe().unwrap();
+    let iso = match (&support.cgroup, Isolation::new(spec)) {
+        (CgroupSupport::Delegated { .. }, Ok(iso)) => iso,
+        (CgroupSupport::Delegated { controllers, .. }, Err(SandboxError::Cgroup { why }))
+            if !["memory", "pids", "cpu"]
+                .iter()
+                .all(|c| controllers.iter().any(|o| o == c)) =>
+        {
+            eprintln!("cgroup v2 enforcement not checked here, the refusal was: {why}");
+            return;
+        }
+        (CgroupSupport::Unavailable(reason), Err(SandboxError::Cgroup { why })) => {
+            // Refused before anything ran, with the probe's reason.
+            assert_eq!(&why, reason);
+            eprintln!("cgroup v2 enforcement not checked on this host, the refusal was: {why}");
+            return;
+        }
+        (support, other) => panic!("cgroup support {support:?}, yet the sandbox gave {other:?}"),
+    };
+    // Every process of the sandbox is in its cgroup, with the limits asked.
+    let out = run(&iso, "cat /proc/self/cgroup");
+    assert!(out.status.success());
+    let dir = cgroup_dir(&stdout(&out)).expect("a cgroup v2 line");
+    assert!(
+        dir.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("sandbox-")
+    );
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    assert_eq!(read("memory.max").trim(), (64u64 << 20).to_string());
+    assert_eq!(read("pids.max").trim(), "16");
+    assert_eq!(read("cpu.max").trim(), "50000 100000");
+    // More processes than allowed: the forks past the limit fail.
+    run(
+        &iso,
+        "i=0; while [ $i -lt 40 ]; do sleep 2 & i=$((i+1)); done 2>/dev/null; wait; true",
+    );
+    let refused: u64 = read("pids.events")
+        .lines()
+        .find_map(|l| l.strip_prefix("max "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    assert!(refused > 0, "no fork was refused past pids.max");
+    // The agent cannot leave its cgroup: the host's cgroup tree is read-only inside.
+    let out = run(
+        &iso,
+        "echo $$ > /sys/fs/cgroup/cgroup.procs; echo $$ > /sys/fs/cgroup/$(cut -d: -f3 /proc/self/cgroup)/../cgroup.procs; cat /proc/self/cgroup",
+    );
+    assert_eq!(cgroup_dir(&stdout(&out)), Some(dir.clone()));
+    // Nothing left behind once the launcher is gone.
+    drop(iso);
+    assert!(!dir.exists(), "{} was left behind", dir.display());
+}
+
+/// cgroup v2 limits hold for the whole sandbox where a cgroup v2 subtree is delegated; where
+/// none is, they are refused before anything runs, and the test says which case it checked.
+#[test]
+fn cgroup_limits_hold_or_are_refused_before_anything_runs() {
+    both(
+        "cgroup_limits_hold_or_are_refused_before_anything_runs",
+        scenario_cgroup_limits,
+    );
+}

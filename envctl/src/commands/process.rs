@@ -17,9 +17,9 @@ use environment_core::{
 };
 use environment_sandbox::supervisor::{AgentSpec, ShellHandles};
 use environment_sandbox::{
-    Bind, Candidate, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec, Launcher, Pick,
-    SandboxError, Shell, Supervisor, SupervisorConfig, Tournament, TrackedRoot, Unconfined,
-    WorkingTree, Workspace as SandboxWorkspace,
+    Bind, Candidate, CgroupLimits, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec,
+    Launcher, Pick, SandboxError, Shell, Supervisor, SupervisorConfig, Tournament, TrackedRoot,
+    Unconfined, WorkingTree, Workspace as SandboxWorkspace,
 };
 use serde_json::json;
 
@@ -125,6 +125,20 @@ fn open_up(spec: &mut IsolationSpec, args: &SandboxArgs) {
     spec.network = args.network.unwrap_or(Network::Host) == Network::Host;
     spec.env_allow.extend(args.pass_env.iter().cloned());
     spec.writable.extend(args.writable.iter().cloned());
+    spec.limits.cgroup = CgroupLimits {
+        memory: args.memory,
+        processes: args.max_processes,
+        cpu_millis: args.cpus,
+    };
+}
+
+/// A command that asked for a sandbox's walls or limits where none is made: refused, rather
+/// than run without them.
+fn unconfinable(why: &str) -> Failure {
+    Failure::usage(format!(
+        "{why}: --network, --writable, --pass-env, --memory, --max-processes and --cpus need a \
+         sandbox; nothing ran"
+    ))
 }
 
 /// Builds the sandbox, saying in one line each layer this kernel lacks (it never degrades
@@ -151,6 +165,9 @@ pub fn host_sandbox(ws: &Workspace, args: &SandboxArgs) -> Outcome<Arc<dyn Launc
             open_up(&mut spec, args);
             Ok(Arc::new(sandbox(spec)?))
         }
+        Err(why) if args.given() => Err(unconfinable(&format!(
+            "this host refuses unprivileged user namespaces ({why}), so commands run unconfined"
+        ))),
         Err(why) => {
             SAID.call_once(|| {
                 eprintln!(
@@ -312,6 +329,9 @@ fn placement(ws: &Workspace, a: &RunArgs, socket: &Path) -> Outcome<Placement> {
         }
     };
     if isolate == Isolation::None {
+        if a.sandbox.given() {
+            return Err(unconfinable("the agent runs unconfined (--isolate none)"));
+        }
         return Ok(Placement {
             launcher: Arc::new(Unconfined::new(&ws.dir)),
             socket_inside: given(socket.to_path_buf()),

@@ -184,7 +184,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
                 // run started, and the socket's callers (the agent among them) cannot widen it.
                 return Err(Failure::usage(
                     "a command run through the supervisor gets the run's sandbox: --network, \
-                     --writable and --pass-env cannot change it",
+                     --writable, --pass-env and the limits cannot change it",
                 )
                 .hint("give them to `envctl run`, or run exec when no supervisor runs"));
             }

@@ -327,7 +327,12 @@ fn stage_name(plan: &Plan, stage: u32) -> &str {
 
 /// Runs in `outer`, the process std forked. Returns only in the agent.
 fn outer(plan: &Plan, cwd: &CStr, ruleset: Option<&OwnedFd>) -> io::Result<()> {
-    // outer dies with the caller's process (see `lifeline`), init with outer.
+    // outer dies with the caller's process (see `lifeline`), init with outer. The cgroup is
+    // joined while this process is still the caller's, so everything the sandbox starts is in it.
+    if let Some(procs) = &plan.cgroup {
+        write_file(procs, b"0")
+            .inspect_err(|e| report("join the sandbox's cgroup", e.raw_os_error().unwrap_or(0)))?;
+    }
     let mut flags = UnshareFlags::NEWUSER
         | UnshareFlags::NEWNS
         | UnshareFlags::NEWPID

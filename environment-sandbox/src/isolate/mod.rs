@@ -58,6 +58,7 @@
 //! # Ok(()) }
 //! ```
 
+mod cgroup;
 mod child;
 mod lockdown;
 mod plan;
@@ -69,6 +70,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+pub use cgroup::CgroupLimits;
 pub use lockdown::{DENIED, Denied, compiled_filters};
 pub use probe::{CgroupSupport, Support};
 pub use rootfs::Rootfs;
@@ -129,10 +131,14 @@ impl Bind {
     }
 }
 
-/// Resource limits set on the agent process (rlimits: inherited by everything it starts).
-/// `None` leaves the caller's limit; a value above the current hard limit is clamped to it.
+/// Resource limits: rlimits set on the agent process (inherited by everything it starts; `None`
+/// leaves the caller's limit, a value above the current hard limit is clamped to it), and
+/// cgroup v2 limits shared by every process the launcher confines, which a host without a
+/// delegated cgroup v2 subtree refuses ([`SandboxError::Cgroup`] from [`Isolation::new`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
+    /// Memory, processes and CPU of the whole sandbox (cgroup v2).
+    pub cgroup: CgroupLimits,
     /// Address space in bytes (`RLIMIT_AS`).
     pub address_space: Option<u64>,
     /// CPU time in seconds (`RLIMIT_CPU`).
@@ -263,6 +269,8 @@ struct Inner {
     /// The host directory whose contents appear at `workspace_inside`, for mapping a command's
     /// working directory.
     workspace_host: Option<PathBuf>,
+    /// The sandbox's cgroup, when limits asked for one; removed with the last clone.
+    cgroup: Option<cgroup::Cgroup>,
 }
 
 impl Isolation {
@@ -287,7 +295,14 @@ impl Isolation {
             (None, Root::Rootfs(dir)) => Some(dir.clone()),
             (None, Root::Host) => None,
         };
-        let plan = plan::Plan::build(&spec, &workspace_inside, &support)?;
+        let mut plan = plan::Plan::build(&spec, &workspace_inside, &support)?;
+        let cgroup = if spec.limits.cgroup.any() {
+            let cgroup = cgroup::Cgroup::create(&support.cgroup, &spec.limits.cgroup)?;
+            plan.cgroup = Some(cgroup.procs()?);
+            Some(cgroup)
+        } else {
+            None
+        };
         Ok(Isolation {
             inner: Arc::new(Inner {
                 spec,
@@ -295,6 +310,7 @@ impl Isolation {
                 plan: Arc::new(plan),
                 workspace_inside,
                 workspace_host,
+                cgroup,
             }),
         })
     }
@@ -457,7 +473,14 @@ impl Launcher for Isolation {
         if !inner.spec.masked.is_empty() {
             parts.push(format!("{} secret paths masked", inner.spec.masked.len()));
         }
-        parts.push(format!("cgroup v2: {}", inner.support.cgroup));
+        parts.push(match &inner.cgroup {
+            Some(cg) => format!(
+                "cgroup v2 limits in {} ({})",
+                cg.dir().display(),
+                inner.spec.limits.cgroup
+            ),
+            None => format!("no cgroup v2 limits (cgroup v2: {})", inner.support.cgroup),
+        });
         parts.join(", ")
     }
 }

@@ -95,6 +95,8 @@ pub(crate) struct Plan {
     pub seccomp: Vec<seccompiler::BpfProgram>,
     /// What Landlock grants, when the kernel offers it.
     pub landlock: Option<LandlockPlan>,
+    /// The `cgroup.procs` of the sandbox's cgroup, which `outer` joins first.
+    pub cgroup: Option<CString>,
     /// The read end of the caller's lifeline (see `child::lifeline`).
     pub lifeline: std::os::fd::RawFd,
 }
@@ -372,6 +374,7 @@ impl Plan {
                     .map(|p| cstring("writable path", p))
                     .collect::<Result<_>>()?,
             ),
+            cgroup: None,
             lifeline: super::child::lifeline()
                 .map_err(|e| SandboxError::io("make the sandbox's lifeline", "pipe")(e))?,
         })

@@ -58,7 +58,12 @@ impl Support {
 #[non_exhaustive]
 pub enum CgroupSupport {
     /// A cgroup v2 subtree writable by this user (delegated).
-    Delegated(PathBuf),
+    Delegated {
+        /// This process's cgroup.
+        dir: PathBuf,
+        /// The controllers it offers (`cgroup.controllers`).
+        controllers: Vec<String>,
+    },
     /// Not available, and why.
     Unavailable(String),
 }
@@ -66,7 +71,12 @@ pub enum CgroupSupport {
 impl fmt::Display for CgroupSupport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CgroupSupport::Delegated(p) => write!(f, "delegated subtree {}", p.display()),
+            CgroupSupport::Delegated { dir, controllers } => write!(
+                f,
+                "delegated subtree {} ({})",
+                dir.display(),
+                controllers.join(" ")
+            ),
             CgroupSupport::Unavailable(why) => write!(f, "unavailable ({why})"),
         }
     }
@@ -356,11 +366,27 @@ fn cgroup_support() -> CgroupSupport {
         return CgroupSupport::Unavailable("cgroup v1 host".to_owned());
     };
     if !unified {
-        return CgroupSupport::Unavailable("hybrid cgroup v1/v2 host".to_owned());
+        let v1: Vec<&str> = own
+            .lines()
+            .filter_map(|l| l.split(':').nth(1))
+            .filter(|c| !c.is_empty())
+            .collect();
+        return CgroupSupport::Unavailable(format!(
+            "hybrid cgroup v1/v2 host: the controllers are bound to cgroup v1 ({})",
+            v1.join(", ")
+        ));
     }
     let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-    match rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK) {
-        Ok(()) => CgroupSupport::Delegated(dir),
-        Err(_) => CgroupSupport::Unavailable(format!("{} is not writable", dir.display())),
+    if rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK).is_err() {
+        return CgroupSupport::Unavailable(format!(
+            "{} is not writable by this user (no delegated subtree)",
+            dir.display()
+        ));
     }
+    let controllers = std::fs::read_to_string(dir.join("cgroup.controllers"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    CgroupSupport::Delegated { dir, controllers }
 }
