@@ -1037,3 +1037,197 @@ fn cgroup_limits_are_applied_or_refused_never_dropped() {
     assert_eq!(ws.read("made"), None);
     also_unprivileged("cgroup_limits_are_applied_or_refused_never_dropped");
 }
+
+/// Every path under `root` but the sandbox's own mount points, with its type, mode, link target
+/// and content hash.
+fn rootfs_listing(root: &Path) -> std::collections::BTreeMap<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    const MOUNT_POINTS: &[&str] = &["workspace", "run/environment", "tmp/.environment-run"];
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if MOUNT_POINTS
+                .iter()
+                .any(|m| rel == *m || rel.starts_with(&format!("{m}/")))
+            {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = meta.permissions().mode() & 0o7777;
+            let what = if meta.is_symlink() {
+                format!("link {}", std::fs::read_link(&path).unwrap().display())
+            } else if meta.is_dir() {
+                stack.push(path.clone());
+                format!("dir {mode:o}")
+            } else {
+                let content = std::fs::read(&path)
+                    .map(|b| blake3::hash(&b).to_hex().to_string())
+                    .unwrap_or_else(|e| format!("unreadable ({e})"));
+                format!("file {mode:o} {content}")
+            };
+            out.insert(rel, what);
+        }
+    }
+    out
+}
+
+/// A package built here, in a file repository the agent can read at /workspace/repo.
+fn local_apt_repository(work: &Path) -> bool {
+    let pkg = work.join("../pkg/hello-local");
+    std::fs::create_dir_all(pkg.join("DEBIAN")).unwrap();
+    std::fs::create_dir_all(pkg.join("usr/share/hello-local")).unwrap();
+    std::fs::create_dir_all(pkg.join("usr/bin")).unwrap();
+    std::fs::write(
+        pkg.join("DEBIAN/control"),
+        "Package: hello-local\nVersion: 1.0\nArchitecture: all\nMaintainer: Test \
+         <test@example.org>\nDescription: a package built by the test\n",
+    )
+    .unwrap();
+    // A maintainer script, as real packages have: dpkg runs it as root inside.
+    std::fs::write(
+        pkg.join("DEBIAN/postinst"),
+        "#!/bin/sh\nset -e\necho configured > /etc/hello-local.conf\n",
+    )
+    .unwrap();
+    std::fs::write(pkg.join("usr/share/hello-local/greeting"), "hello, apt\n").unwrap();
+    std::fs::write(
+        pkg.join("usr/bin/hello-local"),
+        "#!/bin/sh\ncat /usr/share/hello-local/greeting\n",
+    )
+    .unwrap();
+    for script in ["DEBIAN/postinst", "usr/bin/hello-local"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(pkg.join(script), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let repo = work.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let built = Command::new("dpkg-deb")
+        .args(["--build", "--root-owner-group"])
+        .arg(&pkg)
+        .arg(&repo)
+        .output();
+    let index = Command::new("dpkg-scanpackages")
+        .arg(".")
+        .current_dir(&repo)
+        .stderr(Stdio::null())
+        .output();
+    match (built, index) {
+        (Ok(b), Ok(i)) if b.status.success() && i.status.success() => {
+            std::fs::write(repo.join("Packages"), i.stdout).unwrap();
+            true
+        }
+        (b, i) => {
+            common::missing_prerequisite(&format!(
+                "dpkg-deb and dpkg-scanpackages (apt-get install dpkg-dev) build the test's \
+                 package: {b:?} {i:?}"
+            ));
+            false
+        }
+    }
+}
+
+/// The Debian minbase rootfs (a tar archive, so that any user can seed from it) that `.ci/run`
+/// builds with debootstrap.
+const DEBIAN_ROOTFS: &str = "ENVIRONMENT_TEST_DEBIAN_ROOTFS";
+
+/// apt-get works in a managed Debian rootfs with no extra flag, offline, from a repository the
+/// test builds, as root and as uid 65534 (one uid inside, no capability: apt cannot switch to
+/// `_apt`, dpkg unpacks each file with mode 0 before its chmod); everything it did is captured,
+/// and a restore to before it makes the rootfs exactly what it was.
+#[test]
+fn apt_get_installs_in_a_debian_rootfs_and_a_restore_takes_it_all_back() {
+    const TEST: &str = "apt_get_installs_in_a_debian_rootfs_and_a_restore_takes_it_all_back";
+    if !sandboxes(TEST) {
+        return;
+    }
+    let Some(tarball) = std::env::var_os(DEBIAN_ROOTFS).filter(|t| Path::new(t).is_file()) else {
+        common::missing_prerequisite(&format!(
+            "{TEST}: {DEBIAN_ROOTFS} names no Debian rootfs archive (`debootstrap --variant=minbase \
+             bookworm DIR && tar -cf debian.tar -C DIR .`, as .ci/run does)"
+        ));
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    if !local_apt_repository(&work) {
+        return;
+    }
+    let ws = Ws {
+        _tmp: tempfile::tempdir().unwrap(),
+        dir: work,
+        actor: Some("human:test"),
+    };
+    ws.ok(&["init", "--rootfs", tarball.to_str().unwrap()]);
+    let rootfs = ws.home().join("rootfs");
+    let seeded = rootfs_listing(&rootfs);
+    let before = ws.json(&["status"])["head"].as_str().unwrap().to_owned();
+    let out = ws.run(&[
+        "--actor",
+        "agent:admin",
+        "run",
+        "--isolate",
+        "rootfs",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "set -e; echo 'deb [trusted=yes] file:/workspace/repo ./' > /etc/apt/sources.list; \
+         rm -f /etc/apt/sources.list.d/*; apt-get update -q; apt-get install -y -q hello-local; \
+         hello-local > said.txt",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(ws.read("said.txt").as_deref(), Some("hello, apt\n"));
+    // Installed in the rootfs, as dpkg knows it...
+    let status = std::fs::read_to_string(rootfs.join("var/lib/dpkg/status")).unwrap();
+    assert!(status.contains("Package: hello-local\nStatus: install ok installed"));
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("etc/hello-local.conf")).unwrap(),
+        "configured\n"
+    );
+    // ...and every file of it captured, as the agent's.
+    let mut keys: Vec<String> = Vec::new();
+    for entry in log_all(&ws).iter().filter(|e| e["actor"] == "agent:admin") {
+        let op = ws.json(&["show", entry["id"].as_str().unwrap()]);
+        keys.extend(changed_paths(&op).into_iter().map(str::to_owned));
+    }
+    for path in [
+        "usr/bin/hello-local",
+        "usr/share/hello-local/greeting",
+        "etc/hello-local.conf",
+        "var/lib/dpkg/info/hello-local.list",
+    ] {
+        let key = format!(".environment/rootfs/{path}");
+        assert!(
+            keys.contains(&key),
+            "{key} was not captured as the agent's: {keys:?}"
+        );
+    }
+    // A restore to before the install makes the rootfs exactly what was seeded.
+    ws.ok(&["restore", &before]);
+    let restored = rootfs_listing(&rootfs);
+    let differ: Vec<_> = seeded
+        .iter()
+        .filter(|(k, v)| restored.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .chain(
+            restored
+                .keys()
+                .filter(|k| !seeded.contains_key(*k))
+                .cloned(),
+        )
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "the restore left these different: {differ:?}"
+    );
+    also_unprivileged(TEST);
+}
