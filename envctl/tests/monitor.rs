@@ -312,3 +312,39 @@ fn a_watch_limit_costs_rescans_never_a_change_and_says_so() {
     }
     stop_monitors(&ws, "TERM");
 }
+
+/// A run that lasts longer than the monitor's idle time keeps it (the supervisor's tracker holds
+/// its connection), so the command after the run starts no new monitor and rescans nothing:
+/// it records what changed after the run from the same monitor.
+#[test]
+fn a_run_longer_than_the_idle_time_keeps_the_monitor() {
+    if environment_sandbox::Isolation::probe().is_err() {
+        common::missing_prerequisite(
+            "a_run_longer_than_the_idle_time_keeps_the_monitor: no user namespaces",
+        );
+        return;
+    }
+    let ws = Ws::new();
+    stop_monitors(&ws, "TERM");
+    let idle = |args: &[&str]| {
+        let out = ws
+            .cmd(args)
+            .env("ENVIRONMENT_MONITOR_IDLE", "1")
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    };
+    idle(&["status"]);
+    let before = monitors(&ws.home());
+    assert_eq!(before.len(), 1);
+    idle(&["run", "--", "sh", "-c", "sleep 3; echo during > during.txt"]);
+    assert!(recorded(&ws, "fs:during.txt"));
+    std::fs::write(ws.path("after.txt"), "after\n").unwrap();
+    idle(&["status"]);
+    assert_eq!(
+        monitors(&ws.home()),
+        before,
+        "the run's monitor was replaced"
+    );
+    assert!(recorded(&ws, "fs:after.txt"));
+}

@@ -19,15 +19,33 @@ pub(crate) fn map<T: Sync, R: Send>(
     what: &str,
     f: impl Fn(&T) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
+    map_with(items, threads, what, || (), |(), item| f(item))
+}
+
+/// [`map`] with a state of each thread's own, made by `init` (a cache of what neighbouring
+/// items share, such as their directory).
+pub(crate) fn map_with<T: Sync, S, R: Send>(
+    items: &[T],
+    threads: usize,
+    what: &str,
+    init: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, &T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
     if threads <= 1 || items.len() < 2 {
-        return items.iter().map(&f).collect();
+        let mut state = init();
+        return items.iter().map(|item| f(&mut state, item)).collect();
     }
     let chunk = items.len().div_ceil(threads);
-    let f = &f;
+    let (f, init) = (&f, &init);
     let results: Vec<Result<Vec<R>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = items
             .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(f).collect()))
+            .map(|part| {
+                scope.spawn(move || {
+                    let mut state = init();
+                    part.iter().map(|item| f(&mut state, item)).collect()
+                })
+            })
             .collect();
         handles
             .into_iter()

@@ -196,8 +196,8 @@ impl Capturer {
     /// one view no file is another's ancestor, and their directories were written before them.
     pub(crate) fn apply(&self, changes: &[KeyChange]) -> Result<Applied> {
         let mut cache = Vec::new();
-        let mut run: Vec<(&[u8], &Value)> = Vec::new();
-        let mut links: Vec<(&[u8], &Value)> = Vec::new();
+        let mut run: Vec<FileWrite<'_>> = Vec::new();
+        let mut links: Vec<FileWrite<'_>> = Vec::new();
         let tree = self.tree_writer();
         // Read-only directories are written as tar and rsync do: made writable while their
         // contents change, and given their final mode last, deepest first.
@@ -230,11 +230,15 @@ impl Capturer {
                         .get(HARDLINK)
                         .is_some_and(|l| l.as_bytes() != rel) =>
                 {
-                    links.push((rel, v));
+                    links.push(FileWrite { rel, v, new: false });
                     continue;
                 }
                 Some(v) if matches!(v.meta.kind, EntryKind::File | EntryKind::Symlink) => {
-                    run.push((rel, v));
+                    run.push(FileWrite {
+                        rel,
+                        v,
+                        new: c.before.is_none(),
+                    });
                     continue;
                 }
                 _ => tree.write_files(&mut run, &mut cache)?,
@@ -249,7 +253,7 @@ impl Capturer {
                     if v.meta.kind == EntryKind::Dir {
                         finals.insert(rel.to_vec(), v.meta.mode & 0o7777);
                     }
-                    if let Some(st) = tree.write(path, v)? {
+                    if let Some(st) = tree.write(&mut Parents::default(), path, v, false)? {
                         cache.push((rel.to_vec(), Some(st)));
                     }
                 }
@@ -281,6 +285,8 @@ impl Capturer {
         changes: &[KeyChange],
     ) -> Result<std::collections::BTreeMap<Vec<u8>, u32>> {
         let mut finals = std::collections::BTreeMap::new();
+        // Each directory is looked at once, however many of its entries change.
+        let mut seen = std::collections::HashSet::new();
         for c in changes {
             let Some(rel) = self.keys.rel(&c.key) else {
                 continue;
@@ -289,7 +295,7 @@ impl Capturer {
                 .iter()
                 .rposition(|b| *b == b'/')
                 .map_or(&rel[..0], |i| &rel[..i]);
-            if finals.contains_key(parent) {
+            if !seen.insert(parent) {
                 continue;
             }
             let path = Path::new(OsStr::from_bytes(parent));
@@ -327,11 +333,17 @@ impl Capturer {
         dirty: &mut std::collections::BTreeSet<Vec<u8>>,
         written: &[(Vec<u8>, Option<StatEntry>)],
     ) {
+        let mut parents = Parents::default();
         for (rel, entry) in written {
             if !dirty.contains(rel) {
                 continue;
             }
-            let now = self.root.lstat(Path::new(OsStr::from_bytes(rel))).ok();
+            let now = parents
+                .open(&self.root, Path::new(OsStr::from_bytes(rel)))
+                .ok()
+                .and_then(|(dir, name)| {
+                    rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()
+                });
             let unchanged = match (entry, now) {
                 (Some(e), Some(st)) => *e == StatEntry::of(&st),
                 (None, None) => true,
@@ -371,10 +383,12 @@ struct TreeWriter<'a> {
 }
 
 impl TreeWriter<'_> {
-    /// Writes a run of files and symlinks, in parallel when it is long.
+    /// Writes a run of files and symlinks, in parallel when it is long. Each thread takes a
+    /// contiguous share of the run, which is in key order, so neighbours share a directory
+    /// that it opens once.
     fn write_files(
         &self,
-        run: &mut Vec<(&[u8], &Value)>,
+        run: &mut Vec<FileWrite<'_>>,
         cache: &mut Vec<(Vec<u8>, Option<StatEntry>)>,
     ) -> Result<()> {
         const PARALLEL_FROM: usize = 64;
@@ -383,12 +397,13 @@ impl TreeWriter<'_> {
         } else {
             1
         };
-        let written = crate::parallel::map(run, threads, "restore", |(rel, v)| {
-            self.write(Path::new(OsStr::from_bytes(rel)), v)
-        })?;
-        for ((rel, _), st) in run.drain(..).zip(written) {
+        let written =
+            crate::parallel::map_with(run, threads, "restore", Parents::default, |parents, w| {
+                self.write(parents, Path::new(OsStr::from_bytes(w.rel)), w.v, w.new)
+            })?;
+        for (w, st) in run.drain(..).zip(written) {
             if let Some(st) = st {
-                cache.push((rel.to_vec(), Some(st)));
+                cache.push((w.rel.to_vec(), Some(st)));
             }
         }
         Ok(())
@@ -493,9 +508,18 @@ impl TreeWriter<'_> {
     }
 
     /// Writes one value: files and symlinks to a temporary name in the same directory, then
-    /// renamed over; directories created or their mode set.
-    fn write(&self, path: &Path, v: &Value) -> Result<Option<StatEntry>> {
-        let (dir, name) = match self.root.parent(path) {
+    /// renamed over; directories created or their mode set. A file `new` to the tree (absent
+    /// from the version left) is created at its name directly when nothing is there: no
+    /// reader can see it half-written that could see it before, and a restore cut short is
+    /// finished by its intent record, which finds the name taken and writes it over.
+    fn write(
+        &self,
+        parents: &mut Parents,
+        path: &Path,
+        v: &Value,
+        new: bool,
+    ) -> Result<Option<StatEntry>> {
+        let (dir, name) = match parents.open(self.root, path) {
             Ok(x) => x,
             Err(e) if fsops::is_escape(&e) => {
                 return Err(SandboxError::Escape {
@@ -504,7 +528,14 @@ impl TreeWriter<'_> {
             }
             Err(e) => return Err(SandboxError::io("open parent", path)(e)),
         };
-        let existing = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).ok();
+        if new
+            && v.meta.kind == EntryKind::File
+            && !v.meta.attributes.contains_key(HARDLINK)
+            && let Some(st) = self.create_new(dir, name, v, path)?
+        {
+            return Ok(Some(st));
+        }
+        let existing = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok();
         let existing_dir = existing
             .as_ref()
             .is_some_and(|st| fsops::file_type(st) == FileType::Directory);
@@ -513,14 +544,14 @@ impl TreeWriter<'_> {
             EntryKind::Dir => {
                 if !existing_dir {
                     if existing.is_some() {
-                        rustix::fs::unlinkat(&dir, name, AtFlags::empty())
+                        rustix::fs::unlinkat(dir, name, AtFlags::empty())
                             .map_err(|e| SandboxError::io("unlink", path)(errno(e)))?;
                     }
-                    rustix::fs::mkdirat(&dir, name, mode)
+                    rustix::fs::mkdirat(dir, name, mode)
                         .map_err(|e| SandboxError::io("mkdir", path)(errno(e)))?;
                 }
                 let fd = rustix::fs::openat(
-                    &dir,
+                    dir,
                     name,
                     OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                     Mode::empty(),
@@ -555,11 +586,11 @@ impl TreeWriter<'_> {
                     ),
                 };
                 if existing.is_some() && !existing_dir {
-                    let _ = rustix::fs::unlinkat(&dir, name, AtFlags::empty());
+                    let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
                 }
-                return match rustix::fs::mknodat(&dir, name, kind, mode, rdev) {
+                return match rustix::fs::mknodat(dir, name, kind, mode, rdev) {
                     Ok(()) => {
-                        let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                        let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
                             .map_err(|e| SandboxError::io("lstat", path)(errno(e)))?;
                         Ok(Some(StatEntry::of(&st)))
                     }
@@ -589,12 +620,12 @@ impl TreeWriter<'_> {
         match v.meta.kind {
             EntryKind::Symlink => {
                 let target = v.meta.symlink_target.clone().unwrap_or_default();
-                rustix::fs::symlinkat(OsStr::from_bytes(&target), &dir, tmp)
+                rustix::fs::symlinkat(OsStr::from_bytes(&target), dir, tmp)
                     .map_err(|e| SandboxError::io("symlink", path)(errno(e)))?;
                 if let Some(ns) = v.meta.mtime_ns {
                     let t = ts(ns);
                     let _ = rustix::fs::utimensat(
-                        &dir,
+                        dir,
                         tmp,
                         &Timestamps {
                             last_access: t,
@@ -605,19 +636,19 @@ impl TreeWriter<'_> {
                 }
             }
             EntryKind::Fifo => {
-                rustix::fs::mknodat(&dir, tmp, FileType::Fifo, mode, 0)
+                rustix::fs::mknodat(dir, tmp, FileType::Fifo, mode, 0)
                     .map_err(|e| SandboxError::io("mkfifo", path)(errno(e)))?;
             }
-            _ if self.link_to_first(path, v, &dir, tmp)? => {
+            _ if self.link_to_first(path, v, dir, tmp)? => {
                 if existing.is_some_and(|st| Some(st.st_ino) == self.first_ino(v)) {
                     // Already a link of the group: nothing to do but drop the new name.
-                    let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
+                    let _ = rustix::fs::unlinkat(dir, tmp, AtFlags::empty());
                     return Ok(existing.map(|st| StatEntry::of(&st)));
                 }
             }
             _ => {
                 let fd = rustix::fs::openat(
-                    &dir,
+                    dir,
                     tmp,
                     OFlags::CREATE
                         | OFlags::EXCL
@@ -628,7 +659,7 @@ impl TreeWriter<'_> {
                 )
                 .map_err(|e| SandboxError::io("create", path)(errno(e)))?;
                 if let Err(e) = fill(self.env, fd, v, path) {
-                    let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
+                    let _ = rustix::fs::unlinkat(dir, tmp, AtFlags::empty());
                     return Err(e);
                 }
             }
@@ -638,17 +669,86 @@ impl TreeWriter<'_> {
             // precious paths (then the rename below fails and says so).
             let _ = self.remove(path);
         }
-        rustix::fs::renameat(&dir, tmp, &dir, name).map_err(|e| {
-            let _ = rustix::fs::unlinkat(&dir, tmp, AtFlags::empty());
+        rustix::fs::renameat(dir, tmp, dir, name).map_err(|e| {
+            let _ = rustix::fs::unlinkat(dir, tmp, AtFlags::empty());
             SandboxError::io("rename", path)(errno(e))
         })?;
-        let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+        let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| SandboxError::io("lstat", path)(errno(e)))?;
         Ok(Some(StatEntry::of(&st)))
     }
 }
 
+/// One file or symlink of a run.
+struct FileWrite<'a> {
+    rel: &'a [u8],
+    v: &'a Value,
+    /// Absent from the version the restore leaves.
+    new: bool,
+}
+
+/// The directory of the last path written, kept open for its neighbours.
+#[derive(Default)]
+struct Parents {
+    last: Option<(std::path::PathBuf, OwnedFd)>,
+}
+
+impl Parents {
+    /// `path`'s parent, opened beneath the root (or the one already open), and its name.
+    fn open<'p>(
+        &mut self,
+        root: &crate::fsops::Root,
+        path: &'p Path,
+    ) -> std::io::Result<(&OwnedFd, &'p OsStr)> {
+        let name = path
+            .file_name()
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let parent = path.parent().unwrap_or(Path::new(""));
+        if self.last.as_ref().is_none_or(|(p, _)| p != parent) {
+            let fd = root.open_beneath(parent, OFlags::DIRECTORY | OFlags::RDONLY, 0)?;
+            self.last = Some((parent.to_path_buf(), fd));
+        }
+        let (_, fd) = self
+            .last
+            .as_ref()
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
+        Ok((fd, name))
+    }
+}
+
 impl TreeWriter<'_> {
+    /// Creates a file at `name` in `dir` when nothing is there and fills it; `None` when the
+    /// name is taken (then it is written over the usual way).
+    fn create_new(
+        &self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        v: &Value,
+        path: &Path,
+    ) -> Result<Option<StatEntry>> {
+        let fd = match rustix::fs::openat(
+            dir,
+            name,
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::EXIST) => return Ok(None),
+            Err(e) => return Err(SandboxError::io("create", path)(errno(e))),
+        };
+        match fill(self.env, fd, v, path) {
+            Ok(file) => {
+                let st = rustix::fs::fstat(&file)
+                    .map_err(|e| SandboxError::io("fstat", path)(errno(e)))?;
+                Ok(Some(StatEntry::of(&st)))
+            }
+            Err(e) => {
+                let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
+                Err(e)
+            }
+        }
+    }
+
     /// The inode of the first path of `v`'s hard-link group, as it is on disk.
     fn first_ino(&self, v: &Value) -> Option<u64> {
         let first = v.meta.attributes.get(HARDLINK)?;
@@ -680,7 +780,7 @@ impl TreeWriter<'_> {
 
 /// Writes a file's content (leaving holes where the content is zeros, so sparse files stay
 /// sparse), then its mode (after the content: writing clears setuid) and mtime.
-pub(crate) fn fill(env: &LocalEnvironment, fd: OwnedFd, v: &Value, path: &Path) -> Result<()> {
+pub(crate) fn fill(env: &LocalEnvironment, fd: OwnedFd, v: &Value, path: &Path) -> Result<File> {
     let mut file = File::from(fd);
     let io = SandboxError::io;
     let bytes = match &v.content {
@@ -691,15 +791,19 @@ pub(crate) fn fill(env: &LocalEnvironment, fd: OwnedFd, v: &Value, path: &Path) 
             env.blobs()
                 .write_chunked(m, &file)
                 .map_err(environment_core::EnvError::from)?;
-            return finish_file(&file, v, path);
+            finish_file(&file, v, path)?;
+            return Ok(file);
         }
     };
     const CHUNK: usize = 64 << 10;
     let mut pos = 0usize;
+    // The file is new and empty: its length needs setting only when it ends in a hole.
+    let mut ends_in_hole = false;
     while pos < bytes.len() {
         let end = (pos + CHUNK).min(bytes.len());
         let chunk = &bytes[pos..end];
-        if chunk.iter().all(|b| *b == 0) {
+        ends_in_hole = chunk.iter().all(|b| *b == 0);
+        if ends_in_hole {
             file.seek(SeekFrom::Current(chunk.len() as i64))
                 .map_err(io("seek", path))?;
         } else {
@@ -707,9 +811,12 @@ pub(crate) fn fill(env: &LocalEnvironment, fd: OwnedFd, v: &Value, path: &Path) 
         }
         pos = end;
     }
-    file.set_len(bytes.len() as u64)
-        .map_err(io("truncate", path))?;
-    finish_file(&file, v, path)
+    if ends_in_hole {
+        file.set_len(bytes.len() as u64)
+            .map_err(io("truncate", path))?;
+    }
+    finish_file(&file, v, path)?;
+    Ok(file)
 }
 
 /// A written file's mode (after the content: writing clears setuid) and mtime.

@@ -36,6 +36,8 @@ pub struct Watcher {
     /// Directories that could not be watched (the watch limit), their subtrees with them:
     /// while any is left, no dirty set is complete. Retried at every drain.
     unwatched: BTreeSet<Vec<u8>>,
+    /// The log has been told that the limit is reached (once for as long as it lasts).
+    said_blind: bool,
     buffer: Vec<u8>,
 }
 
@@ -85,6 +87,7 @@ impl Watcher {
             wds: HashMap::new(),
             needs_rescan: false,
             unwatched: BTreeSet::new(),
+            said_blind: false,
             buffer: vec![0u8; 64 * 1024],
         };
         let mut ignored = BTreeSet::new();
@@ -151,6 +154,9 @@ impl Watcher {
             }
         }
         self.unwatched.extend(left);
+        if self.unwatched.is_empty() {
+            self.said_blind = false;
+        }
     }
 
     /// Watches directory `rel` and everything below it, marking every entry found dirty.
@@ -171,7 +177,12 @@ impl Watcher {
                 Err(e) if e.raw_os_error() == Some(28) => {
                     // ENOSPC: the watch limit. Nothing below is watched until a retry succeeds,
                     // so no dirty set is complete meanwhile.
-                    tracing::warn!(dir = %abs.display(), "inotify watch limit reached; falling back to rescans");
+                    // Said once when it begins (a retry at every drain would say it again each
+                    // time); `blind` says it to the user.
+                    if !self.said_blind {
+                        tracing::warn!(dir = %abs.display(), "inotify watch limit reached; falling back to rescans");
+                        self.said_blind = true;
+                    }
                     self.needs_rescan = true;
                     self.unwatched.insert(dir);
                     continue;

@@ -135,7 +135,7 @@ fn write_one(env: &LocalEnvironment, path: &Path, v: &Value) -> Result<()> {
                 Mode::from_raw_mode(0o600),
             )
             .map_err(|e| SandboxError::io("create", path)(e.into()))?;
-            fill(env, fd, v, path)
+            fill(env, fd, v, path).map(drop)
         }
         EntryKind::Fifo => rustix::fs::mknodat(
             rustix::fs::CWD,
