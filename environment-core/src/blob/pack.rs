@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::{io_err, poisoned};
 use crate::error::BlobError;
-use crate::hash::Hash;
+use crate::hash::{DigestMap, Hash};
 
 /// Blobs up to this size are packed; larger ones get a file of their own.
 pub const PACKED_MAX: usize = 64 * 1024;
@@ -174,7 +174,7 @@ struct Pack {
 struct Index {
     packs: Vec<Pack>,
     by_name: HashMap<String, u32>,
-    map: HashMap<Hash, Loc>,
+    map: DigestMap<Loc>,
 }
 
 impl Index {
@@ -440,10 +440,14 @@ impl Packs {
         Ok(parsed)
     }
 
-    /// Whether this process knows the blob (no look at other processes' new records).
+    /// Whether this process knows the blob (no look at other processes' new records). What it
+    /// packed itself is known before the indexes are read, so a command that checks only the
+    /// blobs it wrote never reads them.
     pub fn known(&self, hash: &Hash) -> bool {
-        self.index()
-            .is_ok_and(|l| l.read().is_ok_and(|i| i.map.contains_key(hash)))
+        self.index.read().is_ok_and(|i| i.map.contains_key(hash))
+            || self
+                .index()
+                .is_ok_and(|l| l.read().is_ok_and(|i| i.map.contains_key(hash)))
     }
 
     /// Whether the blob is packed, looking again at the packs on a miss.

@@ -204,7 +204,7 @@ pub(crate) struct TreeEdit<'a> {
     first_id: NodeId,
     next_id: NodeId,
     by_id: HashMap<NodeId, Arc<Node>>,
-    by_hash: HashMap<Hash, Ptr>,
+    by_hash: crate::hash::DigestMap<Ptr>,
 }
 
 impl<'a> TreeEdit<'a> {
@@ -214,7 +214,7 @@ impl<'a> TreeEdit<'a> {
             first_id: next_id,
             next_id,
             by_id: HashMap::new(),
-            by_hash: HashMap::new(),
+            by_hash: crate::hash::DigestMap::default(),
         }
     }
 
