@@ -519,7 +519,8 @@ impl Capturer {
                 None => Change::Delete(k),
             })
             .collect();
-        if !extra.is_empty() {
+        let had_extra = !extra.is_empty();
+        if had_extra {
             all_quiet = false;
             changes.extend(extra);
         }
@@ -554,7 +555,23 @@ impl Capturer {
             Some(obs)
         };
         drop(guard);
-        self.cache.update(cache)?;
+        // The cache has an entry for every key this capture changed, unless it recorded paths
+        // without content or changes of its caller's: then it no longer covers the head.
+        let from = head.to_string();
+        let to = match &observation {
+            None => Some(from.clone()),
+            Some(o) if o.noop => Some(from.clone()),
+            Some(o)
+                if marked.is_empty()
+                    && !had_extra
+                    && self.env.op(&o.version)?.parents == [head] =>
+            {
+                Some(o.version.to_string())
+            }
+            Some(_) => None,
+        };
+        self.cache
+            .update_after(cache, to.as_deref().map(|to| (from.as_str(), to)))?;
         Ok(Captured {
             observation: observation.filter(|o| !o.noop),
             files,
@@ -674,12 +691,25 @@ impl Capturer {
                     .cloned(),
             );
         }
-        let head = self.head()?;
-        for (k, _) in self.env.list(&self.actor, &self.keys.prefix(b"")?, &head)? {
-            if let Some(r) = self.keys.rel(&k)
-                && !on_disk(r)
+        // A recorded path neither on disk nor in the cache is gone too: the head is listed for
+        // them, unless the cache is known to hold every key of the head.
+        let version = self.head()?;
+        let head = version.to_string();
+        if !self.cache.covers(&head) {
+            let mut covered = true;
+            for (k, _) in self
+                .env
+                .list(&self.actor, &self.keys.prefix(b"")?, &version)?
             {
-                gone.push(r.to_vec());
+                if let Some(r) = self.keys.rel(&k) {
+                    if !on_disk(r) {
+                        gone.push(r.to_vec());
+                    }
+                    covered &= cache.contains_key(r);
+                }
+            }
+            if covered {
+                self.cache.set_covers(&head)?;
             }
         }
         dirty.extend(gone);

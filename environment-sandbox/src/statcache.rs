@@ -44,10 +44,19 @@ impl StatEntry {
 
 /// The cache of one tracked root. Its entries are read from disk only when a rescan needs them
 /// all: a capture of a few dirty paths never loads the cache of the whole tree.
+///
+/// It also keeps the version it *covers*: one whose every key has an entry, so that a rescan
+/// at that version finds every recorded path that is gone among the cache's entries and need
+/// not list the version. A rescan that listed the head and found every key here sets it; a
+/// capture whose operation follows that version moves it along (it writes an entry for every
+/// key it changes); any other update forgets it. The loaded entries keep their own, read with
+/// them: another process's updates reach the disk, not them.
 pub struct StatCache {
     conn: Connection,
     scope: String,
     entries: std::cell::OnceCell<HashMap<Vec<u8>, StatEntry>>,
+    /// The version the loaded entries cover.
+    loaded_covers: std::cell::RefCell<Option<String>>,
 }
 
 impl std::fmt::Debug for StatCache {
@@ -70,7 +79,8 @@ impl StatCache {
             "CREATE TABLE IF NOT EXISTS stat_cache(scope TEXT NOT NULL, path BLOB NOT NULL, size INTEGER NOT NULL,
                  mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, mode INTEGER NOT NULL,
                  PRIMARY KEY(scope, path)) WITHOUT ROWID;
-             CREATE TABLE IF NOT EXISTS restore_intent(scope TEXT PRIMARY KEY, target TEXT NOT NULL, started_ms INTEGER NOT NULL);",
+             CREATE TABLE IF NOT EXISTS restore_intent(scope TEXT PRIMARY KEY, target TEXT NOT NULL, started_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS stat_cache_covers(scope TEXT PRIMARY KEY, version TEXT NOT NULL);",
         )?;
         // Added later, so older caches get them: link counts (every entry counting one link),
         // with an index of the hard-linked entries only (one of every entry would double the
@@ -87,6 +97,7 @@ impl StatCache {
             conn,
             scope: scope.to_owned(),
             entries: std::cell::OnceCell::new(),
+            loaded_covers: std::cell::RefCell::new(None),
         })
     }
 
@@ -97,14 +108,38 @@ impl StatCache {
             return Ok(e);
         }
         let mut entries = HashMap::new();
-        let mut stmt = self.conn.prepare(
-            "SELECT path, size, mtime_ns, ctime_ns, ino, mode, links FROM stat_cache WHERE scope = ?1",
-        )?;
-        let mut rows = stmt.query([&self.scope])?;
-        while let Some(r) = rows.next()? {
-            entries.insert(r.get::<_, Vec<u8>>(0)?, entry_at(r, 1)?);
+        // One read transaction: the version covered is the one these entries cover.
+        let tx = self.conn.unchecked_transaction()?;
+        let covers = stored_covers(&tx, &self.scope)?;
+        {
+            let mut stmt = tx.prepare(
+                "SELECT path, size, mtime_ns, ctime_ns, ino, mode, links FROM stat_cache WHERE scope = ?1",
+            )?;
+            let mut rows = stmt.query([&self.scope])?;
+            while let Some(r) = rows.next()? {
+                entries.insert(r.get::<_, Vec<u8>>(0)?, entry_at(r, 1)?);
+            }
         }
+        tx.finish()?;
+        *self.loaded_covers.borrow_mut() = covers;
         Ok(self.entries.get_or_init(|| entries))
+    }
+
+    /// Whether the loaded entries ([`StatCache::all`]) have an entry for every key of
+    /// `version`.
+    pub fn covers(&self, version: &str) -> bool {
+        self.entries.get().is_some() && self.loaded_covers.borrow().as_deref() == Some(version)
+    }
+
+    /// Records that the cache has an entry for every key of `version` (a rescan listed it and
+    /// found them all among the loaded entries).
+    pub fn set_covers(&self, version: &str) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO stat_cache_covers(scope, version) VALUES (?1, ?2)",
+            params![self.scope, version],
+        )?;
+        *self.loaded_covers.borrow_mut() = Some(version.to_owned());
+        Ok(())
     }
 
     /// The entry of one path, without loading the whole cache (for captures of a few paths).
@@ -174,9 +209,23 @@ impl StatCache {
             .is_none())
     }
 
-    /// Records new entries (`None` removes), in one transaction.
+    /// Records new entries (`None` removes), in one transaction; the version covered is
+    /// forgotten (see [`StatCache::update_after`]).
     pub fn update(&mut self, changes: Vec<(Vec<u8>, Option<StatEntry>)>) -> Result<()> {
-        if changes.is_empty() {
+        self.update_after(changes, None)
+    }
+
+    /// Records new entries (`None` removes), in one transaction. `moved`: the entries are those
+    /// of every key an operation from the first version to the second changed (or the two are
+    /// one version, nothing recorded), so a cache that covered the first covers the second;
+    /// `None` forgets the version covered.
+    pub fn update_after(
+        &mut self,
+        changes: Vec<(Vec<u8>, Option<StatEntry>)>,
+        moved: Option<(&str, &str)>,
+    ) -> Result<()> {
+        // Nothing written: what was covered still is (the entries are the same).
+        if changes.is_empty() && moved.is_none_or(|(from, to)| from == to) {
             return Ok(());
         }
         let tx = self.conn.transaction()?;
@@ -202,7 +251,24 @@ impl StatCache {
                 };
             }
         }
+        let stored = stored_covers(&tx, &self.scope)?;
+        let next = |covered: Option<&str>| match moved {
+            Some((from, to)) if covered == Some(from) => Some(to.to_owned()),
+            _ => None,
+        };
+        match next(stored.as_deref()) {
+            Some(v) => tx.execute(
+                "INSERT OR REPLACE INTO stat_cache_covers(scope, version) VALUES (?1, ?2)",
+                params![self.scope, v],
+            )?,
+            None => tx.execute(
+                "DELETE FROM stat_cache_covers WHERE scope = ?1",
+                [&self.scope],
+            )?,
+        };
         tx.commit()?;
+        let loaded = next(self.loaded_covers.borrow().as_deref());
+        *self.loaded_covers.borrow_mut() = loaded;
         if let Some(entries) = self.entries.get_mut() {
             for (path, entry) in changes {
                 match entry {
@@ -258,6 +324,18 @@ impl StatCache {
             )
             .optional()?)
     }
+}
+
+/// The version the stored entries cover, if one is recorded.
+fn stored_covers(conn: &Connection, scope: &str) -> Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    Ok(conn
+        .query_row(
+            "SELECT version FROM stat_cache_covers WHERE scope = ?1",
+            [scope],
+            |r| r.get(0),
+        )
+        .optional()?)
 }
 
 /// Adds `column` to `table` unless it is there (a cache made by an earlier version).

@@ -622,3 +622,43 @@ fn a_watch_limit_costs_rescans_never_a_change() {
     assert!(view(&env, &env.head("main").unwrap()).contains_key(&second));
     tracker.close().unwrap();
 }
+
+/// A rescan skips listing the head only while its cache is known to hold every key of it: a
+/// path another tracker recorded (so absent from this one's loaded cache) and then deleted is
+/// found gone by this one's next rescan, and rescans that follow its own captures stay exact.
+#[test]
+fn a_rescan_finds_every_recorded_path_gone_whoever_recorded_it() {
+    let s = setup(|w| {
+        write(w, "kept.txt", b"kept\n");
+        write(w, "dir/old.txt", b"old\n");
+    });
+    let rescan = |t: &Tracker| t.rescan_now().unwrap();
+    // This tracker's cache is loaded and, after a rescan that listed the head, covers it.
+    assert!(rescan(&s.tracker).is_none());
+    assert!(rescan(&s.tracker).is_none());
+    // Another tracker of the same tree records a path this one's cache never held.
+    let (_, other) = common::manual(s.work.path(), s.home.path());
+    write(s.work.path(), "dir/theirs.txt", b"theirs\n");
+    assert!(
+        other
+            .capture_now(Intent::new(IntentKind::Command, "theirs"), OpFlags::COMMAND)
+            .unwrap()
+            .is_some()
+    );
+    std::fs::remove_file(s.work.path().join("dir/theirs.txt")).unwrap();
+    assert!(rescan(&s.tracker).is_some(), "the deletion was not found");
+    head_matches_disk(&s);
+    // Its own captures keep the cache whole: deletions after them are found without a listing.
+    write(s.work.path(), "new.txt", b"new\n");
+    assert!(rescan(&s.tracker).is_some());
+    std::fs::remove_file(s.work.path().join("new.txt")).unwrap();
+    std::fs::remove_dir_all(s.work.path().join("dir")).unwrap();
+    assert!(rescan(&s.tracker).is_some());
+    head_matches_disk(&s);
+    // And a fresh tracker of the same tree starts from what is stored.
+    drop(other);
+    let (_, fresh) = common::manual(s.work.path(), s.home.path());
+    std::fs::remove_file(s.work.path().join("kept.txt")).unwrap();
+    assert!(rescan(&fresh).is_some());
+    head_matches_disk(&s);
+}
