@@ -38,7 +38,7 @@ impl Hash {
     }
 }
 
-/// A map keyed by [`Hash`]es, hashed by [`DigestHasher`].
+/// A map keyed by [`struct@Hash`]es, hashed by [`DigestHasher`].
 pub type DigestMap<V> = std::collections::HashMap<Hash, V, DigestState>;
 
 /// Builds [`DigestHasher`]s with this process's secret mix.
@@ -67,7 +67,7 @@ impl std::hash::BuildHasher for DigestState {
     }
 }
 
-/// Hashes a [`Hash`] for a hash map from its own bytes: a digest is uniform already, so
+/// Hashes a [`struct@Hash`] for a hash map from its own bytes: a digest is uniform already, so
 /// folding it is enough, where SipHash over its 32 bytes costs more than the lookup. The fold
 /// ends with a multiply by this process's secret odd seed, so that content ground to collide
 /// in a map's buckets in one process does not collide in another.
