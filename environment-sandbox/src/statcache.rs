@@ -134,10 +134,7 @@ impl StatCache {
     /// Records that the cache has an entry for every key of `version` (a rescan listed it and
     /// found them all among the loaded entries).
     pub fn set_covers(&self, version: &str) -> Result<()> {
-        self.conn.execute(
-            "INSERT OR REPLACE INTO stat_cache_covers(scope, version) VALUES (?1, ?2)",
-            params![self.scope, version],
-        )?;
+        store_covers(&self.conn, &self.scope, Some(version))?;
         *self.loaded_covers.borrow_mut() = Some(version.to_owned());
         Ok(())
     }
@@ -256,16 +253,7 @@ impl StatCache {
             Some((from, to)) if covered == Some(from) => Some(to.to_owned()),
             _ => None,
         };
-        match next(stored.as_deref()) {
-            Some(v) => tx.execute(
-                "INSERT OR REPLACE INTO stat_cache_covers(scope, version) VALUES (?1, ?2)",
-                params![self.scope, v],
-            )?,
-            None => tx.execute(
-                "DELETE FROM stat_cache_covers WHERE scope = ?1",
-                [&self.scope],
-            )?,
-        };
+        store_covers(&tx, &self.scope, next(stored.as_deref()).as_deref())?;
         tx.commit()?;
         let loaded = next(self.loaded_covers.borrow().as_deref());
         *self.loaded_covers.borrow_mut() = loaded;
@@ -336,6 +324,18 @@ fn stored_covers(conn: &Connection, scope: &str) -> Result<Option<String>> {
             |r| r.get(0),
         )
         .optional()?)
+}
+
+/// Records the version the stored entries cover (`None`: none is known).
+fn store_covers(conn: &Connection, scope: &str, version: Option<&str>) -> Result<()> {
+    match version {
+        Some(v) => conn.execute(
+            "INSERT OR REPLACE INTO stat_cache_covers(scope, version) VALUES (?1, ?2)",
+            params![scope, v],
+        )?,
+        None => conn.execute("DELETE FROM stat_cache_covers WHERE scope = ?1", [scope])?,
+    };
+    Ok(())
 }
 
 /// Adds `column` to `table` unless it is there (a cache made by an earlier version).
