@@ -1,6 +1,7 @@
 //! envctl's commands without a supervisor, against git on the same tree in one run: `status`
 //! after 1 and 1,000 changed files vs `git add -A && git commit` (both record the change), and
-//! `log` vs `git log`. The workspace monitor runs, as it does after the first command.
+//! `log` vs `git log`, also as the first command after the monitor stopped. The workspace
+//! monitor runs, as it does after the first command.
 //!
 //! `cargo bench -p envctl --bench commands` uses `repo-100k-small` from
 //! `shared/workloads/gen_tree.py` (100,000 files, no large ones); run once as a test it uses a
@@ -77,6 +78,24 @@ fn commands(c: &mut Criterion) {
     }
     run(&tree, ENVCTL, &["status"]);
     g.bench_function("envctl log", |b| b.iter(|| run(&tree, ENVCTL, &["log"])));
+    // The first command after the monitor stopped (idle) starts a new one, which places its
+    // watches (a walk of the tree) while `log` answers from the history alone.
+    let socket = tree.join(".environment/run/monitor.sock");
+    let stop_monitor = || {
+        if let Ok(m) = environment_sandbox::MonitorClient::connect(&socket) {
+            m.stop().unwrap();
+        }
+        while std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    g.bench_function("envctl log, first after the monitor stopped", |b| {
+        b.iter_batched(
+            stop_monitor,
+            |_| run(&tree, ENVCTL, &["log"]),
+            BatchSize::PerIteration,
+        )
+    });
     g.bench_function("git log", |b| {
         b.iter(|| sh(&tree, &format!("{git} log --oneline -n 20 >/dev/null")))
     });

@@ -24,16 +24,27 @@ pub const MAX_ACTOR_LEN: usize = 128;
 #[serde(try_from = "String")]
 pub struct ActorId(String);
 
-/// An actor id that is empty, too long or contains control characters.
+/// An actor id that is empty, too long, contains control characters, or spells a principal
+/// that stands for many actors (`*`, `kind:agent`…).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid actor id {0:?}: it must be 1..=128 printable characters")]
+#[error(
+    "invalid actor id {0:?}: it must be 1..=128 printable characters, and neither `*` nor \
+     `kind:…` (those name every actor, or every actor of a kind, in a policy)"
+)]
 pub struct ActorIdError(pub String);
 
 impl ActorId {
     /// Validates an actor id.
     pub fn new(id: impl Into<String>) -> Result<ActorId, ActorIdError> {
         let id = id.into();
-        if id.is_empty() || id.len() > MAX_ACTOR_LEN || id.chars().any(char::is_control) {
+        // A policy's principals `*` and `kind:agent` are spelled as ids: an actor named so
+        // would be granted every rule written for all actors, or for a whole kind.
+        let reserved = id == "*" || id.starts_with("kind:");
+        if id.is_empty()
+            || id.len() > MAX_ACTOR_LEN
+            || id.chars().any(char::is_control)
+            || reserved
+        {
             return Err(ActorIdError(id));
         }
         Ok(ActorId(id))

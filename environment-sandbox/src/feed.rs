@@ -33,6 +33,9 @@ pub(crate) struct MonitorFeed {
     gone: bool,
     /// Why every capture rescans for as long as it lasts, as the last answer said.
     blind: Option<String>,
+    /// The next question is answered at once, with what the monitor knows (a tracker that
+    /// will not rescan when it opens need not wait for the monitor's watches to be placed).
+    now: bool,
 }
 
 impl MonitorFeed {
@@ -45,7 +48,14 @@ impl MonitorFeed {
 }
 
 impl Feed {
-    pub(crate) fn monitor(client: MonitorClient, root: PathBuf, rules: NoiseRules) -> Feed {
+    /// A monitor's feed; `now`: the first question does not wait for the monitor to have
+    /// placed its watches (it then answers "incomplete" and nothing).
+    pub(crate) fn monitor(
+        client: MonitorClient,
+        root: PathBuf,
+        rules: NoiseRules,
+        now: bool,
+    ) -> Feed {
         Feed::Monitor(Box::new(MonitorFeed {
             client,
             root,
@@ -55,6 +65,7 @@ impl Feed {
             rescanned: false,
             gone: false,
             blind: None,
+            now,
         }))
     }
 
@@ -63,7 +74,11 @@ impl Feed {
         match self {
             Feed::Watcher(w) => w.drain(dirty),
             Feed::Monitor(m) if m.gone => 0,
-            Feed::Monitor(m) => match m.client.changes(&m.root, &m.rules) {
+            Feed::Monitor(m) => match if std::mem::take(&mut m.now) {
+                m.client.changes_now(&m.root, &m.rules)
+            } else {
+                m.client.changes(&m.root, &m.rules)
+            } {
                 Ok(c) => {
                     let n = c.paths.len();
                     dirty.extend(c.paths);

@@ -230,7 +230,12 @@ impl Capturer {
                         .get(HARDLINK)
                         .is_some_and(|l| l.as_bytes() != rel) =>
                 {
-                    links.push(FileWrite { rel, v, new: false });
+                    links.push(FileWrite {
+                        rel,
+                        v,
+                        new: false,
+                        patch: None,
+                    });
                     continue;
                 }
                 Some(v) if matches!(v.meta.kind, EntryKind::File | EntryKind::Symlink) => {
@@ -238,6 +243,7 @@ impl Capturer {
                         rel,
                         v,
                         new: c.before.is_none(),
+                        patch: self.patchable(rel, c.before.as_ref(), v)?,
                     });
                     continue;
                 }
@@ -355,6 +361,28 @@ impl Capturer {
         }
     }
 
+    /// How a chunked file that stays a chunked file can be patched in place: what the version
+    /// left has there, and the stat-cache entry that proves the disk still holds it. `None`
+    /// for every other file (written whole to a temporary name and renamed over), and for a
+    /// hard link (patching one name would change the others).
+    fn patchable(&self, rel: &[u8], before: Option<&Value>, after: &Value) -> Result<Option<Patch>> {
+        let (Some(b), Content::Chunks(_)) = (before, &after.content) else {
+            return Ok(None);
+        };
+        let Content::Chunks(from) = b.content else {
+            return Ok(None);
+        };
+        let linked = |v: &Value| v.meta.attributes.contains_key(HARDLINK);
+        if b.meta.kind != EntryKind::File || linked(b) || linked(after) {
+            return Ok(None);
+        }
+        Ok(self
+            .cache
+            .lookup(rel)?
+            .filter(|seen| seen.links == 1 && seen.size == b.meta.size)
+            .map(|seen| Patch { from, seen }))
+    }
+
     fn tree_writer(&self) -> TreeWriter<'_> {
         TreeWriter {
             env: &self.env,
@@ -399,7 +427,13 @@ impl TreeWriter<'_> {
         };
         let written =
             crate::parallel::map_with(run, threads, "restore", Parents::default, |parents, w| {
-                self.write(parents, Path::new(OsStr::from_bytes(w.rel)), w.v, w.new)
+                let path = Path::new(OsStr::from_bytes(w.rel));
+                if let Some(patch) = &w.patch
+                    && let Some(st) = self.patch(parents, path, w.v, patch)?
+                {
+                    return Ok(Some(st));
+                }
+                self.write(parents, path, w.v, w.new)
             })?;
         for (w, st) in run.drain(..).zip(written) {
             if let Some(st) = st {
@@ -685,6 +719,16 @@ struct FileWrite<'a> {
     v: &'a Value,
     /// Absent from the version the restore leaves.
     new: bool,
+    /// A chunked file that may be patched in place.
+    patch: Option<Patch>,
+}
+
+/// A chunked file on disk, as the version a restore leaves has it.
+struct Patch {
+    /// Its manifest in that version.
+    from: environment_core::Hash,
+    /// Its stat-cache entry: the file is patched only while it still matches.
+    seen: StatEntry,
 }
 
 /// The directory of the last path written, kept open for its neighbours.
@@ -717,6 +761,47 @@ impl Parents {
 }
 
 impl TreeWriter<'_> {
+    /// Patches a chunked file in place: only the pieces that differ are written, so a
+    /// one-byte change to a large file costs about one chunk. `None` when the file is not the
+    /// one the stat cache saw (changed since, replaced): it is then written whole. A patch cut
+    /// short changes the file's ctime, so the restore's intent record, finishing it, writes the
+    /// file whole.
+    fn patch(
+        &self,
+        parents: &mut Parents,
+        path: &Path,
+        v: &Value,
+        patch: &Patch,
+    ) -> Result<Option<StatEntry>> {
+        let Content::Chunks(to) = &v.content else {
+            return Ok(None);
+        };
+        let Ok((dir, name)) = parents.open(self.root, path) else {
+            return Ok(None);
+        };
+        let Ok(fd) = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return Ok(None);
+        };
+        let io = |what| move |e| SandboxError::io(what, path)(errno(e));
+        let st = rustix::fs::fstat(&fd).map_err(io("fstat"))?;
+        if StatEntry::of(&st) != patch.seen {
+            return Ok(None);
+        }
+        let file = File::from(fd);
+        self.env
+            .blobs()
+            .patch_chunked(&patch.from, to, &file)
+            .map_err(environment_core::EnvError::from)?;
+        finish_file(&file, v, path)?;
+        let st = rustix::fs::fstat(&file).map_err(io("fstat"))?;
+        Ok(Some(StatEntry::of(&st)))
+    }
+
     /// Creates a file at `name` in `dir` when nothing is there and fills it; `None` when the
     /// name is taken (then it is written over the usual way).
     fn create_new(

@@ -301,6 +301,7 @@ impl Tracker {
                     client,
                     root_path.clone(),
                     config.noise.clone(),
+                    !config.rescan_on_open,
                 )),
                 // In the background, a tracker watches by itself anyway: the monitor only
                 // spares it the opening rescan.

@@ -183,6 +183,48 @@ fn without_a_baseline_a_tracker_rescans() {
 }
 
 #[test]
+fn a_question_asked_now_does_not_wait_for_the_watches() {
+    let m = Monitored::new();
+    write(m.work.path(), "before.txt", b"before the monitor\n");
+    // The first question about a root, asked now: the watches are placed meanwhile, and the
+    // answer is empty and says the set is not complete.
+    let now = MonitorClient::connect(&m.socket)
+        .unwrap()
+        .changes_now(&m.root(), &NoiseRules::default())
+        .unwrap();
+    assert!(now.paths.is_empty(), "{:?}", paths(&now.paths));
+    assert!(now.incomplete.is_some());
+    // A question that waits gets the watched root, still without a baseline.
+    let waited = m.changes();
+    assert!(waited.incomplete.is_some());
+    // A tracker that may not rescan, opened on a monitor that has never seen its root,
+    // records nothing it does not know; the first tracker that rescans records everything.
+    let other = tempfile::tempdir().unwrap();
+    write(other.path(), "seen.txt", b"x\n");
+    let other_home = tempfile::tempdir().unwrap();
+    let env = LocalEnvironment::open(other_home.path(), Options::default()).unwrap();
+    let mut config = m.config(false);
+    config.root = other.path().to_owned();
+    // Its first capture, without the monitor; then a change the monitor never saw.
+    let mut alone = config.clone();
+    alone.monitor = None;
+    alone.rescan_on_open = true;
+    Tracker::open(env.clone(), alone).unwrap().close().unwrap();
+    write(other.path(), "unseen.txt", b"x\n");
+    let t = Tracker::open(env.clone(), config.clone()).unwrap();
+    let recorded = |env: &LocalEnvironment| {
+        env.head("main")
+            .map(|head| view(env, &head))
+            .unwrap_or_default()
+    };
+    assert!(!recorded(&env).contains_key("unseen.txt"));
+    drop(t);
+    config.rescan_on_open = true;
+    Tracker::open(env.clone(), config).unwrap().close().unwrap();
+    assert_eq!(recorded(&env), disk(other.path(), &no_skip));
+}
+
+#[test]
 fn a_second_monitor_does_not_start_and_a_stopped_one_costs_a_rescan() {
     let m = Monitored::new();
     let again = serve(MonitorConfig {
@@ -206,6 +248,38 @@ fn a_second_monitor_does_not_start_and_a_stopped_one_costs_a_rescan() {
         environment_core::OpFlags::COMMAND,
     )
     .unwrap();
+    m.head_matches_disk();
+}
+
+#[test]
+fn a_background_tracker_on_a_vouched_tree_never_rescans() {
+    let m = Monitored::new();
+    Tracker::open(m.env.clone(), m.config(true))
+        .unwrap()
+        .close()
+        .unwrap();
+    assert_eq!(m.changes().incomplete, None, "the monitor has a baseline");
+    // A supervisor's tracker takes its opening set from the monitor and then watches by
+    // itself: its first automatic capture records what its own watcher saw, without a rescan
+    // (a capture that rescanned says so in its intent).
+    let mut config = m.config(true);
+    config.auto = true;
+    config.quiet_period = Duration::from_millis(20);
+    let t = Tracker::open(m.env.clone(), config).unwrap();
+    let opened = m.env.head("main").unwrap();
+    write(m.work.path(), "agent/one.txt", b"one\n");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while m.env.head("main").unwrap() == opened {
+        assert!(std::time::Instant::now() < deadline, "nothing was captured");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let op = m.env.op(&m.env.head("main").unwrap()).unwrap();
+    assert!(
+        !op.intent.text.contains("rescan"),
+        "the capture rescanned: {}",
+        op.intent.text
+    );
+    t.close().unwrap();
     m.head_matches_disk();
 }
 

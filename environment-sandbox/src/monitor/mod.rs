@@ -60,8 +60,14 @@ impl WirePath {
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Request {
     /// The paths changed under `root` since the last acknowledged capture (watching it from now
-    /// on if it was not watched, or watched with other rules).
-    Changes { root: PathBuf, noise: NoiseRules },
+    /// on if it was not watched, or watched with other rules). `now`: answer at once, even when
+    /// the watches are still being placed (the answer is then empty and incomplete).
+    Changes {
+        root: PathBuf,
+        noise: NoiseRules,
+        #[serde(default)]
+        now: bool,
+    },
     /// A capture of everything drained up to `seq` is committed, except the paths in `keep`
     /// (still pending in the tracker); `rescanned`: it included a rescan of the whole tree.
     Ack {
@@ -181,10 +187,28 @@ impl MonitorClient {
 
     /// The paths changed under `root` (watched with `noise`) since the last acknowledged
     /// capture. Every change made before this call is in the answer or makes it incomplete.
+    /// The first question about a root waits for its watches to be placed (a walk of the tree).
     pub fn changes(&mut self, root: &Path, noise: &NoiseRules) -> io::Result<Changes> {
+        self.changes_asking(root, noise, false)
+    }
+
+    /// [`MonitorClient::changes`] without waiting: while the monitor is still placing the
+    /// watches of `root` (it just started, or starts now), the answer is empty and incomplete.
+    /// For a command that only reads the history and needs no more than what is known.
+    pub fn changes_now(&mut self, root: &Path, noise: &NoiseRules) -> io::Result<Changes> {
+        self.changes_asking(root, noise, true)
+    }
+
+    fn changes_asking(
+        &mut self,
+        root: &Path,
+        noise: &NoiseRules,
+        now: bool,
+    ) -> io::Result<Changes> {
         match self.call(&Request::Changes {
             root: root.to_owned(),
             noise: noise.clone(),
+            now,
         })? {
             Reply::Changes {
                 seq,

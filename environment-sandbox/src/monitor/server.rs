@@ -3,7 +3,7 @@
 //! One thread accepts, one per connection answers, one keeps the kernel queues short (so a burst
 //! between two commands does not overflow them). All of them share one state under a lock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -86,6 +86,8 @@ impl Watched {
 #[derive(Default)]
 struct State {
     roots: HashMap<PathBuf, Watched>,
+    /// Roots whose watches are being placed (a walk of the tree, done without the lock).
+    starting: HashSet<PathBuf>,
     seq: u64,
     last_request: Option<Instant>,
 }
@@ -94,69 +96,110 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl State {
-    fn answer(&mut self, request: Request) -> (Reply, bool) {
-        self.last_request = Some(Instant::now());
-        match request {
-            Request::Changes { root, noise } => (self.changes(root, noise), false),
-            Request::Ack {
-                root,
-                seq,
-                keep,
-                rescanned,
-            } => {
-                if let Some(w) = self.roots.get_mut(&root) {
-                    let keep: std::collections::HashSet<Vec<u8>> =
-                        keep.into_iter().map(WirePath::into_bytes).collect();
-                    w.dirty.retain(|p, s| *s > seq || keep.contains(p));
-                    // A rescan that began after the drain `seq` saw everything up to it, so the
-                    // set is complete from there on, unless events were lost after that drain.
-                    if rescanned && w.incomplete.as_ref().is_some_and(|(at, _)| *at <= seq) {
-                        w.incomplete = None;
-                    }
-                }
-                (Reply::Done, false)
-            }
-            Request::Stop => (Reply::Done, true),
-        }
-    }
+/// Why an answer given while the watches are still being placed is incomplete.
+const STARTING: &str = "the monitor is still placing the watches of the tree";
 
-    fn changes(&mut self, root: PathBuf, rules: NoiseRules) -> Reply {
-        self.seq += 1;
-        let seq = self.seq;
-        if !self.roots.get(&root).is_some_and(|w| w.rules == rules) {
-            let watcher = match Noise::new(&root, &rules)
-                .map_err(|e| e.to_string())
-                .and_then(|noise| Watcher::new(&root, noise).map_err(|e| e.to_string()))
-            {
-                Ok(w) => w,
-                Err(message) => {
-                    return Reply::Error {
-                        message: format!("cannot watch {}: {message}", root.display()),
-                    };
-                }
-            };
-            let w = Watched {
-                watcher,
-                rules,
-                dirty: HashMap::new(),
-                incomplete: Some((seq, "the monitor just started watching the tree".into())),
-            };
-            self.roots.insert(root.clone(), w);
-        }
-        let Some(w) = self.roots.get_mut(&root) else {
-            return Reply::Error {
-                message: format!("{} is not watched", root.display()),
-            };
-        };
-        w.drain(seq);
-        Reply::Changes {
+/// Answers one request; `true` when the monitor is to stop.
+fn answer(state: &Arc<Mutex<State>>, request: Request) -> (Reply, bool) {
+    lock(state).last_request = Some(Instant::now());
+    match request {
+        Request::Changes { root, noise, now } => (changes(state, root, noise, now), false),
+        Request::Ack {
+            root,
             seq,
-            incomplete: w.incomplete.as_ref().map(|(_, why)| why.clone()),
-            blind: w.watcher.blind(),
-            paths: w.dirty.keys().map(|p| WirePath::of(p)).collect(),
+            keep,
+            rescanned,
+        } => {
+            let mut s = lock(state);
+            if let Some(w) = s.roots.get_mut(&root) {
+                let keep: HashSet<Vec<u8>> = keep.into_iter().map(WirePath::into_bytes).collect();
+                w.dirty.retain(|p, s| *s > seq || keep.contains(p));
+                // A rescan that began after the drain `seq` saw everything up to it, so the
+                // set is complete from there on, unless events were lost after that drain.
+                if rescanned && w.incomplete.as_ref().is_some_and(|(at, _)| *at <= seq) {
+                    w.incomplete = None;
+                }
+            }
+            (Reply::Done, false)
+        }
+        Request::Stop => (Reply::Done, true),
+    }
+}
+
+/// The dirty set of `root`, watching it first if it is not watched with `rules`. Placing the
+/// watches walks the tree, which takes seconds on a large one: it runs without the lock (other
+/// roots and the drain go on), and a question asked `now` gets an empty, incomplete answer
+/// meanwhile instead of waiting.
+fn changes(state: &Arc<Mutex<State>>, root: PathBuf, rules: NoiseRules, now: bool) -> Reply {
+    loop {
+        let mut s = lock(state);
+        s.seq += 1;
+        let seq = s.seq;
+        if let Some(w) = s.roots.get_mut(&root).filter(|w| w.rules == rules) {
+            w.drain(seq);
+            return Reply::Changes {
+                seq,
+                incomplete: w.incomplete.as_ref().map(|(_, why)| why.clone()),
+                blind: w.watcher.blind(),
+                paths: w.dirty.keys().map(|p| WirePath::of(p)).collect(),
+            };
+        }
+        let not_yet = Reply::Changes {
+            seq,
+            incomplete: Some(STARTING.to_owned()),
+            blind: None,
+            paths: Vec::new(),
+        };
+        if s.starting.contains(&root) {
+            if now {
+                return not_yet;
+            }
+            drop(s);
+            thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        s.starting.insert(root.clone());
+        drop(s);
+        if now {
+            let (st, r) = (state.clone(), root.clone());
+            let spawned = thread::Builder::new()
+                .name("monitor-watch".into())
+                .spawn(move || {
+                    // A failure is told to the next question that waits (it tries again).
+                    let _ = start_watching(&st, r, rules);
+                });
+            if spawned.is_err() {
+                lock(state).starting.remove(&root);
+            }
+            return not_yet;
+        }
+        if let Err(message) = start_watching(state, root.clone(), rules.clone()) {
+            return Reply::Error {
+                message: format!("cannot watch {}: {message}", root.display()),
+            };
         }
     }
+}
+
+/// Places the watches of `root` (the caller marked it starting) and keeps its dirty set from
+/// now on, without a baseline.
+fn start_watching(state: &Mutex<State>, root: PathBuf, rules: NoiseRules) -> Result<(), String> {
+    let made = Noise::new(&root, &rules)
+        .map_err(|e| e.to_string())
+        .and_then(|noise| Watcher::new(&root, noise).map_err(|e| e.to_string()));
+    let mut s = lock(state);
+    s.starting.remove(&root);
+    let watcher = made?;
+    s.seq += 1;
+    let seq = s.seq;
+    let w = Watched {
+        watcher,
+        rules,
+        dirty: HashMap::new(),
+        incomplete: Some((seq, "the monitor just started watching the tree".into())),
+    };
+    s.roots.insert(root, w);
+    Ok(())
 }
 
 fn identity(p: &Path) -> Option<(u64, u64)> {
@@ -283,7 +326,7 @@ pub fn serve(config: MonitorConfig) -> io::Result<Served> {
 
 fn answer_connection(
     stream: UnixStream,
-    state: &Mutex<State>,
+    state: &Arc<Mutex<State>>,
     stop: &AtomicBool,
 ) -> io::Result<()> {
     stream.set_nonblocking(false)?;
@@ -296,7 +339,7 @@ fn answer_connection(
             return Ok(());
         }
         let (reply, stopping) = match serde_json::from_str::<Request>(&line) {
-            Ok(request) => lock(state).answer(request),
+            Ok(request) => answer(state, request),
             Err(e) => (
                 Reply::Error {
                     message: format!("not a monitor request: {e}"),
