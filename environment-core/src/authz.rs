@@ -40,10 +40,7 @@ impl ActorId {
         // A policy's principals `*` and `kind:agent` are spelled as ids: an actor named so
         // would be granted every rule written for all actors, or for a whole kind.
         let reserved = id == "*" || id.starts_with("kind:");
-        if id.is_empty()
-            || id.len() > MAX_ACTOR_LEN
-            || id.chars().any(char::is_control)
-            || reserved
+        if id.is_empty() || id.len() > MAX_ACTOR_LEN || id.chars().any(char::is_control) || reserved
         {
             return Err(ActorIdError(id));
         }

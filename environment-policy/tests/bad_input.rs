@@ -476,7 +476,13 @@ proptest! {
 #[test]
 fn no_actor_is_named_like_a_principal_for_many() {
     // An actor whose id spelled `kind:agent` used to match every rule written for all agents.
-    for id in ["*", "kind:agent", "kind:human", "kind:service", "kind:anything"] {
+    for id in [
+        "*",
+        "kind:agent",
+        "kind:human",
+        "kind:service",
+        "kind:anything",
+    ] {
         assert!(
             environment_core::ActorId::new(id).is_err(),
             "{id} is accepted as an actor id"

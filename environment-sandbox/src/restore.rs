@@ -365,7 +365,12 @@ impl Capturer {
     /// left has there, and the stat-cache entry that proves the disk still holds it. `None`
     /// for every other file (written whole to a temporary name and renamed over), and for a
     /// hard link (patching one name would change the others).
-    fn patchable(&self, rel: &[u8], before: Option<&Value>, after: &Value) -> Result<Option<Patch>> {
+    fn patchable(
+        &self,
+        rel: &[u8],
+        before: Option<&Value>,
+        after: &Value,
+    ) -> Result<Option<Patch>> {
         let (Some(b), Content::Chunks(_)) = (before, &after.content) else {
             return Ok(None);
         };

@@ -207,23 +207,29 @@ impl BlobStore {
     pub fn write_chunked(&self, manifest: &Hash, out: &File) -> Result<Manifest, BlobError> {
         let m = self.manifest(manifest)?;
         for p in &m.pieces {
-            let bytes = self.get(&p.hash)?;
-            if bytes.len() as u64 != p.len {
-                return Err(BlobError::BadManifest {
-                    hash: *manifest,
-                    reason: format!(
-                        "piece at {} is {} bytes, not {}",
-                        p.offset,
-                        bytes.len(),
-                        p.len
-                    ),
-                });
-            }
+            let bytes = self.piece(manifest, p)?;
             out.write_all_at(&bytes, p.offset)
                 .map_err(io_err(&self.tmp))?;
         }
         out.set_len(m.size).map_err(io_err(&self.tmp))?;
         Ok(m)
+    }
+
+    /// The bytes of one piece of `manifest`, which must be as long as it says.
+    fn piece(&self, manifest: &Hash, p: &Piece) -> Result<Vec<u8>, BlobError> {
+        let bytes = self.get(&p.hash)?;
+        if bytes.len() as u64 != p.len {
+            return Err(BlobError::BadManifest {
+                hash: *manifest,
+                reason: format!(
+                    "piece at {} is {} bytes, not {}",
+                    p.offset,
+                    bytes.len(),
+                    p.len
+                ),
+            });
+        }
+        Ok(bytes)
     }
 
     /// Turns `out`, which holds the file `from` describes, into the file `to` describes by
@@ -247,18 +253,7 @@ impl BlobStore {
         }
         let mut written = 0;
         for p in new.pieces.iter().filter(|p| !kept.contains(p)) {
-            let bytes = self.get(&p.hash)?;
-            if bytes.len() as u64 != p.len {
-                return Err(BlobError::BadManifest {
-                    hash: *to,
-                    reason: format!(
-                        "piece at {} is {} bytes, not {}",
-                        p.offset,
-                        bytes.len(),
-                        p.len
-                    ),
-                });
-            }
+            let bytes = self.piece(to, p)?;
             out.write_all_at(&bytes, p.offset)
                 .map_err(io_err(&self.tmp))?;
             written += p.len;
