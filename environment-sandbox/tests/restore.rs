@@ -143,10 +143,20 @@ fn file_hash(path: &std::path::Path) -> blake3::Hash {
     h.finalize()
 }
 
+/// Overwrites `bytes` at `at` in the file at `path`, in place.
+fn poke(path: &std::path::Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .write_all_at(bytes, at)
+        .unwrap();
+}
+
 fn large_files_scenario(dir: &std::path::Path) {
     use environment_core::{ActorId, Content};
     use std::io::{Seek, SeekFrom, Write};
-    use std::os::unix::fs::FileExt;
     const GIB: u64 = 1 << 30;
     let work = dir.join("work");
     std::fs::create_dir_all(&work).unwrap();
@@ -182,12 +192,7 @@ fn large_files_scenario(dir: &std::path::Path) {
     assert_eq!(img_value.meta.size, GIB);
 
     // One byte changed in the middle of the data: about one chunk more.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(work.join("data.bin"))
-        .unwrap()
-        .write_all_at(b"!", 12 << 20)
-        .unwrap();
+    poke(&work.join("data.bin"), 12 << 20, b"!");
     tracker
         .capture_now(Intent::new(IntentKind::Command, "poke"), OpFlags::COMMAND)
         .unwrap()
@@ -215,7 +220,7 @@ fn large_files_scenario(dir: &std::path::Path) {
         "the restored image takes {} bytes",
         m.blocks() * 512
     );
-    // A chunked file that stays one is patched in place: the same inode, one chunk written.
+    // A chunked file that stays one is patched in place: the same inode.
     let ino = || std::fs::metadata(work.join("data.bin")).unwrap().ino();
     let before = ino();
     tracker.restore(&agent, &poked, intent()).unwrap();
@@ -223,12 +228,7 @@ fn large_files_scenario(dir: &std::path::Path) {
     assert_eq!(ino(), before, "the file was rewritten, not patched");
     // Changed behind the tracker's back: the restore's safety capture records the change, and
     // the way back and forth still ends byte for byte.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(work.join("data.bin"))
-        .unwrap()
-        .write_all_at(b"?", 1 << 20)
-        .unwrap();
+    poke(&work.join("data.bin"), 1 << 20, b"?");
     tracker.restore(&agent, &first, intent()).unwrap();
     assert_eq!(file_hash(&work.join("data.bin")), data_hash);
     tracker.restore(&agent, &poked, intent()).unwrap();
