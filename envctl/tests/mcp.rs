@@ -522,3 +522,76 @@ async fn paths_beyond_path_max_work_over_mcp() {
     assert_eq!(read_at(&deep, "bottom.txt").as_deref(), Some("deep\n"));
     client.cancel().await.unwrap();
 }
+
+/// A write below a file or through a symlink, and a call with an argument the tool does not
+/// take, are refused and change nothing: not the tree, not the history, not what later calls
+/// see or can do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_or_an_unknown_argument_changes_nothing() {
+    let ws = workspace();
+    let dir = ws.path();
+    std::os::unix::fs::symlink("src", dir.join("link")).unwrap();
+    let client = connect(dir).await;
+    // The symlink is captured before the first call.
+    ok(&client, "list_files", json!({})).await;
+    let head = ok(&client, "show", json!({"version": "HEAD"})).await;
+
+    refused(
+        &client,
+        "write_file",
+        json!({"path": "a.txt/notes.md", "content": "x"}),
+    )
+    .await;
+    refused(
+        &client,
+        "write_file",
+        json!({"path": "link/notes.md", "content": "x"}),
+    )
+    .await;
+    refused(&client, "read_file", json!({"path": "a.txt/notes.md"})).await;
+    assert!(!dir.join("src/notes.md").exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+    assert_eq!(ok(&client, "show", json!({"version": "HEAD"})).await, head);
+
+    // `dryRun` is not `dry_run`: the call is refused, not run as a real restore.
+    ok(
+        &client,
+        "write_file",
+        json!({"path": "a.txt", "content": "beta\n"}),
+    )
+    .await;
+    let written = ok(&client, "show", json!({"version": "HEAD"})).await;
+    let r = client
+        .call_tool(
+            CallToolRequestParams::new("restore".to_owned()).with_arguments(
+                json!({"version": "HEAD~1", "dryRun": true})
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+            ),
+        )
+        .await;
+    assert!(
+        r.as_ref().map_or(true, |r| r.is_error == Some(true)),
+        "an unknown argument must be refused: {r:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).unwrap(),
+        "beta\n"
+    );
+    assert_eq!(
+        ok(&client, "show", json!({"version": "HEAD"})).await,
+        written
+    );
+
+    // Later restores still work.
+    ok(&client, "restore", json!({"version": "HEAD~1"})).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+    client.cancel().await.unwrap();
+}

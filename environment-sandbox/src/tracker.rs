@@ -515,13 +515,23 @@ impl Tracker {
         let mut req = ActRequest::new(actor.clone(), intent_)
             .on(self.branch())
             .base(before);
+        // Every ancestor is a directory or is made one: a write below a file or a symlink
+        // (`a.txt/notes.md`, `link/notes.md`) is refused before anything is recorded.
         let mut parent = key.parent();
         while let Some(dir) = parent {
-            if dir.path().is_empty() || env.read_unchecked(&dir, &before)?.is_some() {
+            if dir.path().is_empty() {
                 break;
             }
             parent = dir.parent();
-            req = req.put(dir, Value::dir());
+            match env.read_unchecked(&dir, &before)? {
+                Some(v) if v.meta.kind == EntryKind::Dir => break,
+                Some(_) => {
+                    return Err(refused(
+                        "a directory on its path is a file or a symlink in the workspace",
+                    ));
+                }
+                None => req = req.put(dir, Value::dir()),
+            }
         }
         let obs = env.act_blocking(req.put(key, Value::file(content).mode(mode)))?;
         self.sync_from(&before)?;

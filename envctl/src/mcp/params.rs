@@ -5,6 +5,7 @@ use serde::Deserialize;
 
 /// `history`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct HistoryParams {
     /// List every operation instead of the key nodes (default false).
     #[serde(default)]
@@ -17,6 +18,7 @@ pub struct HistoryParams {
 
 /// A version.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct VersionParams {
     /// An op id or unique prefix, a mark, a branch, or HEAD~N.
     pub version: String,
@@ -24,6 +26,7 @@ pub struct VersionParams {
 
 /// `diff`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct DiffParams {
     /// The older version.
     pub from: String,
@@ -33,6 +36,7 @@ pub struct DiffParams {
 
 /// `mark`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MarkParams {
     /// The mark's name.
     pub name: String,
@@ -42,6 +46,7 @@ pub struct MarkParams {
 
 /// `restore`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RestoreParams {
     /// The version to bring the workspace back to.
     pub version: String,
@@ -52,6 +57,7 @@ pub struct RestoreParams {
 
 /// `exec`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecParams {
     /// The program and its arguments, e.g. ["cargo", "test"].
     pub command: Vec<String>,
@@ -61,6 +67,7 @@ pub struct ExecParams {
 
 /// `read_file`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReadParams {
     /// The path relative to the workspace.
     pub path: String,
@@ -70,6 +77,7 @@ pub struct ReadParams {
 
 /// `write_file`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WriteParams {
     /// The path relative to the workspace.
     pub path: String,
@@ -81,6 +89,7 @@ pub struct WriteParams {
 
 /// `list_files`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListParams {
     /// A directory relative to the workspace (default: all).
     pub prefix: Option<String>,
@@ -90,6 +99,7 @@ pub struct ListParams {
 
 /// `queue_publish`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PublishParams {
     /// The topic, e.g. "task.created".
     pub topic: String,
@@ -103,6 +113,7 @@ pub struct PublishParams {
 
 /// `queue_claim`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ClaimParams {
     /// The consumer group.
     pub group: String,
@@ -114,6 +125,7 @@ pub struct ClaimParams {
 
 /// `queue_ack`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReceiptParams {
     /// The receipt returned by queue_claim.
     pub receipt: String,
@@ -121,6 +133,7 @@ pub struct ReceiptParams {
 
 /// `queue_nack`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct NackParams {
     /// The receipt returned by queue_claim.
     pub receipt: String,
@@ -130,6 +143,7 @@ pub struct NackParams {
 
 /// A policy question about the configured actor.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AccessParams {
     /// read, write, delete, execute, publish or consume (or an action the policy declares).
     pub action: String,
@@ -140,6 +154,7 @@ pub struct AccessParams {
 
 /// `what_may_i_do`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MayParams {
     /// Where to look, e.g. "prefix:src" (default: the whole workspace).
     pub resource: Option<String>,

@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
 use super::{Inner, LocalEnvironment, MAIN, OpDraft};
-use crate::authz::{Action, ActorId, Resource};
+use crate::authz::{Action, ActorId};
 use crate::blob::WriteGuard;
 use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result, StaleWrite};
@@ -202,27 +202,15 @@ impl LocalEnvironment {
                 return Err(EnvError::DuplicateKey(c.key().clone()));
             }
         }
-        let mut rules = BTreeSet::new();
-        let mut policy_version = 0;
-        for c in &req.changes {
-            let (action, key) = match c {
+        let decision = self.authorize_changes(
+            &req.actor,
+            &req.branch,
+            None,
+            req.changes.iter().map(|c| match c {
                 Change::Put(k, _) => (Action::Write, k),
                 Change::Delete(k) => (Action::Delete, k),
-            };
-            let d = self.authorize(
-                &req.actor,
-                action,
-                Resource::Key(key.clone()),
-                Some(&req.branch),
-                None,
-            )?;
-            policy_version = policy_version.max(d.policy_version);
-            rules.extend(d.rules);
-        }
-        let decision = (policy_version > 0 || !rules.is_empty()).then(|| DecisionRef {
-            policy_version,
-            rules: rules.into_iter().collect(),
-        });
+            }),
+        )?;
         let mut guard = None;
         let mut puts = Vec::with_capacity(req.changes.len());
         for c in std::mem::take(&mut req.changes) {

@@ -11,7 +11,7 @@ use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result};
 use crate::key::Key;
 use crate::merge::{Conflict, ConflictSide, KeyConflict, merge_views};
-use crate::op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation};
+use crate::op::{ChangeSummary, DecisionRef, Intent, IntentKind, OpFlags, OpId, Operation};
 use crate::tree::{self, TreeEdit};
 
 /// What a merge did.
@@ -104,7 +104,8 @@ impl LocalEnvironment {
     }
 
     /// Makes `branch`'s view the one of `target` again, by appending a rollback operation:
-    /// history is never rewritten.
+    /// history is never rewritten. Besides the branch, `actor` must be allowed to write or
+    /// delete every key the restore changes; a refused restore changes nothing.
     pub fn restore(
         &self,
         actor: &ActorId,
@@ -113,20 +114,33 @@ impl LocalEnvironment {
         intent: Intent,
     ) -> Result<OpId> {
         let target = *target;
+        let this = self.clone();
         self.write_branch(
             actor,
             branch,
             "restore",
             move |inner, conn, fx, branch, actor| {
-                inner.restore_in(conn, fx, branch, &target, actor, intent)
+                let check =
+                    |a: &[tree::Applied]| this.authorize_applied(&actor, branch, "restore", a);
+                inner.restore_in(
+                    conn,
+                    fx,
+                    branch,
+                    &target,
+                    ByActor {
+                        actor: actor.clone(),
+                        authorized: &check,
+                    },
+                    intent,
+                )
             },
         )
     }
 
     /// Like [`LocalEnvironment::restore`], for a restore that must also be made real outside
-    /// the log (the files of a live tree): once the restore is authorized, `apply` runs, and the
-    /// rollback operation is recorded only if it succeeds. A refused restore runs nothing, so a
-    /// denied actor never touches the files.
+    /// the log (the files of a live tree): once the restore is authorized (the branch and every
+    /// key it changes), `apply` runs, and the rollback operation is recorded only if it
+    /// succeeds. A refused restore runs nothing, so a denied actor never touches the files.
     pub fn restore_applying<E: From<EnvError>>(
         &self,
         actor: &ActorId,
@@ -136,27 +150,72 @@ impl LocalEnvironment {
         apply: impl FnOnce() -> std::result::Result<(), E>,
     ) -> std::result::Result<OpId, E> {
         self.authorize_branch_write(actor, branch, "restore")?;
+        let head = self.head(branch)?;
+        let changes = self.inner.readers.with(|conn| {
+            let (_, from) = self.inner.stored_op_in(conn, &head)?;
+            let (_, to) = self.inner.stored_op_in(conn, target)?;
+            tree::diff(&self.inner.nodes_in(conn), &from, &to, None)
+        })?;
+        let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
+        let decision = self.authorize_applied(actor, branch, "restore", &applied)?;
         apply()?;
-        let target = *target;
+        let (target, this) = (*target, self.clone());
         Ok(
             self.record_branch_write(actor, branch, move |inner, conn, fx, branch, actor| {
-                inner.restore_in(conn, fx, branch, &target, actor, intent)
+                // Recorded on the head it was authorized at; a head that moved meanwhile (an
+                // act through the API) is authorized again for what the restore now changes.
+                let check = |a: &[tree::Applied]| {
+                    if db::existing_head(conn, branch)? == head {
+                        Ok(decision.clone())
+                    } else {
+                        this.authorize_applied(&actor, branch, "restore", a)
+                    }
+                };
+                inner.restore_in(
+                    conn,
+                    fx,
+                    branch,
+                    &target,
+                    ByActor {
+                        actor: actor.clone(),
+                        authorized: &check,
+                    },
+                    intent,
+                )
             })?,
         )
     }
 
-    /// Restores `branch` to the version before its last operation.
+    /// Restores `branch` to the version before its last operation; `actor` must be allowed to
+    /// change every key that brings back.
     pub fn undo(&self, actor: &ActorId, branch: &str) -> Result<OpId> {
-        self.write_branch(actor, branch, "undo", |inner, conn, fx, branch, actor| {
-            let head_id = db::existing_head(conn, branch)?;
-            let head = inner.op_in(conn, &head_id)?;
-            let parent = head
-                .parents
-                .first()
-                .ok_or_else(|| EnvError::NothingToUndo(branch.into()))?;
-            let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.id.short()));
-            inner.restore_in(conn, fx, branch, parent, actor, intent)
-        })
+        let this = self.clone();
+        self.write_branch(
+            actor,
+            branch,
+            "undo",
+            move |inner, conn, fx, branch, actor| {
+                let head_id = db::existing_head(conn, branch)?;
+                let head = inner.op_in(conn, &head_id)?;
+                let parent = head
+                    .parents
+                    .first()
+                    .ok_or_else(|| EnvError::NothingToUndo(branch.into()))?;
+                let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.id.short()));
+                let check = |a: &[tree::Applied]| this.authorize_applied(&actor, branch, "undo", a);
+                inner.restore_in(
+                    conn,
+                    fx,
+                    branch,
+                    parent,
+                    ByActor {
+                        actor: actor.clone(),
+                        authorized: &check,
+                    },
+                    intent,
+                )
+            },
+        )
     }
 
     /// Merges branch `source` into branch `target` (three-way, against their common ancestor).
@@ -170,13 +229,51 @@ impl LocalEnvironment {
         intent: Intent,
     ) -> Result<MergeOutcome> {
         let source = source.to_owned();
+        let this = self.clone();
         self.write_branch(
             actor,
             target,
             "merge",
             move |inner, conn, fx, target, actor| {
-                inner.merge_in(conn, fx, &source, target, actor, intent)
+                let check =
+                    |a: &[tree::Applied]| this.authorize_applied(&actor, target, "merge", a);
+                inner.merge_in(
+                    conn,
+                    fx,
+                    &source,
+                    target,
+                    ByActor {
+                        actor: actor.clone(),
+                        authorized: &check,
+                    },
+                    intent,
+                )
             },
+        )
+    }
+
+    /// Authorizes each key a branch operation changes (see
+    /// [`LocalEnvironment::authorize_changes`]): a key that keeps a value is written, one that
+    /// loses it is deleted.
+    fn authorize_applied(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        operation: &str,
+        applied: &[tree::Applied],
+    ) -> Result<Option<DecisionRef>> {
+        let action = |a: &tree::Applied| {
+            if a.after {
+                Action::Write
+            } else {
+                Action::Delete
+            }
+        };
+        self.authorize_changes(
+            actor,
+            branch,
+            Some(operation),
+            applied.iter().map(|a| (action(a), &a.key)),
         )
     }
 
@@ -232,6 +329,13 @@ pub(crate) fn marks_in(conn: &Connection) -> Result<Vec<(String, OpId)>> {
     super::named_ops(conn, "SELECT name, op FROM marks ORDER BY name")
 }
 
+/// Who records a branch operation, and the check every key it changes must pass (the rules
+/// that allowed them are recorded with the operation).
+struct ByActor<'a> {
+    actor: ActorId,
+    authorized: &'a dyn Fn(&[tree::Applied]) -> Result<Option<DecisionRef>>,
+}
+
 impl Inner {
     fn restore_in(
         &self,
@@ -239,7 +343,7 @@ impl Inner {
         fx: &mut crate::db::TxEffects,
         branch: &str,
         target: &OpId,
-        actor: ActorId,
+        by: ByActor<'_>,
         intent: Intent,
     ) -> Result<OpId> {
         let head_id = db::existing_head(conn, branch)?;
@@ -251,6 +355,7 @@ impl Inner {
         let nodes = self.writer_nodes(conn);
         let changes = tree::diff(&nodes, &head_view, &target_view, None)?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
+        let decision = (by.authorized)(&applied)?;
         let op = self.commit_op(
             conn,
             fx,
@@ -258,12 +363,12 @@ impl Inner {
                 parents: vec![head_id],
                 view: target_view,
                 branch: branch.to_owned(),
-                actor,
+                actor: by.actor,
                 intent,
                 base_version: Some(head_id),
                 summary: super::act::summarize(&applied),
                 flags: OpFlags::ROLLBACK,
-                decision: None,
+                decision,
                 restored_from: Some(*target),
                 effects: Vec::new(),
             },
@@ -278,7 +383,7 @@ impl Inner {
         fx: &mut crate::db::TxEffects,
         source: &str,
         target: &str,
-        actor: ActorId,
+        by: ByActor<'_>,
         intent: Intent,
     ) -> Result<MergeOutcome> {
         let ours_id = db::existing_head(conn, target)?;
@@ -321,6 +426,7 @@ impl Inner {
         )?;
         let changes = tree::diff(&edit, &ours_view, &view, None)?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
+        let decision = (by.authorized)(&applied)?;
         self.persist(fx, edit, &view);
         let mut flags = OpFlags::MERGE;
         if !conflicts.is_empty() {
@@ -333,12 +439,12 @@ impl Inner {
                 parents: vec![ours_id, theirs_id],
                 view,
                 branch: target.to_owned(),
-                actor,
+                actor: by.actor,
                 intent,
                 base_version: Some(ours_id),
                 summary: super::act::summarize(&applied),
                 flags,
-                decision: None,
+                decision,
                 restored_from: None,
                 effects: Vec::new(),
             },

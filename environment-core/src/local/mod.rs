@@ -412,6 +412,38 @@ impl LocalEnvironment {
         }
     }
 
+    /// Authorizes `actor` to make `changes` (a write or a delete per key) on `branch`, one
+    /// decision per key, so that no operation — an act, a restore, an undo, a merge — changes
+    /// a key its actor may not change. Returns the rules that allowed them, for the
+    /// operation's record.
+    pub(crate) fn authorize_changes<'a>(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        operation: Option<&str>,
+        changes: impl IntoIterator<Item = (Action, &'a Key)>,
+    ) -> Result<Option<DecisionRef>> {
+        let mut rules = std::collections::BTreeSet::new();
+        let mut policy_version = 0;
+        for (action, key) in changes {
+            let d = self.authorize(
+                actor,
+                action,
+                Resource::Key(key.clone()),
+                Some(branch),
+                operation,
+            )?;
+            policy_version = policy_version.max(d.policy_version);
+            rules.extend(d.rules);
+        }
+        Ok(
+            (policy_version > 0 || !rules.is_empty()).then(|| DecisionRef {
+                policy_version,
+                rules: rules.into_iter().collect(),
+            }),
+        )
+    }
+
     pub(crate) fn authorize(
         &self,
         actor: &ActorId,
