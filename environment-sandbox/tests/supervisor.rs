@@ -300,6 +300,14 @@ resource = { branch = "main" }
 when = { operation = "restore" }
 
 [[rule]]
+id = "agent-restores-files"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write", "delete"]
+resource = { path = "**" }
+when = { operation = "restore" }
+
+[[rule]]
 id = "agent-marks"
 effect = "permit"
 principal = "agent:coder"
@@ -582,9 +590,11 @@ fn a_quota_is_spent_once_per_request_scenario(dir: &Path) {
     let cfg = governed(
         &work,
         &home,
-        &RULES.replace(
+        // The quota is on the branch rule (the first `when`), not on the files a restore writes.
+        &RULES.replacen(
             "when = { operation = \"restore\" }",
             "when = { operation = \"restore\" }\nquota = { count = 2, window_secs = 3600 }",
+            1,
         ),
     );
     let sup = Supervisor::open(cfg).unwrap();

@@ -51,6 +51,24 @@ branch = "task/*"
 advice = "work on the task's branch, never on main"
 
 [[rule]]
+id = "coder-changes-reach-main-only-by-merge"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write", "delete"]
+resource = { path = "src/**" }
+branch = "main"
+when = { operation = "merge" }
+
+[[rule]]
+id = "test-results-reach-main-by-merge"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write"]
+resource = { object = "test-result" }
+branch = "main"
+when = { operation = "merge" }
+
+[[rule]]
 id = "tester-records-results"
 effect = "permit"
 principal = "agent:tester"
