@@ -21,7 +21,7 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, hash BLOB NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS node_blocks(first INTEGER PRIMARY KEY, last INTEGER NOT NULL, data BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL, branch TEXT, nodes BLOB);
+CREATE TABLE IF NOT EXISTS ops(seq INTEGER PRIMARY KEY, id BLOB NOT NULL, root INTEGER NOT NULL, record BLOB NOT NULL, branch TEXT, nodes BLOB, run BLOB);
 CREATE TABLE IF NOT EXISTS heads(name TEXT PRIMARY KEY, op BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS marks(name TEXT PRIMARY KEY, op BLOB NOT NULL, actor TEXT NOT NULL, time_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS forks(op BLOB PRIMARY KEY) WITHOUT ROWID;
@@ -115,7 +115,8 @@ fn migrate(conn: &Connection) -> Result<()> {
         exists("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'op_tail'")?;
     let no_branch = !exists("SELECT 1 FROM pragma_table_info('ops') WHERE name = 'branch'")?;
     let no_nodes = !exists("SELECT 1 FROM pragma_table_info('ops') WHERE name = 'nodes'")?;
-    if !old_index && !tail_table && !no_branch && !no_nodes {
+    let no_run = !exists("SELECT 1 FROM pragma_table_info('ops') WHERE name = 'run'")?;
+    if !old_index && !tail_table && !no_branch && !no_nodes && !no_run {
         return Ok(());
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
@@ -147,6 +148,12 @@ fn migrate(conn: &Connection) -> Result<()> {
             // those written before stay in `node_blocks` (and `nodes`), under theirs, which
             // were counted up from 1 and are far below (see `block::OP_NODES`).
             conn.execute_batch("ALTER TABLE ops ADD COLUMN nodes BLOB")?;
+        }
+        if no_run {
+            // The summary of the run of captures an operation ends (see `CaptureRun`): derived
+            // from the log, so it stays empty for the operations recorded before (and for those
+            // an earlier build of this layout records), which history then reads one by one.
+            conn.execute_batch("ALTER TABLE ops ADD COLUMN run BLOB")?;
         }
         conn.execute(
             "INSERT INTO meta(name, value) VALUES ('schema', ?1)

@@ -159,6 +159,7 @@ fn downgrade(conn: &rusqlite::Connection, layout: u32) {
     conn.execute_batch(
         "BEGIN;
          ALTER TABLE ops DROP COLUMN nodes;
+         ALTER TABLE ops DROP COLUMN run;
          DELETE FROM heads;
          INSERT INTO heads(name, op) SELECT branch, id FROM ops AS o
              WHERE seq = (SELECT MAX(seq) FROM ops WHERE branch = o.branch);

@@ -590,11 +590,12 @@ impl Inner {
         }
         // Recording the operation moves its branch's head (see `heads`), and stores the nodes
         // the job created.
+        let run = history::CaptureRun::pending(self, conn, &op)?;
         op.id = op.sealed(|id, record| -> Result<OpId> {
             let nodes = db::store_op_nodes(conn, seq, record.len())?;
             conn.prepare_cached(
-                "INSERT INTO ops(seq, id, root, record, branch, nodes) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO ops(seq, id, root, record, branch, nodes, run) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )?
             .execute(params![
                 seq,
@@ -602,7 +603,8 @@ impl Inner {
                 draft.view.id,
                 record,
                 op.branch,
-                nodes
+                nodes,
+                run.map(|r| r.sealed(&id)),
             ])?;
             Ok(id)
         })?;
