@@ -344,7 +344,8 @@ fn effects_in_flight_are_listed_until_settled() {
     assert_eq!(open["effects"][0]["actor"], "agent:deployer");
     {
         let env = LocalEnvironment::open(ws.home(), Options::default()).unwrap();
-        env.effect_complete(id, b"ok").unwrap();
+        let agent = ActorId::new("agent:deployer").unwrap();
+        env.effect_complete(&agent, id, b"ok").unwrap();
     }
     assert_eq!(
         ws.json(&["effects", "--unfinished"])["effects"]

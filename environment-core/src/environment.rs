@@ -135,10 +135,15 @@ pub trait Environment: Send + Sync {
         target: &str,
         request: &[u8],
     ) -> Result<BeginOutcome>;
-    /// Records an effect's result.
-    async fn effect_complete(&self, id: u64, result: &[u8]) -> Result<EffectRecord>;
-    /// Records an effect's failure (it did not take effect).
-    async fn effect_fail(&self, id: u64, error: &str) -> Result<EffectRecord>;
+    /// Records an effect's result, as `actor` (authorized as its beginning was).
+    async fn effect_complete(
+        &self,
+        actor: &ActorId,
+        id: u64,
+        result: &[u8],
+    ) -> Result<EffectRecord>;
+    /// Records an effect's failure (it did not take effect), as `actor`.
+    async fn effect_fail(&self, actor: &ActorId, id: u64, error: &str) -> Result<EffectRecord>;
     /// Effects in flight or of unknown outcome.
     async fn effects_unfinished(&self) -> Result<Vec<EffectRecord>>;
     /// Checks the stores' integrity.
@@ -272,14 +277,19 @@ impl Environment for LocalEnvironment {
         self.blocking(move |e| e.effect_begin(&a, &k, &t, &r)).await
     }
 
-    async fn effect_complete(&self, id: u64, result: &[u8]) -> Result<EffectRecord> {
-        let r = result.to_vec();
-        self.blocking(move |e| e.effect_complete(id, &r)).await
+    async fn effect_complete(
+        &self,
+        actor: &ActorId,
+        id: u64,
+        result: &[u8],
+    ) -> Result<EffectRecord> {
+        let (a, r) = (actor.clone(), result.to_vec());
+        self.blocking(move |e| e.effect_complete(&a, id, &r)).await
     }
 
-    async fn effect_fail(&self, id: u64, error: &str) -> Result<EffectRecord> {
-        let m = error.to_owned();
-        self.blocking(move |e| e.effect_fail(id, &m)).await
+    async fn effect_fail(&self, actor: &ActorId, id: u64, error: &str) -> Result<EffectRecord> {
+        let (a, m) = (actor.clone(), error.to_owned());
+        self.blocking(move |e| e.effect_fail(&a, id, &m)).await
     }
 
     async fn effects_unfinished(&self) -> Result<Vec<EffectRecord>> {

@@ -63,8 +63,8 @@ pub use key::{Key, KeyError, KeyPrefix, Namespace};
 pub use local::branch::MergeOutcome;
 pub use local::{
     ActRequest, BeginOutcome, Change, Credentials, EffectRecord, EffectState, GcReport,
-    HistoryEntry, HistoryOptions, LocalEnvironment, MAIN, Observation, Options, Subscription,
-    VerifyReport,
+    HistoryEntry, HistoryOptions, LocalEnvironment, MAIN, Observation, Options, ShownOp,
+    Subscription, VerifyReport,
 };
 pub use merge::{Conflict, ConflictSide};
 pub use op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation, Version};

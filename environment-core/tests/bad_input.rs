@@ -311,20 +311,20 @@ fn effect_misuse() {
         Err(EnvError::IdempotencyKeyReused { .. })
     ));
     assert!(matches!(
-        env.effect_compensate(rec.id, "x"),
+        env.effect_compensate(&actor, rec.id, "x"),
         Err(EnvError::InvalidEffectTransition { .. })
     ));
     assert!(matches!(
-        env.effect_complete(999, b""),
+        env.effect_complete(&actor, 999, b""),
         Err(EnvError::UnknownEffect(999))
     ));
     assert!(matches!(
         env.effect_begin(&actor, "", "prod", b""),
         Err(EnvError::RequestTooLarge(_))
     ));
-    env.effect_complete(rec.id, b"ok").unwrap();
+    env.effect_complete(&actor, rec.id, b"ok").unwrap();
     assert!(matches!(
-        env.effect_fail(rec.id, "late"),
+        env.effect_fail(&actor, rec.id, "late"),
         Err(EnvError::InvalidEffectTransition { .. })
     ));
     assert_eq!(

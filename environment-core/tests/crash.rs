@@ -69,7 +69,7 @@ fn child(home: &Path) {
                     // append to (`writeln!` writes the key and the newline separately).
                     performed.write_all(format!("{ekey}\n").as_bytes()).unwrap();
                     performed.sync_data().unwrap();
-                    env.effect_complete(rec.id, b"ok").unwrap();
+                    env.effect_complete(&actor, rec.id, b"ok").unwrap();
                     writeln!(out.lock(), "done {ekey}").unwrap();
                 }
                 BeginOutcome::AlreadyDone(_) => writeln!(out.lock(), "done {ekey}").unwrap(),

@@ -1,6 +1,6 @@
 //! `envctl log`, `show`, `diff`: reading the history.
 
-use environment_core::{HistoryOptions, OpFlags};
+use environment_core::{HistoryOptions, OpFlags, ShownOp};
 use serde_json::json;
 
 use super::resolve;
@@ -30,20 +30,8 @@ pub fn log(s: &Session, all: bool, branch: &str, limit: usize, json: bool) -> Ou
 /// One operation and what it changed.
 pub fn show(s: &Session, spec: &str, json: bool) -> Outcome<()> {
     let id = resolve(s, spec)?;
-    let op = s.env.op(&id)?;
-    let changes = match op.parents.first() {
-        Some(p) if !s.env.is_dropped(p)? && !s.env.is_dropped(&id)? => {
-            s.env.diff(&s.actor, p, &id, None)?
-        }
-        _ => Vec::new(),
-    };
-    let marks: Vec<String> = s
-        .env
-        .marks()?
-        .into_iter()
-        .filter(|(_, v)| *v == id)
-        .map(|(n, _)| n)
-        .collect();
+    let ShownOp { op, marks, changes } = s.env.show(&s.actor, &id)?;
+    let changes = changes.unwrap_or_default();
     if json {
         let mut j = op.to_json();
         j["marks"] = json!(marks);

@@ -136,10 +136,10 @@ impl EnvServer {
     ) -> Result<CallToolResult, ErrorData> {
         self.routed("show", "show", json!({"version": p.version}), move |s| {
             let id = s.env.resolve(&p.version)?;
-            let op = s.env.op(&id)?;
-            let mut j = op.to_json();
-            if let Some(parent) = op.parents.first() {
-                let changes = s.env.diff(&s.actor, parent, &id, None)?;
+            let shown = s.env.show(&s.actor, &id)?;
+            let mut j = shown.op.to_json();
+            j["marks"] = json!(shown.marks);
+            if let Some(changes) = &shown.changes {
                 j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
             }
             Ok(pretty(&j))

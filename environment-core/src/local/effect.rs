@@ -192,33 +192,62 @@ impl LocalEnvironment {
         })
     }
 
-    /// Records an effect's result.
-    pub fn effect_complete(&self, id: u64, result: &[u8]) -> Result<EffectRecord> {
-        self.effect_transition(id, EffectState::Done, Some(result.to_vec()), None)
+    /// Records an effect's result, as `actor`: authorized as the effect's beginning was
+    /// (execute on its target), so only who may perform an effect on a target may say how it
+    /// ended.
+    pub fn effect_complete(&self, actor: &ActorId, id: u64, result: &[u8]) -> Result<EffectRecord> {
+        self.effect_transition(actor, id, EffectState::Done, Some(result.to_vec()), None)
     }
 
-    /// Records that an effect failed without taking effect.
-    pub fn effect_fail(&self, id: u64, error: &str) -> Result<EffectRecord> {
-        self.effect_transition(id, EffectState::Failed, None, Some(error.to_owned()))
+    /// Records that an effect failed without taking effect (authorized as
+    /// [`effect_complete`](LocalEnvironment::effect_complete)).
+    pub fn effect_fail(&self, actor: &ActorId, id: u64, error: &str) -> Result<EffectRecord> {
+        self.effect_transition(actor, id, EffectState::Failed, None, Some(error.to_owned()))
     }
 
     /// Records that an effect's outcome is unknown (it may have happened).
-    pub fn effect_mark_unknown(&self, id: u64, note: &str) -> Result<EffectRecord> {
-        self.effect_transition(id, EffectState::Unknown, None, Some(note.to_owned()))
+    pub fn effect_mark_unknown(
+        &self,
+        actor: &ActorId,
+        id: u64,
+        note: &str,
+    ) -> Result<EffectRecord> {
+        self.effect_transition(actor, id, EffectState::Unknown, None, Some(note.to_owned()))
     }
 
     /// Records that a done (or unknown) effect was undone by a compensating action.
-    pub fn effect_compensate(&self, id: u64, note: &str) -> Result<EffectRecord> {
-        self.effect_transition(id, EffectState::Compensated, None, Some(note.to_owned()))
+    pub fn effect_compensate(&self, actor: &ActorId, id: u64, note: &str) -> Result<EffectRecord> {
+        self.effect_transition(
+            actor,
+            id,
+            EffectState::Compensated,
+            None,
+            Some(note.to_owned()),
+        )
     }
 
     fn effect_transition(
         &self,
+        actor: &ActorId,
         id: u64,
         to: EffectState,
         result: Option<Vec<u8>>,
         note: Option<String>,
     ) -> Result<EffectRecord> {
+        // An effect's target never changes: the check can read it before the transaction.
+        let target = self
+            .inner
+            .readers
+            .with(|conn| query_one(conn, "id = ?1", [id as i64]))?
+            .ok_or(EnvError::UnknownEffect(id))?
+            .target;
+        self.authorize(
+            actor,
+            Action::Execute,
+            Resource::Service(target),
+            None,
+            Some("effect"),
+        )?;
         let inner = self.inner.clone();
         self.inner.writer.run(true, move |conn, _| {
             let rec = query_one(conn, "id = ?1", [id as i64])?.ok_or(EnvError::UnknownEffect(id))?;

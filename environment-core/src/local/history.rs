@@ -14,6 +14,7 @@ use crate::authz::{Action, ActorId, Resource};
 use crate::error::Result;
 use crate::hash::Hash;
 use crate::op::{OpFlags, OpId, Operation};
+use crate::tree::KeyChange;
 
 /// What to include.
 #[derive(Clone, Debug)]
@@ -326,6 +327,57 @@ impl LocalEnvironment {
             });
         }
         Ok(out)
+    }
+}
+
+/// One operation as a reader sees it: the record, the marks naming it and what it changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShownOp {
+    /// The record.
+    pub op: Arc<Operation>,
+    /// Marks naming it.
+    pub marks: Vec<String>,
+    /// The keys it changed against its first parent; `None` when that cannot be said: the
+    /// first operation has no parent, and a version retention dropped may have lost its
+    /// content.
+    pub changes: Option<Vec<KeyChange>>,
+}
+
+impl LocalEnvironment {
+    /// One operation and what it changed, for `actor`: reading it is reading its branch, and
+    /// its changes are a diff (so they need what [`diff`](LocalEnvironment::diff) needs).
+    ///
+    /// ```
+    /// use environment_core::{ActorId, LocalEnvironment, Options};
+    /// let home = tempfile::tempdir()?;
+    /// let env = LocalEnvironment::open(home.path(), Options::default())?;
+    /// let me = ActorId::new("human:me")?;
+    /// let first = env.show(&me, &env.head("main")?)?;
+    /// assert!(first.changes.is_none()); // nothing came before it
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn show(&self, actor: &ActorId, version: &OpId) -> Result<ShownOp> {
+        let op = self.op(version)?;
+        self.authorize(
+            actor,
+            Action::Read,
+            Resource::Branch(op.branch.clone()),
+            Some(&op.branch),
+            Some("show"),
+        )?;
+        let changes = match op.parents.first() {
+            Some(p) if !self.is_dropped(p)? && !self.is_dropped(version)? => {
+                Some(self.diff(actor, p, version, None)?)
+            }
+            _ => None,
+        };
+        let marks = self
+            .marks()?
+            .into_iter()
+            .filter(|(_, v)| v == version)
+            .map(|(n, _)| n)
+            .collect();
+        Ok(ShownOp { op, marks, changes })
     }
 }
 

@@ -18,7 +18,7 @@ pub use act::{ActRequest, Change, Observation};
 pub use branch::MergeOutcome;
 pub use effect::{BeginOutcome, EffectRecord, EffectState};
 pub use events::Subscription;
-pub use history::{HistoryEntry, HistoryOptions};
+pub use history::{HistoryEntry, HistoryOptions, ShownOp};
 pub use maintain::{GcReport, VerifyReport};
 
 use crate::authz::{

@@ -65,12 +65,19 @@ pub(super) struct ShowParams {
 pub(super) fn show(g: &Gate<'_>, p: ShowParams) -> Result<Value, RpcError> {
     let id = resolve(g.shared(), &p.version)?;
     let op = g.shared().env.op(&id).map_err(env_error)?;
-    g.allow(
+    // Core asks the same when it shows the operation (the changes are a diff, asked there).
+    g.allow_rechecked(
         Action::Read,
         Resource::Branch(op.branch.clone()),
         Some("show"),
     )?;
-    Ok(op.to_json())
+    let shown = g.shared().env.show(g.actor(), &id).map_err(env_error)?;
+    let mut j = shown.op.to_json();
+    j["marks"] = json!(shown.marks);
+    if let Some(changes) = &shown.changes {
+        j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
+    }
+    Ok(j)
 }
 
 #[derive(Deserialize)]

@@ -95,7 +95,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             .await?
         {
             BeginOutcome::New(rec) => {
-                env.effect_complete(rec.id, b"queued").await?;
+                env.effect_complete(&coder, rec.id, b"queued").await?;
                 println!("attempt {attempt}: effect performed");
             }
             BeginOutcome::AlreadyDone(_) => println!("attempt {attempt}: already done, skipped"),
