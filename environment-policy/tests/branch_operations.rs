@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use environment_core::{
     ActRequest, ActorId, EnvError, Intent, Key, LocalEnvironment, OpId, Options, Value,
@@ -45,18 +43,8 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let (p, _) = policy();
-    p.load_rules(RULES).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, env) = governed(RULES);
     let admin = LocalEnvironment::open(dir.path(), Options::default()).unwrap();
-    let env = LocalEnvironment::open(
-        dir.path(),
-        Options {
-            authorizer: Arc::new(p),
-            ..Options::default()
-        },
-    )
-    .unwrap();
     Fixture {
         _dir: dir,
         admin,

@@ -4,10 +4,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
-use environment_core::{BeginOutcome, EffectState, EnvError, LocalEnvironment, Options};
+use environment_core::{BeginOutcome, EffectState, EnvError};
 
 const RULES: &str = r#"
 [[rule]]
@@ -20,17 +18,7 @@ resource = { service = "deploy" }
 
 #[test]
 fn only_who_may_perform_an_effect_records_how_it_ended() {
-    let (p, _) = policy();
-    p.load_rules(RULES).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let env = LocalEnvironment::open(
-        dir.path(),
-        Options {
-            authorizer: Arc::new(p),
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let (_dir, env) = governed(RULES);
     let (deployer, intruder) = (actor("agent:deployer"), actor("agent:intruder"));
     let rec = match env
         .effect_begin(&deployer, "deploy-1", "deploy", b"v1")

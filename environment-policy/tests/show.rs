@@ -4,10 +4,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
-use environment_core::{ActRequest, EnvError, Intent, Key, LocalEnvironment, Options, Value};
+use environment_core::{ActRequest, EnvError, Intent, Key, Value};
 
 const RULES: &str = r#"
 [[rule]]
@@ -27,17 +25,7 @@ resource = "*"
 
 #[test]
 fn every_operation_is_shown_only_to_who_may_read_its_branch() {
-    let (p, _) = policy();
-    p.load_rules(RULES).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let env = LocalEnvironment::open(
-        dir.path(),
-        Options {
-            authorizer: Arc::new(p),
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let (_dir, env) = governed(RULES);
     let (reader, writer) = (actor("agent:reader"), actor("agent:writer"));
     let first = env.head("main").unwrap();
     let edit = env

@@ -6,7 +6,8 @@ pub mod reference;
 use std::sync::Arc;
 
 use environment_core::{
-    AccessRequest, Action, ActorId, AttrValue, Context, Key, ManualClock, Resource, Risk,
+    AccessRequest, Action, ActorId, AttrValue, Context, Key, LocalEnvironment, ManualClock,
+    Options, Resource, Risk,
 };
 use environment_policy::{
     AttrType, Conditions, Delegation, Policy, Principal, ResourcePattern, ResourceSpec, Rule,
@@ -20,6 +21,22 @@ pub fn policy() -> (Policy, ManualClock) {
     let clock = ManualClock::new(10 * HOUR);
     let p = Policy::in_memory(Arc::new(clock.clone())).expect("in-memory policy");
     (p, clock)
+}
+
+/// An environment in a new directory, governed by a policy holding `rules`.
+pub fn governed(rules: &str) -> (tempfile::TempDir, LocalEnvironment) {
+    let (p, _) = policy();
+    p.load_rules(rules).expect("rules");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = LocalEnvironment::open(
+        dir.path(),
+        Options {
+            authorizer: Arc::new(p),
+            ..Options::default()
+        },
+    )
+    .expect("environment");
+    (dir, env)
 }
 
 pub fn actor(s: &str) -> ActorId {
