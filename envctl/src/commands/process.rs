@@ -461,13 +461,20 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
         .env("ENVIRONMENT_DIR", &place.workspace_inside)
         .env("ENVIRONMENT_ACTOR", actor.as_str());
     let described = place.launcher.describe();
+    // Written before the agent starts: a run killed at any moment after is reported.
+    let active = match crate::run_record::ActiveRun::begin(&ws.home) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = supervisor.shutdown_with_grace(Duration::from_secs(1));
+            return Err(Failure::io("write the run's record in", &ws.home, e));
+        }
+    };
     if let Err(e) = supervisor.spawn_agent(spec) {
         let f = spawn_failure(&a.command[0], e);
         let _ = supervisor.shutdown_with_grace(Duration::from_secs(1));
+        active.end();
         return Err(f);
     }
-    let active = crate::run_record::ActiveRun::begin(&ws.home)
-        .map_err(|e| Failure::io("write the run's record in", &ws.home, e))?;
     let summary = supervisor.run_until_signal(Duration::from_secs(5))?;
     active.end();
     // What the policy did not let the agent record is on disk all the same: the witness records
