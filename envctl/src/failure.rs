@@ -279,6 +279,10 @@ impl From<BusError> for Failure {
                 Conflict,
                 "the lease expired or was settled; claim the message again",
             ),
+            BusError::NotYourReceipt { .. } => (
+                Denied,
+                "settle only the receipts your own `envctl queue claim` printed",
+            ),
             BusError::InvalidName { .. } => {
                 (Usage, "names are short and use letters, digits and `-_.:`")
             }

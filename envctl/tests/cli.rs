@@ -385,6 +385,9 @@ fn queue_round_trip() {
     assert_eq!(leases.len(), 1);
     assert_eq!(leases[0]["payload"], "{\"id\": 1}");
     let receipt = leases[0]["receipt"].as_str().unwrap().to_owned();
+    // A receipt that leaked to another actor settles nothing for it.
+    ws.fails(&["--actor", "agent:other", "queue", "ack", &receipt], 4);
+    ws.fails(&["--actor", "agent:other", "queue", "nack", &receipt], 4);
     ws.ok(&["queue", "ack", &receipt]);
     // Settled: the same receipt again is a conflict, a made-up one is unknown.
     ws.fails(&["queue", "ack", &receipt], 5);

@@ -317,13 +317,43 @@ impl Bus {
     }
 
     fn settle(&self, receipt: &Receipt, action: Settle) -> Pending<()> {
-        let receipt = *receipt;
-        self.submit(move |ctx| ops::settle(ctx, &receipt, &action))
+        self.settle_by(None, receipt, action)
+    }
+
+    /// Settles as `by` (the consumer that claimed the delivery) when given.
+    fn settle_by(&self, by: Option<&str>, receipt: &Receipt, action: Settle) -> Pending<()> {
+        let (receipt, by) = (*receipt, by.map(str::to_owned));
+        self.submit(move |ctx| ops::settle(ctx, &receipt, &action, by.as_deref()))
     }
 
     /// Acknowledges: the message is done for this group and never delivered to it again.
     pub fn ack(&self, receipt: &Receipt) -> Pending<()> {
         self.settle(receipt, Settle::Ack)
+    }
+
+    /// [`Bus::ack`] on behalf of `consumer`, which must be the consumer that claimed the
+    /// delivery: a receipt that leaked to another consumer is refused with
+    /// [`BusError::NotYourReceipt`] and settles nothing. For settlements that arrive through a
+    /// door shared by several consumers.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use environment_bus::{Bus, BusConfig, BusError, GroupOptions, PublishOptions};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let bus = Bus::open(dir.path().join("bus.db"), BusConfig::default()).unwrap();
+    /// # bus.create_topic("jobs").wait().unwrap();
+    /// # bus.create_group("workers", &["jobs"], GroupOptions::default()).wait().unwrap();
+    /// bus.publish("jobs", b"build".to_vec(), PublishOptions::default()).wait().unwrap();
+    /// let lease = bus.claim("workers", "agent:a", 1, Duration::from_secs(30)).wait().unwrap();
+    /// let receipt = &lease[0].receipt;
+    /// assert!(matches!(
+    ///     bus.ack_as("agent:b", receipt).wait(),
+    ///     Err(BusError::NotYourReceipt { .. })
+    /// ));
+    /// bus.ack_as("agent:a", receipt).wait().unwrap();
+    /// ```
+    pub fn ack_as(&self, consumer: &str, receipt: &Receipt) -> Pending<()> {
+        self.settle_by(Some(consumer), receipt, Settle::Ack)
     }
 
     /// Acks many receipts in one transaction; each gets its own outcome (a stale receipt does
@@ -333,7 +363,7 @@ impl Bus {
         self.submit(move |ctx| {
             let mut out = Vec::with_capacity(receipts.len());
             for r in &receipts {
-                match ops::settle(ctx, r, &Settle::Ack) {
+                match ops::settle(ctx, r, &Settle::Ack, None) {
                     // Possibly half-written: the transaction (or savepoint) must go.
                     Err(e @ BusError::Sqlite { .. }) => return Err(e),
                     other => out.push(other),
@@ -369,6 +399,28 @@ impl Bus {
         delay: Option<Duration>,
         error: Option<&str>,
     ) -> Pending<()> {
+        self.nack_by(None, receipt, delay, error)
+    }
+
+    /// [`Bus::nack_with_error`] on behalf of `consumer`, which must be the consumer that
+    /// claimed the delivery (see [`Bus::ack_as`]).
+    pub fn nack_as(
+        &self,
+        consumer: &str,
+        receipt: &Receipt,
+        delay: Option<Duration>,
+        error: Option<&str>,
+    ) -> Pending<()> {
+        self.nack_by(Some(consumer), receipt, delay, error)
+    }
+
+    fn nack_by(
+        &self,
+        by: Option<&str>,
+        receipt: &Receipt,
+        delay: Option<Duration>,
+        error: Option<&str>,
+    ) -> Pending<()> {
         let limits = &self.inner.config.limits;
         let delay_ms =
             match delay.map(|d| ops::check_range("delay", d, Duration::ZERO, limits.max_delay)) {
@@ -379,7 +431,8 @@ impl Bus {
         if let Some(Err(e)) = error.map(|e| ops::check_text("error", e, 4096)) {
             return Pending::done(Err(e));
         }
-        self.settle(
+        self.settle_by(
+            by,
             receipt,
             Settle::Nack {
                 delay_ms,
@@ -540,7 +593,7 @@ impl Bus {
     /// message and the ack commit together, so a crash never leaves one without the other.
     /// A stale receipt is refused; the caller should then roll back its own writes.
     pub fn ack_in(&self, tx: &Transaction<'_>, receipt: &Receipt) -> Result<()> {
-        self.in_tx(tx, |ctx| ops::settle(ctx, receipt, &Settle::Ack))
+        self.in_tx(tx, |ctx| ops::settle(ctx, receipt, &Settle::Ack, None))
     }
 
     fn in_tx<T>(

@@ -76,6 +76,15 @@ pub enum BusError {
         /// The receipt presented.
         receipt: Receipt,
     },
+    /// The receipt is current, but the delivery was claimed by another consumer than the one
+    /// settling it (a receipt that leaked). Nothing was changed.
+    #[error("receipt {receipt} was not handed to {consumer}: another consumer claimed it")]
+    NotYourReceipt {
+        /// The receipt presented.
+        receipt: Receipt,
+        /// Who presented it.
+        consumer: String,
+    },
     /// No dead letter with that message id in that group.
     #[error("no dead letter for message {message} in group {group:?}")]
     NoSuchDeadLetter {

@@ -662,3 +662,42 @@ fn the_manual_clock_drives_every_decision() {
     assert_eq!(l[0].lease_until_ms, before + 5);
     assert_eq!(l[0].message.published_at_ms, before);
 }
+
+#[test]
+fn only_the_claimer_settles_as_a_consumer() {
+    let (_d, _c, bus) = setup();
+    let id = publish(&bus, "m", PublishOptions::default());
+    let lease = bus.claim("workers", "agent:a", 1, LEASE).wait().unwrap();
+    let r = lease[0].receipt;
+    for refused in [
+        bus.ack_as("agent:b", &r).wait(),
+        bus.nack_as("agent:b", &r, Some(Duration::ZERO), Some("not mine"))
+            .wait(),
+    ] {
+        assert!(
+            matches!(refused, Err(BusError::NotYourReceipt { .. })),
+            "{refused:?}"
+        );
+    }
+    // Nothing changed: still leased to agent:a (no one else can claim it), and its receipt
+    // still settles it.
+    assert_eq!(
+        bus.status("workers", id).unwrap(),
+        Some(DeliveryStatus::Leased)
+    );
+    assert!(
+        bus.claim("workers", "agent:b", 1, LEASE)
+            .wait()
+            .unwrap()
+            .is_empty()
+    );
+    bus.ack_as("agent:a", &r).wait().unwrap();
+    assert!(matches!(
+        bus.ack_as("agent:a", &r).wait(),
+        Err(BusError::StaleReceipt { .. })
+    ));
+    assert_eq!(
+        bus.status("workers", id).unwrap(),
+        Some(DeliveryStatus::Acked)
+    );
+}

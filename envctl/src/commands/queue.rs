@@ -107,21 +107,18 @@ pub fn claim(s: &Session, bus: &Bus, group: &str, lease: Duration, max: u32) -> 
     Ok(json!({"group": group, "leases": leases.iter().map(lease_json).collect::<Vec<_>>()}))
 }
 
-/// Acknowledges a receipt. Settling needs no further decision: only a claim, which passed the
-/// policy, hands out a receipt.
-pub fn ack(bus: &Bus, receipt: &str) -> Outcome<Json> {
+/// Acknowledges a receipt as the session's consumer. Settling needs no further decision: only
+/// a claim, which passed the policy, hands out a receipt, and only its claimer may settle it.
+pub fn ack(s: &Session, bus: &Bus, receipt: &str) -> Outcome<Json> {
     let r = parse_receipt(receipt)?;
-    bus.ack(&r).wait()?;
+    bus.ack_as(&consumer_of(s), &r).wait()?;
     Ok(json!({"acked": receipt}))
 }
 
-/// Gives a lease back, to be retried after a backoff.
-pub fn nack(bus: &Bus, receipt: &str, error: Option<&str>) -> Outcome<Json> {
+/// Gives a lease back, to be retried after a backoff (only its claimer may).
+pub fn nack(s: &Session, bus: &Bus, receipt: &str, error: Option<&str>) -> Outcome<Json> {
     let r = parse_receipt(receipt)?;
-    match error {
-        Some(e) => bus.nack_with_error(&r, None, Some(e)).wait()?,
-        None => bus.nack(&r).wait()?,
-    }
+    bus.nack_as(&consumer_of(s), &r, None, error).wait()?;
     Ok(json!({"nacked": receipt}))
 }
 
@@ -152,8 +149,8 @@ pub fn run(s: &Session, cmd: &QueueCommand, json: bool) -> Outcome<()> {
         QueueCommand::Claim { group, lease, max } => {
             claim(s, &bus, group, Duration::from_secs(*lease), *max)?
         }
-        QueueCommand::Ack { receipt } => ack(&bus, receipt)?,
-        QueueCommand::Nack { receipt, error } => nack(&bus, receipt, error.as_deref())?,
+        QueueCommand::Ack { receipt } => ack(s, &bus, receipt)?,
+        QueueCommand::Nack { receipt, error } => nack(s, &bus, receipt, error.as_deref())?,
         QueueCommand::Dead { group } => {
             let list = bus.dead_letters(group, 100)?;
             json!({"group": group, "dead": list.iter().map(|d| json!({

@@ -415,7 +415,7 @@ impl EnvServer {
             json!({"receipt": p.receipt}),
             move |s| {
                 let bus = s.ws.open_bus()?;
-                Ok(pretty(&queue::ack(&bus, &p.receipt)?))
+                Ok(pretty(&queue::ack(s, &bus, &p.receipt)?))
             },
         )
         .await
@@ -435,7 +435,12 @@ impl EnvServer {
             json!({"receipt": p.receipt, "error": p.error}),
             move |s| {
                 let bus = s.ws.open_bus()?;
-                Ok(pretty(&queue::nack(&bus, &p.receipt, p.error.as_deref())?))
+                Ok(pretty(&queue::nack(
+                    s,
+                    &bus,
+                    &p.receipt,
+                    p.error.as_deref(),
+                )?))
             },
         )
         .await

@@ -163,25 +163,37 @@ pub(crate) fn claim(
     Ok(Claimed { leases, next_due })
 }
 
-/// group, state, token, attempts, ordering key
-type DeliveryRow = (i64, i64, Option<i64>, u32, Option<String>);
+/// group, state, token, attempts, ordering key, consumer.
+type DeliveryRow = (i64, i64, Option<i64>, u32, Option<String>, Option<String>);
 
 /// The delivery a receipt leases: (group, attempts, ordering key), or why the receipt is
-/// refused.
-fn leased_row(ctx: &Ctx<'_>, receipt: &Receipt) -> Result<(i64, u32, Option<String>)> {
+/// refused; with `by`, it must be the consumer holding the lease.
+fn leased_row(
+    ctx: &Ctx<'_>,
+    receipt: &Receipt,
+    by: Option<&str>,
+) -> Result<(i64, u32, Option<String>)> {
     let row: Option<DeliveryRow> = ctx
         .conn
         .prepare_cached(
-            "SELECT group_id, state, token, attempts, okey FROM bus_deliveries WHERE id = ?1",
+            "SELECT group_id, state, token, attempts, okey, consumer FROM bus_deliveries \
+             WHERE id = ?1",
         )
         .and_then(|mut s| {
             s.query_row([receipt.delivery], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
             })
             .optional()
         })
         .ctx("reading a delivery")?;
-    let Some((gid, state, token, attempts, okey)) = row else {
+    let Some((gid, state, token, attempts, okey, holder)) = row else {
         return Err(BusError::UnknownReceipt {
             receipt: receipt.to_string(),
         });
@@ -189,22 +201,31 @@ fn leased_row(ctx: &Ctx<'_>, receipt: &Receipt) -> Result<(i64, u32, Option<Stri
     if state != LEASED || token != Some(receipt.token) {
         return Err(BusError::StaleReceipt { receipt: *receipt });
     }
+    if let Some(by) = by
+        && holder.as_deref() != Some(by)
+    {
+        return Err(BusError::NotYourReceipt {
+            receipt: *receipt,
+            consumer: by.to_owned(),
+        });
+    }
     Ok((gid, attempts, okey))
 }
 
 /// The hot settlement in one statement: the update itself checks the receipt, and only a
 /// refusal (which wrote nothing) reads the row to say why.
-fn ack(ctx: &mut Ctx<'_>, receipt: &Receipt) -> Result<()> {
+fn ack(ctx: &mut Ctx<'_>, receipt: &Receipt, by: Option<&str>) -> Result<()> {
     let acked: Option<(i64, Option<String>)> = ctx
         .conn
         .prepare_cached(
             "UPDATE bus_deliveries SET state = ?4, due = NULL, lease_until = NULL,
              finished_at = ?5 WHERE id = ?1 AND state = ?2 AND token = ?3
+             AND (?6 IS NULL OR consumer = ?6)
              RETURNING group_id, okey",
         )
         .and_then(|mut s| {
             s.query_row(
-                params![receipt.delivery, LEASED, receipt.token, ACKED, ctx.now],
+                params![receipt.delivery, LEASED, receipt.token, ACKED, ctx.now, by],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
@@ -212,7 +233,7 @@ fn ack(ctx: &mut Ctx<'_>, receipt: &Receipt) -> Result<()> {
         .ctx("acking a delivery")?;
     match acked {
         Some((gid, okey)) => promote_next(ctx, gid, okey.as_deref()),
-        None => leased_row(ctx, receipt).and_then(|_| {
+        None => leased_row(ctx, receipt, by).and_then(|_| {
             Err(BusError::Corrupt {
                 detail: format!("receipt {receipt} is current but its ack changed nothing"),
             })
@@ -220,15 +241,21 @@ fn ack(ctx: &mut Ctx<'_>, receipt: &Receipt) -> Result<()> {
     }
 }
 
-pub(crate) fn settle(ctx: &mut Ctx<'_>, receipt: &Receipt, action: &Settle) -> Result<()> {
+/// Settles the delivery a receipt names; with `by`, only as the consumer that claimed it.
+pub(crate) fn settle(
+    ctx: &mut Ctx<'_>,
+    receipt: &Receipt,
+    action: &Settle,
+    by: Option<&str>,
+) -> Result<()> {
     if let Settle::Ack = action {
-        return ack(ctx, receipt);
+        return ack(ctx, receipt, by);
     }
-    let (gid, attempts, okey) = leased_row(ctx, receipt)?;
+    let (gid, attempts, okey) = leased_row(ctx, receipt, by)?;
     let now = ctx.now;
     let id = receipt.delivery;
     match action {
-        Settle::Ack => return ack(ctx, receipt),
+        Settle::Ack => return ack(ctx, receipt, by),
         Settle::Nack { delay_ms, error } => {
             let max_attempts: u32 = ctx
                 .conn

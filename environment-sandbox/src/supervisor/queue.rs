@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::gate::Gate;
 use super::rpc::{RpcError, bus_error};
-use super::state::lock;
+use super::state::{Claimed, lock};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -85,7 +85,11 @@ pub(super) fn claim(g: &Gate<'_>, p: ClaimParams) -> Result<Value, RpcError> {
         .iter()
         .map(|l| {
             let receipt = l.receipt.to_string();
-            receipts.insert(receipt.clone(), l.group.clone());
+            let claimed = Claimed {
+                group: l.group.clone(),
+                consumer: consumer.clone(),
+            };
+            receipts.insert(receipt.clone(), claimed);
             let (payload, base64) = match std::str::from_utf8(&l.message.payload) {
                 Ok(s) => (Some(s.to_owned()), None),
                 Err(_) => (
@@ -128,17 +132,18 @@ pub(super) fn settle(g: &Gate<'_>, p: SettleParams, ack: bool) -> Result<Value, 
             "`delay_ms` and `error` are for queue.nack",
         ));
     }
-    let Some(group) = lock(&g.shared().receipts).get(&p.receipt).cloned() else {
+    let Some(claimed) = lock(&g.shared().receipts).get(&p.receipt).cloned() else {
         return Err(RpcError::invalid_params(
             "unknown receipt: it was not handed out by queue.claim on this supervisor",
         ));
     };
-    g.allow(Action::Consume, Resource::Topic(group), None)?;
+    g.allow(Action::Consume, Resource::Topic(claimed.group), None)?;
     let receipt: Receipt = p.receipt.parse().map_err(bus_error)?;
     let pending = if ack {
-        bus.ack(&receipt)
+        bus.ack_as(&claimed.consumer, &receipt)
     } else {
-        bus.nack_with_error(
+        bus.nack_as(
+            &claimed.consumer,
             &receipt,
             p.delay_ms.map(Duration::from_millis),
             p.error.as_deref(),

@@ -222,6 +222,7 @@ pub(crate) fn sandbox_error(e: SandboxError) -> RpcError {
 pub(crate) fn bus_error(e: BusError) -> RpcError {
     let code = match &e {
         BusError::StaleReceipt { .. } => CONFLICT,
+        BusError::NotYourReceipt { .. } => DENIED,
         BusError::UnknownTopic { .. }
         | BusError::UnknownGroup { .. }
         | BusError::InvalidName { .. }
@@ -232,6 +233,7 @@ pub(crate) fn bus_error(e: BusError) -> RpcError {
     };
     let next = match code {
         CONFLICT => "claim again; this lease is no longer yours.",
+        DENIED => "settle only the receipts your own claims handed you.",
         INVALID_PARAMS => "fix the topic, group, receipt or sizes and retry.",
         _ => "report the error to a human if it persists.",
     };

@@ -70,9 +70,9 @@ pub(crate) struct Shared {
     /// omitting the token it was given.
     pub default_token: Option<String>,
     pub branch: String,
-    /// Receipts handed out through the socket, with their consumer group: settling is
-    /// authorized on the group the receipt was claimed from, not on what the caller says.
-    pub receipts: Mutex<HashMap<String, String>>,
+    /// Receipts handed out through the socket, with their group and consumer: settling is
+    /// authorized on the group the receipt was claimed from, and done as its claimer.
+    pub receipts: Mutex<HashMap<String, Claimed>>,
     pub counters: Counters,
     /// The running agent's pid, for `status`.
     pub agent_pid: Mutex<Option<u32>>,
@@ -148,4 +148,14 @@ impl Shared {
     pub fn shell(&self) -> ShellHandles {
         self.shell.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
+}
+
+/// Who claimed a receipt this supervisor handed out, and from which group: settling is
+/// authorized on the group and done as that consumer.
+#[derive(Clone, Debug)]
+pub(crate) struct Claimed {
+    /// The consumer group.
+    pub(crate) group: String,
+    /// The consumer named in the claim.
+    pub(crate) consumer: String,
 }
