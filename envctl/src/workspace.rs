@@ -12,7 +12,7 @@ use std::sync::Arc;
 use environment_bus::{Bus, BusConfig};
 use environment_core::{
     AccessRequest, Action, ActorId, Authorizer, Context, Credentials, Decision, LocalEnvironment,
-    MAIN, Options, Resource, SystemClock,
+    MAIN, Options, Resource, Spend, SystemClock,
 };
 use environment_policy::Policy;
 use environment_sandbox::{NoiseRules, Tracker, TrackerConfig};
@@ -160,7 +160,7 @@ struct Gate {
 }
 
 impl Authorizer for Gate {
-    fn authorize(&self, request: &AccessRequest) -> Decision {
+    fn decide(&self, request: &AccessRequest) -> Decision {
         // The witness reads the views it compares the tree with, and writes the keys it found
         // changed; nothing else.
         let recording = request.actor == witness()
@@ -170,8 +170,16 @@ impl Authorizer for Gate {
                 _ => false,
             };
         match &self.policy {
-            Some(p) if !recording => p.authorize(request),
+            Some(p) if !recording => p.decide(request),
             _ => Decision::allow_unconditionally(),
+        }
+    }
+
+    fn spend(&self, uses: &[Spend]) -> Result<(), Box<Decision>> {
+        match &self.policy {
+            Some(p) => p.spend(uses),
+            // Nothing decided here consumes anything.
+            None => Ok(()),
         }
     }
 }

@@ -264,6 +264,41 @@ pub struct Decision {
     pub policy_version: u64,
     /// A short text an LLM can act on; may be empty for an allow.
     pub explanation: String,
+    /// What an allow consumes (quota, approval and token uses), spent by
+    /// [`Authorizer::spend`] with the action it allowed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spend: Vec<Spend>,
+}
+
+/// One use an allowed request consumes. A decision only lists its uses; they are spent with
+/// the action (in its transaction, after every other check it can fail), so a refused or
+/// conflicting action spends nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Spend {
+    /// One use of a rule's quota by an actor: at most `count` in each window of `window_secs`.
+    Quota {
+        /// The rule's id.
+        rule: String,
+        /// Whose quota.
+        actor: String,
+        /// Uses per window.
+        count: u32,
+        /// The window's length in seconds.
+        window_secs: u64,
+    },
+    /// One use of a granted approval.
+    Approval {
+        /// The approval's id.
+        id: String,
+    },
+    /// One use of a capability token's caveat, by the caveat's tag: at most `max`.
+    TokenUse {
+        /// The caveat's tag (hex).
+        tag: String,
+        /// Uses allowed.
+        max: u32,
+    },
 }
 
 impl Decision {
@@ -274,6 +309,7 @@ impl Decision {
             rules: Vec::new(),
             policy_version: 0,
             explanation: String::new(),
+            spend: Vec::new(),
         }
     }
 
@@ -285,9 +321,42 @@ impl Decision {
 
 /// Decides whether an action may happen. Implementations must be fast (they sit on every action)
 /// and must never allow by mistake: anything they cannot decide is a deny.
+///
+/// Deciding and spending are two steps: [`Authorizer::decide`] is pure (an allow lists what it
+/// would consume), and [`Authorizer::spend`] consumes it, all or nothing. The environment decides
+/// before its transaction and spends inside it, once every other check has passed.
 pub trait Authorizer: Send + Sync {
-    /// Decides one request.
-    fn authorize(&self, request: &AccessRequest) -> Decision;
+    /// Decides one request, spending nothing.
+    fn decide(&self, request: &AccessRequest) -> Decision;
+
+    /// Spends the uses allowed decisions listed, all of them or none: a use no longer
+    /// available (a quota filled by another action since) refuses with the returned decision.
+    /// An authorizer whose decisions consume nothing need not implement it: by default any
+    /// use listed is refused (it cannot be counted).
+    fn spend(&self, uses: &[Spend]) -> Result<(), Box<Decision>> {
+        if uses.is_empty() {
+            return Ok(());
+        }
+        Err(Box::new(Decision {
+            verdict: Verdict::Deny,
+            rules: Vec::new(),
+            policy_version: 0,
+            explanation: "this authorizer cannot count the uses its decision consumes".into(),
+            spend: Vec::new(),
+        }))
+    }
+
+    /// Decides and, for an allow, spends at once: for an action with no transaction of its own.
+    fn authorize(&self, request: &AccessRequest) -> Decision {
+        let decision = self.decide(request);
+        if decision.is_allowed()
+            && !decision.spend.is_empty()
+            && let Err(refused) = self.spend(&decision.spend)
+        {
+            return *refused;
+        }
+        decision
+    }
 }
 
 /// Allows everything. For an environment embedded by a single trusted program; anything shared
@@ -296,7 +365,7 @@ pub trait Authorizer: Send + Sync {
 pub struct AllowAll;
 
 impl Authorizer for AllowAll {
-    fn authorize(&self, _request: &AccessRequest) -> Decision {
+    fn decide(&self, _request: &AccessRequest) -> Decision {
         Decision::allow_unconditionally()
     }
 }

@@ -146,8 +146,8 @@ pub trait Environment: Send + Sync {
     async fn effect_fail(&self, actor: &ActorId, id: u64, error: &str) -> Result<EffectRecord>;
     /// Effects in flight or of unknown outcome.
     async fn effects_unfinished(&self) -> Result<Vec<EffectRecord>>;
-    /// Checks the stores' integrity.
-    async fn verify(&self) -> Result<VerifyReport>;
+    /// Checks the stores' integrity, as `actor` (a read of the whole environment).
+    async fn verify(&self, actor: &ActorId) -> Result<VerifyReport>;
 }
 
 impl LocalEnvironment {
@@ -296,7 +296,8 @@ impl Environment for LocalEnvironment {
         self.blocking(|e| e.effects_unfinished()).await
     }
 
-    async fn verify(&self) -> Result<VerifyReport> {
-        self.blocking(|e| e.verify()).await
+    async fn verify(&self, actor: &ActorId) -> Result<VerifyReport> {
+        let actor = actor.clone();
+        self.blocking(move |e| e.verify(&actor)).await
     }
 }

@@ -24,7 +24,7 @@
 //! // The earlier version is still there, and restoring it appends an operation.
 //! env.restore(&agent, "main", &base, Intent::edit("back to the start"))?;
 //! assert!(env.read(&agent, &Key::fs("src/hello.txt")?, &env.head("main")?)?.is_none());
-//! env.verify()?;
+//! env.verify(&agent)?;
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
@@ -51,7 +51,7 @@ pub mod value;
 
 pub use authz::{
     AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,
-    Risk, Verdict,
+    Risk, Spend, Verdict,
 };
 pub use blob::{BlobLocation, BlobStore, BlobUsage};
 pub use clock::{Clock, ManualClock, SystemClock};

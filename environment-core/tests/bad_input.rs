@@ -26,10 +26,18 @@ fn open() -> (tempfile::TempDir, LocalEnvironment, ActorId) {
 /// Asserts that `f` fails and that the log did not move.
 fn refused(env: &LocalEnvironment, f: impl FnOnce() -> Result<(), EnvError>) -> EnvError {
     let before = env.head("main").unwrap();
-    let ops_before = env.verify().unwrap().ops;
+    let ops_before = env
+        .verify(&environment_core::ActorId::system())
+        .unwrap()
+        .ops;
     let err = f().expect_err("must be refused");
     assert_eq!(env.head("main").unwrap(), before);
-    assert_eq!(env.verify().unwrap().ops, ops_before);
+    assert_eq!(
+        env.verify(&environment_core::ActorId::system())
+            .unwrap()
+            .ops,
+        ops_before
+    );
     let text = err.for_agent();
     assert!(text.starts_with("The action was NOT performed"), "{text}");
     err
@@ -206,7 +214,7 @@ fn corrupt_blob_is_detected_on_read() {
         Err(EnvError::Blob(BlobError::Corrupt { .. }))
     ));
     assert!(matches!(
-        env.verify_deep(),
+        env.verify_deep(&environment_core::ActorId::system()),
         Err(EnvError::Blob(BlobError::Corrupt { .. }))
     ));
 }
@@ -221,7 +229,7 @@ fn tampered_log_is_detected_by_verify() {
         )
         .unwrap();
     }
-    env.verify().unwrap();
+    env.verify(&environment_core::ActorId::system()).unwrap();
     drop(env);
     let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
     // Rewrite the second operation's actor inside its record, keeping its id.
@@ -235,7 +243,7 @@ fn tampered_log_is_detected_by_verify() {
         .unwrap();
     drop(conn);
     let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
-    match env.verify() {
+    match env.verify(&environment_core::ActorId::system()) {
         Err(EnvError::Integrity { at, .. }) => assert!(at.contains("#2"), "{at}"),
         other => panic!("tampering not detected: {other:?}"),
     }
@@ -243,7 +251,7 @@ fn tampered_log_is_detected_by_verify() {
 
 struct DenySecrets;
 impl Authorizer for DenySecrets {
-    fn authorize(&self, r: &AccessRequest) -> Decision {
+    fn decide(&self, r: &AccessRequest) -> Decision {
         let denied = matches!(&r.resource, Resource::Key(k) if k.path().starts_with(b"secrets"))
             || r.action == Action::Delete;
         Decision {
@@ -259,6 +267,7 @@ impl Authorizer for DenySecrets {
             } else {
                 String::new()
             },
+            spend: Vec::new(),
         }
     }
 }
@@ -382,5 +391,5 @@ fn an_environment_from_a_newer_layout_is_refused_and_left_as_is() {
         env.read(&actor, &Key::fs("kept").unwrap(), &head).unwrap(),
         Some(Value::file("v"))
     );
-    env.verify().unwrap();
+    env.verify(&environment_core::ActorId::system()).unwrap();
 }

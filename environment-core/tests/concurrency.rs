@@ -102,7 +102,9 @@ async fn no_lost_update_and_exact_conflicts() {
             (ROUNDS - 1).to_string().into_bytes()
         );
     }
-    env.verify().await.unwrap();
+    env.verify(&environment_core::ActorId::system())
+        .await
+        .unwrap();
 }
 
 /// Two handles on one home (two write connections, as two processes have) take turns acting on
@@ -144,6 +146,6 @@ async fn two_handles_taking_turns_build_on_each_other() {
             let v = env.read(&actor, &key(i), versions.last().unwrap()).unwrap();
             assert_eq!(v, Some(Value::file(i.to_string())));
         }
-        env.verify().unwrap();
+        env.verify(&environment_core::ActorId::system()).unwrap();
     }
 }

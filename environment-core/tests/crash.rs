@@ -136,7 +136,7 @@ fn killed_at_random_moments() {
         }
 
         let env = LocalEnvironment::open(home.path().join("env"), Options::default()).unwrap();
-        env.verify().unwrap();
+        env.verify(&environment_core::ActorId::system()).unwrap();
         for (id, key, hash) in &acked_ops {
             let v = env
                 .read_unchecked(&Key::fs(key.as_str()).unwrap(), id)

@@ -76,7 +76,7 @@ fn three_branches(home: &Path) -> (LocalEnvironment, BTreeMap<String, OpId>, Vec
 fn heads_stay_exact_through_settling_and_reopening() {
     let home = tempfile::tempdir().unwrap();
     let (env, mut model, _) = three_branches(home.path());
-    env.verify().unwrap();
+    env.verify(&environment_core::ActorId::system()).unwrap();
     drop(env);
     let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
     assert_heads(&env, &model);
@@ -90,7 +90,7 @@ fn heads_stay_exact_through_settling_and_reopening() {
         Err(EnvError::BranchExists(_))
     ));
     assert_heads(&env, &model);
-    env.verify().unwrap();
+    env.verify(&environment_core::ActorId::system()).unwrap();
 }
 
 #[test]
@@ -115,7 +115,7 @@ fn two_handles_on_one_home_see_each_others_heads() {
     }
     assert_heads(&a, &model);
     assert_heads(&b, &model);
-    b.verify().unwrap();
+    b.verify(&environment_core::ActorId::system()).unwrap();
 }
 
 #[test]
@@ -133,7 +133,9 @@ fn verify_catches_a_snapshot_that_disagrees_with_the_log() {
         drop(env);
         sql(home.path(), damage);
         let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
-        let err = env.verify().unwrap_err();
+        let err = env
+            .verify(&environment_core::ActorId::system())
+            .unwrap_err();
         assert!(
             matches!(&err, EnvError::Integrity { at, .. } if at.contains("heads")),
             "{damage}: {err}"
@@ -153,10 +155,10 @@ fn versions_the_snapshot_named_before_their_branch_moved_on_can_be_dropped() {
     assert!(droppable.len() > 1000, "{} droppable", droppable.len());
     env.drop_versions(&actor(), &droppable).unwrap();
     assert_heads(&env, &model);
-    env.verify().unwrap();
+    env.verify(&environment_core::ActorId::system()).unwrap();
     for i in 0..300 {
         model.insert("busy".to_owned(), act(&env, "busy", i));
     }
     assert_heads(&env, &model);
-    env.verify().unwrap();
+    env.verify(&environment_core::ActorId::system()).unwrap();
 }

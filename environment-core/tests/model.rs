@@ -330,7 +330,7 @@ fn run(steps: Vec<Step>) {
     for id in &m.order {
         check_version(&env, &actor, id, &m.states[id]);
     }
-    let report = env.verify().unwrap();
+    let report = env.verify(&environment_core::ActorId::system()).unwrap();
     assert_eq!(report.ops as usize, m.order.len());
 }
 

@@ -72,7 +72,7 @@ fn every_version_is_found_through_runs_merges_and_the_tail() {
     assert_eq!(runs, 2, "runs after a merge");
     assert!(tail < 256, "the tail holds {tail}");
     assert_all_found(&env, &versions);
-    env.verify().unwrap();
+    env.verify(&environment_core::ActorId::system()).unwrap();
 
     // A second handle on the same home (its own index, nothing loaded) finds them too, also
     // the versions written after it opened.
@@ -84,7 +84,9 @@ fn every_version_is_found_through_runs_merges_and_the_tail() {
     let reopened = LocalEnvironment::open(home.path(), Options::default()).unwrap();
     assert_all_found(&reopened, &versions);
     assert_all_found(&reopened, &more);
-    reopened.verify().unwrap();
+    reopened
+        .verify(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 #[test]
@@ -234,7 +236,7 @@ fn an_environment_in_an_earlier_layout_opens_and_migrates() {
             branches,
             "layout {layout}: the heads"
         );
-        env.verify().unwrap();
+        env.verify(&environment_core::ActorId::system()).unwrap();
         let old_index: i64 = sql(
             home.path(),
             "SELECT COUNT(*) FROM sqlite_master WHERE tbl_name = 'ops' AND type = 'index'",
@@ -255,7 +257,7 @@ fn an_environment_in_an_earlier_layout_opens_and_migrates() {
         assert_all_found(&env, &more);
         assert_eq!(env.head("main").unwrap(), more[299].0);
         assert_eq!(env.branches().unwrap()[1], branches[1]);
-        env.verify().unwrap();
+        env.verify(&environment_core::ActorId::system()).unwrap();
     }
 }
 
@@ -267,11 +269,13 @@ fn verify_reports_an_operation_missing_from_the_index() {
     ] {
         let home = tempfile::tempdir().unwrap();
         let (env, _) = grown(home.path());
-        env.verify().unwrap();
+        env.verify(&environment_core::ActorId::system()).unwrap();
         let conn = rusqlite::Connection::open(home.path().join("env.db")).unwrap();
         let changed = conn.execute(damage, []).unwrap();
         assert_eq!(changed, 1, "{damage}");
-        let err = env.verify().unwrap_err();
+        let err = env
+            .verify(&environment_core::ActorId::system())
+            .unwrap_err();
         assert!(
             matches!(&err, EnvError::Integrity { at, .. } if at.contains("operation index")),
             "{damage}: {err:?}"

@@ -143,7 +143,8 @@ fn gc_rewrites_a_mostly_dead_pack_and_marks_dead_blobs_in_a_mostly_live_one() {
     for (i, v) in live.iter().enumerate() {
         assert_eq!(env.content(v).unwrap(), content("live", i));
     }
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
     assert_eq!(env.blobs().usage().unwrap().blobs, 70);
 }
 

@@ -22,7 +22,12 @@ fn node_stats(env: &LocalEnvironment, home: &std::path::Path) -> (i64, i64) {
             |r| r.get(0),
         )
         .unwrap();
-    (env.verify().unwrap().nodes as i64, bytes)
+    (
+        env.verify(&environment_core::ActorId::system())
+            .unwrap()
+            .nodes as i64,
+        bytes,
+    )
 }
 
 #[test]
@@ -111,7 +116,8 @@ fn gc_keeps_referenced_and_pinned_blobs_only() {
     assert_eq!(env.content(&old).unwrap(), vec![1u8; 1000]);
     env.unpin_blob(&pinned, "message:1").unwrap();
     assert_eq!(env.gc(&actor).unwrap().removed, 1);
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 #[test]
@@ -155,7 +161,8 @@ fn gc_racing_writers_never_loses_committed_content() {
             .expect("written at this version");
         assert_eq!(env.content(&val).unwrap(), bytes);
     }
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 #[test]
@@ -193,11 +200,16 @@ fn gc_removes_the_nodes_only_dropped_versions_used_and_the_kept_versions_read_in
 /// Runs garbage collection, which must remove at least `least` nodes, and checks that the
 /// stored nodes went down by exactly as many as it reports.
 fn collect_nodes(env: &LocalEnvironment, actor: &ActorId, least: u64) {
-    let nodes_before = env.verify().unwrap().nodes;
+    let nodes_before = env
+        .verify(&environment_core::ActorId::system())
+        .unwrap()
+        .nodes;
     let report = env.gc(actor).unwrap();
     assert!(report.nodes_removed >= least, "{report:?}");
     assert_eq!(
-        env.verify().unwrap().nodes,
+        env.verify(&environment_core::ActorId::system())
+            .unwrap()
+            .nodes,
         nodes_before - report.nodes_removed
     );
 }
@@ -218,7 +230,7 @@ fn read_back_cold(
             .collect();
         assert_eq!(&listed, expected);
     }
-    env.verify().unwrap();
+    env.verify(&environment_core::ActorId::system()).unwrap();
 }
 
 #[test]

@@ -8,22 +8,46 @@
 //! environment map to their kinds. The context's branch, risk and attributes feed conditions; its
 //! token and approval are checked as such.
 
-use environment_core::{AccessRequest, Authorizer, Decision as CoreDecision};
+use environment_core::{AccessRequest, Authorizer, Decision as CoreDecision, Spend, Verdict};
 
-use crate::decision::Outcome;
+use crate::decision::{Outcome, Reason};
 use crate::policy::Policy;
 
 impl Authorizer for Policy {
-    /// Decides and spends (quota, approval and token uses). A request that needs approval gets a
-    /// durable approval request filed, named in the verdict, so a human can grant it and the
-    /// agent can retry with its id. Explanations are rendered only for refusals.
-    fn authorize(&self, request: &AccessRequest) -> CoreDecision {
-        let mut d = self.check(request);
+    /// Decides without spending: an allow lists what it consumes, which the environment spends
+    /// with the action. A request that needs approval gets a durable approval request filed,
+    /// named in the verdict, so a human can grant it and the agent can retry with its id.
+    /// Explanations are rendered only for refusals.
+    fn decide(&self, request: &AccessRequest) -> CoreDecision {
+        let mut d = self.evaluate(request);
         if d.outcome() == Outcome::NeedsApproval
             && let Ok(a) = self.file_approval(request, &d)
         {
             d.approval = Some(a.id);
         }
         d.to_core(request)
+    }
+
+    fn spend(&self, uses: &[Spend]) -> Result<(), Box<CoreDecision>> {
+        self.spend_uses(uses).map_err(|reason| {
+            let explanation = match &reason {
+                Reason::QuotaExhausted { retry_at } => format!(
+                    "the quota that allowed this was used up by another action since it was \
+                     decided; it opens again at {retry_at} (ms since the epoch)"
+                ),
+                Reason::ApprovalRequired => {
+                    "the approval presented was used up or lapsed since this was decided".into()
+                }
+                Reason::Token(e) => format!("the capability token refused it: {e}"),
+                _ => "what allowed this could not be recorded as used".into(),
+            };
+            Box::new(CoreDecision {
+                verdict: Verdict::Deny,
+                rules: Vec::new(),
+                policy_version: self.version(),
+                explanation,
+                spend: Vec::new(),
+            })
+        })
     }
 }

@@ -4,9 +4,8 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use environment_core::{AccessRequest, Resource};
+use environment_core::{AccessRequest, Spend};
 
-use crate::approval::ApprovalState;
 use crate::decision::{Decision, Hits, Outcome, Reason};
 use crate::delegation::MAX_DELEGATION_DEPTH;
 use crate::policy::{Policy, State, kind_id, lock, read};
@@ -16,16 +15,6 @@ use crate::rule::{Effect, Rule};
 use crate::ruleset::{Lookup, RuleSet};
 use crate::schema::ActionId;
 use crate::token::{CapabilityToken, CompiledCaveat, TokenError};
-
-/// Whether a decision spends what an allow consumes: dry runs (planning, explaining, reverse
-/// queries, tests) must not eat an agent's quota or a human's one-time approval.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Decide only.
-    Dry,
-    /// Decide and spend what an allow spends (quota, approval uses, token uses).
-    Commit,
-}
 
 /// What the rules of one actor say about a request.
 #[derive(Default)]
@@ -42,6 +31,8 @@ struct Ruling {
     outcome: Outcome,
     reason: Reason,
     hits: Hits,
+    /// What an allow consumes.
+    spend: Vec<Spend>,
 }
 
 impl Ruling {
@@ -50,23 +41,39 @@ impl Ruling {
             outcome: Outcome::Deny,
             reason,
             hits,
+            spend: Vec::new(),
+        }
+    }
+
+    fn allow(reason: Reason, hits: Hits, spend: Vec<Spend>) -> Ruling {
+        Ruling {
+            outcome: Outcome::Allow,
+            reason,
+            hits,
+            spend,
         }
     }
 }
 
 impl Policy {
-    /// Decides a request and spends what an allow spends: a quota use, an approval use, a token
-    /// use. This is what the environment calls before acting.
+    /// Decides a request and spends at once what an allow consumes (a quota use, an approval
+    /// use, a token use): for an action with no transaction of its own. The environment
+    /// decides with [`Policy::evaluate`] and spends with the action instead.
     pub fn check(&self, req: &AccessRequest) -> Decision {
-        self.run(req, Mode::Commit)
+        let mut d = self.evaluate(req);
+        if d.outcome == Outcome::Allow
+            && let Err(reason) = self.spend_uses(&d.spend)
+        {
+            d.outcome = Outcome::Deny;
+            d.reason = reason;
+            d.spend.clear();
+        }
+        d
     }
 
-    /// Decides a request without spending anything (a dry run: planning, tests, explanations).
+    /// Decides a request without spending anything: an allow lists in its
+    /// [`Decision::spend`] what it would consume, for [`Policy::spend_uses`].
     pub fn evaluate(&self, req: &AccessRequest) -> Decision {
-        self.run(req, Mode::Dry)
-    }
-
-    fn run(&self, req: &AccessRequest, mode: Mode) -> Decision {
         let st = read(&self.state);
         let rs = Arc::clone(&st.rules);
         let v = match (rs.schema.id_of(&req.action), Target::of(&req.resource)) {
@@ -81,7 +88,6 @@ impl Policy {
                     target,
                     lookup: Lookup::of(&target),
                     action,
-                    mode,
                     now: Cell::new(None),
                 };
                 match &req.context.token {
@@ -99,69 +105,26 @@ impl Policy {
             version,
             rules: rs,
             approval: None,
+            spend: v.spend,
         }
     }
 
-    fn try_quota(
-        &self,
-        rule: &Rule,
-        actor: &str,
-        now: i64,
-        mode: Mode,
-    ) -> std::result::Result<(), i64> {
+    /// The quota use `rule` would take for `actor` now, or when its next window opens.
+    fn try_quota(&self, rule: &Rule, actor: &str, now: i64) -> std::result::Result<Spend, i64> {
         let Some(q) = rule.conditions.quota else {
-            return Ok(());
+            return Err(now);
         };
-        let window = q.window_start(now);
-        let next = window
-            .saturating_add(i64::try_from(q.window_secs.saturating_mul(1000)).unwrap_or(i64::MAX));
-        let mut rt = lock(&self.runtime);
-        let key = (rule.id.clone(), actor.to_owned());
-        let used = match rt.quotas.get(&key) {
-            Some((w, u)) if *w == window => *u,
-            _ => 0,
+        let use_ = Spend::Quota {
+            rule: rule.id.clone(),
+            actor: actor.to_owned(),
+            count: q.count,
+            window_secs: q.window_secs,
         };
-        if used >= q.count {
-            return Err(next);
+        match self.quota_left(&lock(&self.runtime), &use_, now) {
+            Ok(()) => Ok(use_),
+            Err(Reason::QuotaExhausted { retry_at }) => Err(retry_at),
+            Err(_) => Err(now),
         }
-        if mode == Mode::Commit {
-            // Fail closed: a use that cannot be recorded durably is not granted.
-            lock(&self.store)
-                .put_quota(&rule.id, actor, window, used + 1)
-                .map_err(|_| next)?;
-            rt.quotas.insert(key, (window, used + 1));
-        }
-        Ok(())
-    }
-
-    fn use_approval(
-        &self,
-        id: &str,
-        actor: &str,
-        action: &str,
-        resource: &Resource,
-        now: i64,
-        mode: Mode,
-    ) -> bool {
-        let label = resource_label(resource);
-        let mut rt = lock(&self.runtime);
-        let Some(a) = rt.approvals.get(id) else {
-            return false;
-        };
-        if !a.admits(actor, action, &label, now) {
-            return false;
-        }
-        if mode == Mode::Commit {
-            let mut a = a.clone();
-            if let ApprovalState::Granted { uses_left, .. } = &mut a.state {
-                *uses_left -= 1;
-            }
-            if lock(&self.store).put_approval(&a).is_err() {
-                return false;
-            }
-            rt.approvals.insert(a.id.clone(), a);
-        }
-        true
     }
 }
 
@@ -174,7 +137,6 @@ struct Eval<'a> {
     target: Target<'a>,
     lookup: Lookup,
     action: ActionId,
-    mode: Mode,
     now: Cell<Option<i64>>,
 }
 
@@ -259,47 +221,40 @@ impl Eval<'_> {
             return Ruling::deny(Reason::Forbidden, s.forbids);
         }
         if let Some(i) = s.permit {
-            return Ruling {
-                outcome: Outcome::Allow,
-                reason: Reason::Permitted,
-                hits: Hits::one(i),
-            };
+            return Ruling::allow(Reason::Permitted, Hits::one(i), Vec::new());
         }
         let mut quota_block = None;
         for &i in s.quota.as_slice() {
             let Some(r) = self.rs.rule(i) else { continue };
-            match self.policy.try_quota(r, actor, self.now(), self.mode) {
-                Ok(()) => {
-                    return Ruling {
-                        outcome: Outcome::Allow,
-                        reason: Reason::Permitted,
-                        hits: Hits::one(i),
-                    };
+            match self.policy.try_quota(r, actor, self.now()) {
+                Ok(use_) => {
+                    return Ruling::allow(Reason::Permitted, Hits::one(i), vec![use_]);
                 }
                 Err(retry_at) => quota_block = quota_block.or(Some((i, retry_at))),
             }
         }
         if !s.approval.is_empty() {
             if let Some(id) = &self.req.context.approval
-                && self.policy.use_approval(
-                    id,
-                    actor,
-                    self.action_name(),
-                    &self.req.resource,
-                    self.now(),
-                    self.mode,
-                )
+                && lock(&self.policy.runtime)
+                    .approvals
+                    .get(id)
+                    .is_some_and(|a| {
+                        a.admits(
+                            actor,
+                            self.action_name(),
+                            &resource_label(&self.req.resource),
+                            self.now(),
+                        )
+                    })
             {
-                return Ruling {
-                    outcome: Outcome::Allow,
-                    reason: Reason::Approved,
-                    hits: s.approval,
-                };
+                let use_ = Spend::Approval { id: id.clone() };
+                return Ruling::allow(Reason::Approved, s.approval, vec![use_]);
             }
             return Ruling {
                 outcome: Outcome::NeedsApproval,
                 reason: Reason::ApprovalRequired,
                 hits: s.approval,
+                spend: Vec::new(),
             };
         }
         if depth < MAX_DELEGATION_DEPTH {
@@ -307,13 +262,10 @@ impl Eval<'_> {
                 if d.to == actor && d.covers(self.action_name(), &self.target, self.now()) {
                     let v = self.decide(&d.from, depth + 1);
                     if v.outcome == Outcome::Allow {
-                        return Ruling {
-                            outcome: Outcome::Allow,
-                            reason: Reason::Delegated {
-                                delegation: d.id.clone(),
-                            },
-                            hits: v.hits,
+                        let reason = Reason::Delegated {
+                            delegation: d.id.clone(),
                         };
+                        return Ruling::allow(reason, v.hits, v.spend);
                     }
                 }
             }
@@ -352,12 +304,12 @@ impl Eval<'_> {
                 return Ruling::deny(Reason::Forbidden, s.forbids);
             }
         }
-        let v = self.decide(&token.principal, 0);
-        if v.outcome == Outcome::Allow
-            && self.mode == Mode::Commit
-            && let Err(e) = self.policy.spend_token(&token, &tags)
-        {
-            return token_deny(e);
+        let mut v = self.decide(&token.principal, 0);
+        if v.outcome == Outcome::Allow {
+            match self.policy.token_uses(&token, &tags) {
+                Ok(uses) => v.spend.extend(uses),
+                Err(e) => return token_deny(e),
+            }
         }
         v
     }

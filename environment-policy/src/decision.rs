@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use environment_core::{AccessRequest, Verdict};
+use environment_core::{AccessRequest, Spend, Verdict};
 
 use crate::resource::resource_short;
 use crate::ruleset::RuleSet;
@@ -89,6 +89,8 @@ pub struct Decision {
     pub(crate) version: u64,
     pub(crate) rules: Arc<RuleSet>,
     pub(crate) approval: Option<String>,
+    /// What an allow consumes, for [`Policy::spend_uses`](crate::Policy::spend_uses).
+    pub(crate) spend: Vec<Spend>,
 }
 
 impl std::fmt::Debug for Decision {
@@ -99,6 +101,7 @@ impl std::fmt::Debug for Decision {
             .field("rules", &self.rule_ids().collect::<Vec<_>>())
             .field("policy_version", &self.version)
             .field("approval", &self.approval)
+            .field("spend", &self.spend)
             .finish()
     }
 }
@@ -107,6 +110,11 @@ impl Decision {
     /// Allow, deny or needs approval.
     pub fn outcome(&self) -> Outcome {
         self.outcome
+    }
+
+    /// What an allow consumes (quota, approval and token uses), not yet spent.
+    pub fn spend(&self) -> &[Spend] {
+        &self.spend
     }
 
     /// Whether the action may happen now.
@@ -274,6 +282,7 @@ impl Decision {
             } else {
                 self.explain(req)
             },
+            spend: self.spend.clone(),
         }
     }
 }

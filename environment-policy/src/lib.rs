@@ -89,6 +89,7 @@ mod resource;
 mod rule;
 mod ruleset;
 mod schema;
+mod spend;
 mod store;
 mod token;
 

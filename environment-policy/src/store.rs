@@ -257,4 +257,33 @@ impl Store {
         )?;
         Ok(())
     }
+
+    /// Records the uses of one spend in one transaction: every counter or none.
+    pub(crate) fn spend(
+        &mut self,
+        quotas: &[crate::spend::QuotaCount],
+        approvals: &[Approval],
+        tokens: &[(String, u32)],
+    ) -> Result<()> {
+        self.conn.execute_batch("SAVEPOINT spend")?;
+        let written = (|| {
+            for ((rule, actor), (window, used)) in quotas {
+                self.put_quota(rule, actor, *window, *used)?;
+            }
+            for a in approvals {
+                self.put_approval(a)?;
+            }
+            for (tag, used) in tokens {
+                self.put_token_use(tag, *used)?;
+            }
+            Ok(())
+        })();
+        match written {
+            Ok(()) => Ok(self.conn.execute_batch("RELEASE spend")?),
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK TO spend; RELEASE spend");
+                Err(e)
+            }
+        }
+    }
 }

@@ -7,6 +7,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use environment_core::Spend;
 use serde::{Deserialize, Serialize};
 
 use crate::glob::Glob;
@@ -326,30 +327,24 @@ impl Policy {
         Ok(tags)
     }
 
-    pub(crate) fn spend_token(
+    /// The uses a request under `token` consumes (one per caveat with a use limit), or why
+    /// the token has none left. Spent with the action (see `Policy::spend_uses`).
+    pub(crate) fn token_uses(
         &self,
         token: &CapabilityToken,
         tags: &[blake3::Hash],
-    ) -> std::result::Result<(), TokenError> {
-        let mut rt = lock(&self.runtime);
-        let mut updates = Vec::new();
+    ) -> std::result::Result<Vec<Spend>, TokenError> {
+        let rt = lock(&self.runtime);
+        let mut uses = Vec::new();
         for (c, tag) in token.caveats.iter().zip(tags) {
             if let Some(max) = c.max_uses {
-                let key = tag.to_hex().to_string();
-                let used = rt.token_uses.get(&key).copied().unwrap_or(0);
-                if used >= max {
+                let tag = tag.to_hex().to_string();
+                if rt.token_uses.get(&tag).copied().unwrap_or(0) >= max {
                     return Err(TokenError::Exhausted { max });
                 }
-                updates.push((key, used + 1));
+                uses.push(Spend::TokenUse { tag, max });
             }
         }
-        let mut store = lock(&self.store);
-        for (k, u) in &updates {
-            store
-                .put_token_use(k, *u)
-                .map_err(|_| TokenError::Exhausted { max: 0 })?;
-        }
-        rt.token_uses.extend(updates);
-        Ok(())
+        Ok(uses)
     }
 }

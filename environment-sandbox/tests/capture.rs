@@ -368,7 +368,8 @@ fn unreadable_scenario(dir: &std::path::Path) {
     assert!(v.contains_key("d/x"));
     assert!(tracker.unreadable().is_empty());
     assert_eq!(disk(&work, &no_skip), v);
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 #[test]
@@ -386,7 +387,7 @@ struct Refusing {
 }
 
 impl environment_core::Authorizer for Refusing {
-    fn authorize(&self, r: &environment_core::AccessRequest) -> environment_core::Decision {
+    fn decide(&self, r: &environment_core::AccessRequest) -> environment_core::Decision {
         if self.refusing.load(std::sync::atomic::Ordering::SeqCst)
             && r.actor.as_str() == "service:watcher"
             && matches!(r.action, environment_core::Action::Write)
@@ -396,6 +397,7 @@ impl environment_core::Authorizer for Refusing {
                 rules: vec!["test:refusing".into()],
                 policy_version: 1,
                 explanation: "not now".into(),
+                spend: Vec::new(),
             }
         } else {
             environment_core::Decision::allow_unconditionally()

@@ -123,7 +123,7 @@ fn killed_during_capture() {
         }
         // Reopening captures whatever the child left uncaptured: the head is the tree.
         let (env, tracker) = open(dir.path());
-        env.verify().unwrap();
+        env.verify(&environment_core::ActorId::system()).unwrap();
         for v in &acked {
             env.op(v).unwrap();
         }
@@ -172,7 +172,7 @@ fn killed_during_restore() {
         let lines = run_and_kill(dir.path(), "restore", &mut rng);
         completed += lines.len();
         let (env, tracker) = open(dir.path());
-        env.verify().unwrap();
+        env.verify(&environment_core::ActorId::system()).unwrap();
         // Reopening finished whatever restore the kill interrupted, from its intent record:
         // the tree is one of the two versions, never a mix, and so is the head.
         assert!(tracker.interrupted_restore().unwrap().is_none());

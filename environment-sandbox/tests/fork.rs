@@ -137,7 +137,8 @@ fn scenario(dir: &Path) {
         forks.remove(t).unwrap();
         assert!(!t.upper.exists());
     }
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 #[test]

@@ -250,7 +250,8 @@ fn large_files_scenario(dir: &std::path::Path) {
         "the orphan's manifest and chunks go: {report:?}"
     );
     assert!(!env.blobs().contains(&put.manifest));
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
     tracker.restore(&agent, &first, intent()).unwrap();
     assert_eq!(file_hash(&work.join("data.bin")), data_hash);
     assert_eq!(file_hash(&work.join("disk.img")), img_hash);
@@ -534,7 +535,7 @@ fn a_head_moved_through_the_api_is_written_into_the_tree() {
 struct NoIntruder;
 
 impl environment_core::Authorizer for NoIntruder {
-    fn authorize(&self, r: &environment_core::AccessRequest) -> environment_core::Decision {
+    fn decide(&self, r: &environment_core::AccessRequest) -> environment_core::Decision {
         if r.actor.as_str() == "agent:intruder"
             && matches!(r.resource, environment_core::Resource::Branch(_))
         {
@@ -543,6 +544,7 @@ impl environment_core::Authorizer for NoIntruder {
                 rules: vec!["test:no-intruder".into()],
                 policy_version: 1,
                 explanation: "intruders may not roll back".into(),
+                spend: Vec::new(),
             }
         } else {
             environment_core::Decision::allow_unconditionally()

@@ -125,7 +125,7 @@ fn thinning_keeps_protected_versions_and_the_log_verifiable() {
         );
         assert!(report.kept > 5, "degenerated to the last K");
         dropped_before = dropped;
-        env.verify().unwrap();
+        env.verify(&environment_core::ActorId::system()).unwrap();
     }
     assert!(
         env.blobs().list().unwrap().len() < blobs_before,
@@ -162,7 +162,8 @@ fn thinning_keeps_protected_versions_and_the_log_verifiable() {
             .unwrap();
         }
     }
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 fn clock_now(c: &ManualClock) -> i64 {

@@ -151,7 +151,8 @@ fn scenario_break_and_restore() {
         String::from_utf8_lossy(&out.stdout),
         "group\nhosts\npasswd\nprofile\n127.0.0.1 localhost\n"
     );
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 #[test]

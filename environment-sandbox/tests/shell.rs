@@ -30,7 +30,7 @@ fn agent() -> ActorId {
 struct NoExec;
 
 impl Authorizer for NoExec {
-    fn authorize(&self, r: &AccessRequest) -> Decision {
+    fn decide(&self, r: &AccessRequest) -> Decision {
         let denied = matches!(r.action, Action::Execute)
             || matches!(r.resource, environment_core::Resource::Secret(_));
         if denied {
@@ -39,6 +39,7 @@ impl Authorizer for NoExec {
                 rules: vec!["test:no-exec".into()],
                 policy_version: 1,
                 explanation: "running programs is not allowed here".into(),
+                spend: Vec::new(),
             }
         } else {
             Decision::allow_unconditionally()
@@ -50,7 +51,7 @@ impl Authorizer for NoExec {
 struct NoRecord;
 
 impl Authorizer for NoRecord {
-    fn authorize(&self, r: &AccessRequest) -> Decision {
+    fn decide(&self, r: &AccessRequest) -> Decision {
         match &r.resource {
             environment_core::Resource::Key(k)
                 if k.namespace() == Namespace::Obj && r.action == Action::Write =>
@@ -60,6 +61,7 @@ impl Authorizer for NoRecord {
                     rules: vec!["test:no-record".into()],
                     policy_version: 1,
                     explanation: "objects are read-only here".into(),
+                    spend: Vec::new(),
                 }
             }
             _ => Decision::allow_unconditionally(),

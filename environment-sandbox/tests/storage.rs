@@ -32,7 +32,11 @@ fn a_hundred_one_file_captures_cost_their_content_and_a_path_of_nodes() {
                           + (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM node_blocks)
                   + (SELECT COALESCE(SUM(LENGTH(nodes)), 0) FROM ops)";
     let (nodes0, blobs0) = (db_bytes(home, nodes_sql), blob_bytes(&s.env));
-    let count0 = s.env.verify().unwrap().nodes as i64;
+    let count0 = s
+        .env
+        .verify(&environment_core::ActorId::system())
+        .unwrap()
+        .nodes as i64;
     let mut content = 0u64;
     for i in 0..100 {
         let rel = format!("d{}/e{}/f{}/file{i}.txt", i % 10, i % 7, i % 3);
@@ -52,7 +56,12 @@ fn a_hundred_one_file_captures_cost_their_content_and_a_path_of_nodes() {
         added_blobs, content,
         "blob growth is exactly the new content"
     );
-    let added_nodes = s.env.verify().unwrap().nodes as i64 - count0;
+    let added_nodes = s
+        .env
+        .verify(&environment_core::ActorId::system())
+        .unwrap()
+        .nodes as i64
+        - count0;
     let added_node_bytes = db_bytes(home, nodes_sql) - nodes0;
     // The path root → fs → d → e → f holds 5 directory nodes; nothing else is rewritten.
     assert!(

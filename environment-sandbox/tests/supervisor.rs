@@ -96,7 +96,8 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 
 fn reopen_and_verify(home: &Path, work: &Path) {
     let env = LocalEnvironment::open(home, Options::default()).unwrap();
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
     assert_eq!(
         view(&env, &env.head("main").unwrap()),
         disk(work, &no_skip),
@@ -1457,7 +1458,8 @@ fn every_tracked_root_scenario(dir: &Path) {
             .is_some(),
         "the final capture takes the rootfs too"
     );
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 // ---- merge through the socket ------------------------------------------------------------------

@@ -114,7 +114,8 @@ fn scenario(dir: &Path) {
     let candidate_op = env.op(&wrong.head).unwrap().parents[0];
     let said = env.read_unchecked(&stdout, &candidate_op).unwrap().unwrap();
     assert_eq!(env.content(&said).unwrap(), b"tried three\n");
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 #[test]

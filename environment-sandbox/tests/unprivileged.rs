@@ -45,7 +45,8 @@ fn scenario(dir: &Path) {
         .unwrap();
     assert_eq!(disk(&work, &no_skip), expected);
     assert_eq!(view(&env, &env.head("main").unwrap()), expected);
-    env.verify_deep().unwrap();
+    env.verify_deep(&environment_core::ActorId::system())
+        .unwrap();
 }
 
 #[test]

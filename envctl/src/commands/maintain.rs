@@ -79,7 +79,7 @@ pub fn gc(s: &Session, json: bool) -> Outcome<()> {
 /// The integrity check.
 pub fn verify(s: &Session, json: bool) -> Outcome<()> {
     let progress = Progress::spinner("verifying the stores");
-    let report = s.env.verify();
+    let report = s.env.verify(&s.actor);
     progress.finish();
     let r = report?;
     if json {

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
-use super::{Inner, LocalEnvironment, MAIN, OpDraft};
+use super::{Inner, LocalEnvironment, MAIN, OpDraft, Permit};
 use crate::authz::{Action, ActorId};
 use crate::blob::WriteGuard;
 use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result, StaleWrite};
 use crate::key::Key;
-use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId};
+use crate::op::{ChangeSummary, Intent, OpFlags, OpId};
 use crate::tree::{self, Applied, NodeSource, Ptr, Put, TreeEdit};
 use crate::value::{Content, INLINE_MAX, Value};
 
@@ -125,7 +125,7 @@ const CALLER_FLAGS: OpFlags =
 pub(crate) struct Prepared {
     req: ActRequest,
     puts: Vec<Put>,
-    decision: Option<DecisionRef>,
+    permit: Permit,
     _guard: Option<WriteGuard>,
 }
 
@@ -202,7 +202,7 @@ impl LocalEnvironment {
                 return Err(EnvError::DuplicateKey(c.key().clone()));
             }
         }
-        let decision = self.authorize_changes(
+        let permit = self.decide_changes(
             &req.actor,
             &req.branch,
             None,
@@ -225,7 +225,7 @@ impl LocalEnvironment {
         Ok(Prepared {
             req,
             puts,
-            decision,
+            permit,
             _guard: guard,
         })
     }
@@ -287,7 +287,7 @@ impl Inner {
         let Prepared {
             req,
             puts,
-            decision,
+            permit,
             _guard,
         } = p;
         let ActRequest {
@@ -356,7 +356,7 @@ impl Inner {
                 base_version: Some(base_id),
                 summary: summary.clone(),
                 flags,
-                decision,
+                permit,
                 restored_from: None,
                 effects,
             },

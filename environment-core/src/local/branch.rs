@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{Inner, LocalEnvironment, OpDraft, op_id_from, validate_name};
+use super::{Inner, LocalEnvironment, OpDraft, Permit, op_id_from, validate_name};
 use crate::authz::{Action, ActorId, Resource};
 use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result};
 use crate::key::Key;
 use crate::merge::{Conflict, ConflictSide, KeyConflict, merge_views};
-use crate::op::{ChangeSummary, DecisionRef, Intent, IntentKind, OpFlags, OpId, Operation};
+use crate::op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation};
 use crate::tree::{self, TreeEdit};
 
 /// What a merge did.
@@ -29,13 +29,13 @@ impl LocalEnvironment {
     /// Creates branch `name` at `from`, recording a branch operation there.
     pub fn create_branch(&self, actor: &ActorId, name: &str, from: &OpId) -> Result<OpId> {
         validate_name(name)?;
-        self.authorize(
+        let permit = Permit::from(self.decide(
             actor,
             Action::Write,
             Resource::Branch(name.into()),
             Some(name),
             Some("branch"),
-        )?;
+        )?);
         let (inner, name, from, actor) =
             (self.inner.clone(), name.to_owned(), *from, actor.clone());
         self.inner.writer.run(false, move |conn, fx| {
@@ -59,7 +59,7 @@ impl LocalEnvironment {
                     base_version: Some(from),
                     summary: ChangeSummary::default(),
                     flags: OpFlags::BRANCH,
-                    decision: None,
+                    permit,
                     restored_from: None,
                     effects: Vec::new(),
                 },
@@ -72,7 +72,7 @@ impl LocalEnvironment {
     /// Names `version` as `name`. Marks are never moved or dropped by retention.
     pub fn mark(&self, actor: &ActorId, name: &str, version: &OpId) -> Result<()> {
         validate_name(name)?;
-        self.authorize(
+        let permit = self.decide(
             actor,
             Action::Write,
             Resource::Environment,
@@ -86,6 +86,14 @@ impl LocalEnvironment {
             if db::head(conn, &name)?.is_some() {
                 return Err(EnvError::BranchExists(name));
             }
+            let taken: Option<i64> = conn
+                .query_row("SELECT 1 FROM marks WHERE name = ?1", [&name], |r| r.get(0))
+                .optional()?;
+            if taken.is_some() {
+                return Err(EnvError::MarkExists(name));
+            }
+            // Spent once nothing else can refuse it.
+            inner.spend(&permit.spend)?;
             let now = inner.options.clock.now_ms();
             let n = conn.execute(
                 "INSERT OR IGNORE INTO marks(name, op, actor, time_ms) VALUES (?1, ?2, ?3, ?4)",
@@ -119,9 +127,8 @@ impl LocalEnvironment {
             actor,
             branch,
             "restore",
-            move |inner, conn, fx, branch, actor| {
-                let check =
-                    |a: &[tree::Applied]| this.authorize_applied(&actor, branch, "restore", a);
+            move |inner, conn, fx, branch, actor, permit| {
+                let check = |a: &[tree::Applied]| this.decide_applied(&actor, branch, "restore", a);
                 inner.restore_in(
                     conn,
                     fx,
@@ -129,6 +136,7 @@ impl LocalEnvironment {
                     &target,
                     ByActor {
                         actor: actor.clone(),
+                        permit,
                         authorized: &check,
                     },
                     intent,
@@ -149,7 +157,7 @@ impl LocalEnvironment {
         intent: Intent,
         apply: impl FnOnce() -> std::result::Result<(), E>,
     ) -> std::result::Result<OpId, E> {
-        self.authorize_branch_write(actor, branch, "restore")?;
+        let branch_permit = self.decide_branch_write(actor, branch, "restore")?;
         let head = self.head(branch)?;
         let changes = self.inner.readers.with(|conn| {
             let (_, from) = self.inner.stored_op_in(conn, &head)?;
@@ -157,18 +165,25 @@ impl LocalEnvironment {
             tree::diff(&self.inner.nodes_in(conn), &from, &to, None)
         })?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
-        let decision = self.authorize_applied(actor, branch, "restore", &applied)?;
+        let permit = branch_permit.join(self.decide_applied(actor, branch, "restore", &applied)?);
+        // The files are the work: what the restore consumes is spent before they change.
+        self.inner.spend(&permit.spend)?;
         apply()?;
+        let permit = permit.spent();
         let (target, this) = (*target, self.clone());
-        Ok(
-            self.record_branch_write(actor, branch, move |inner, conn, fx, branch, actor| {
+        Ok(self.record_branch_write(
+            actor,
+            branch,
+            Permit::default(),
+            move |inner, conn, fx, branch, actor, _| {
                 // Recorded on the head it was authorized at; a head that moved meanwhile (an
-                // act through the API) is authorized again for what the restore now changes.
+                // act through the API) is decided again for what the restore now changes
+                // (already spent for).
                 let check = |a: &[tree::Applied]| {
                     if db::existing_head(conn, branch)? == head {
-                        Ok(decision.clone())
+                        Ok(permit.clone())
                     } else {
-                        this.authorize_applied(&actor, branch, "restore", a)
+                        Ok(this.decide_applied(&actor, branch, "restore", a)?.spent())
                     }
                 };
                 inner.restore_in(
@@ -178,12 +193,13 @@ impl LocalEnvironment {
                     &target,
                     ByActor {
                         actor: actor.clone(),
+                        permit: Permit::default(),
                         authorized: &check,
                     },
                     intent,
                 )
-            })?,
-        )
+            },
+        )?)
     }
 
     /// Restores `branch` to the version before its last operation; `actor` must be allowed to
@@ -194,7 +210,7 @@ impl LocalEnvironment {
             actor,
             branch,
             "undo",
-            move |inner, conn, fx, branch, actor| {
+            move |inner, conn, fx, branch, actor, permit| {
                 let head_id = db::existing_head(conn, branch)?;
                 let head = inner.op_in(conn, &head_id)?;
                 let parent = head
@@ -202,7 +218,7 @@ impl LocalEnvironment {
                     .first()
                     .ok_or_else(|| EnvError::NothingToUndo(branch.into()))?;
                 let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.id.short()));
-                let check = |a: &[tree::Applied]| this.authorize_applied(&actor, branch, "undo", a);
+                let check = |a: &[tree::Applied]| this.decide_applied(&actor, branch, "undo", a);
                 inner.restore_in(
                     conn,
                     fx,
@@ -210,6 +226,7 @@ impl LocalEnvironment {
                     parent,
                     ByActor {
                         actor: actor.clone(),
+                        permit,
                         authorized: &check,
                     },
                     intent,
@@ -234,9 +251,8 @@ impl LocalEnvironment {
             actor,
             target,
             "merge",
-            move |inner, conn, fx, target, actor| {
-                let check =
-                    |a: &[tree::Applied]| this.authorize_applied(&actor, target, "merge", a);
+            move |inner, conn, fx, target, actor, permit| {
+                let check = |a: &[tree::Applied]| this.decide_applied(&actor, target, "merge", a);
                 inner.merge_in(
                     conn,
                     fx,
@@ -244,6 +260,7 @@ impl LocalEnvironment {
                     target,
                     ByActor {
                         actor: actor.clone(),
+                        permit,
                         authorized: &check,
                     },
                     intent,
@@ -252,16 +269,16 @@ impl LocalEnvironment {
         )
     }
 
-    /// Authorizes each key a branch operation changes (see
-    /// [`LocalEnvironment::authorize_changes`]): a key that keeps a value is written, one that
+    /// Decides each key a branch operation changes (see
+    /// [`LocalEnvironment::decide_changes`]): a key that keeps a value is written, one that
     /// loses it is deleted.
-    fn authorize_applied(
+    fn decide_applied(
         &self,
         actor: &ActorId,
         branch: &str,
         operation: &str,
         applied: &[tree::Applied],
-    ) -> Result<Option<DecisionRef>> {
+    ) -> Result<Permit> {
         let action = |a: &tree::Applied| {
             if a.after {
                 Action::Write
@@ -269,7 +286,7 @@ impl LocalEnvironment {
                 Action::Delete
             }
         };
-        self.authorize_changes(
+        self.decide_changes(
             actor,
             branch,
             Some(operation),
@@ -277,43 +294,49 @@ impl LocalEnvironment {
         )
     }
 
-    /// Authorizes `operation` as a write on `branch`, then runs `work` in the writer.
+    /// Decides `operation` as a write on `branch`, then runs `work` in the writer with the
+    /// permit, which the operation spends when it is recorded.
     fn write_branch<R: Send + 'static>(
         &self,
         actor: &ActorId,
         branch: &str,
         operation: &str,
-        work: impl FnOnce(&Inner, &Connection, &mut TxEffects, &str, ActorId) -> Result<R>
+        work: impl FnOnce(&Inner, &Connection, &mut TxEffects, &str, ActorId, Permit) -> Result<R>
         + Send
         + 'static,
     ) -> Result<R> {
-        self.authorize_branch_write(actor, branch, operation)?;
-        self.record_branch_write(actor, branch, work)
+        let permit = self.decide_branch_write(actor, branch, operation)?;
+        self.record_branch_write(actor, branch, permit, work)
     }
 
-    fn authorize_branch_write(&self, actor: &ActorId, branch: &str, operation: &str) -> Result<()> {
-        self.authorize(
+    fn decide_branch_write(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        operation: &str,
+    ) -> Result<Permit> {
+        Ok(Permit::from(self.decide(
             actor,
             Action::Write,
             Resource::Branch(branch.into()),
             Some(branch),
             Some(operation),
-        )?;
-        Ok(())
+        )?))
     }
 
-    /// Runs `work` in the writer, already authorized.
+    /// Runs `work` in the writer, already decided.
     fn record_branch_write<R: Send + 'static>(
         &self,
         actor: &ActorId,
         branch: &str,
-        work: impl FnOnce(&Inner, &Connection, &mut TxEffects, &str, ActorId) -> Result<R>
+        permit: Permit,
+        work: impl FnOnce(&Inner, &Connection, &mut TxEffects, &str, ActorId, Permit) -> Result<R>
         + Send
         + 'static,
     ) -> Result<R> {
         let (inner, branch, actor) = (self.inner.clone(), branch.to_owned(), actor.clone());
         self.inner.writer.run(false, move |conn, fx| {
-            work(&inner, conn, fx, &branch, actor)
+            work(&inner, conn, fx, &branch, actor, permit)
         })
     }
 
@@ -329,11 +352,13 @@ pub(crate) fn marks_in(conn: &Connection) -> Result<Vec<(String, OpId)>> {
     super::named_ops(conn, "SELECT name, op FROM marks ORDER BY name")
 }
 
-/// Who records a branch operation, and the check every key it changes must pass (the rules
-/// that allowed them are recorded with the operation).
+/// Who records a branch operation, what let its branch write through, and the check every key
+/// it changes must pass (the rules that allowed them are recorded with the operation, and what
+/// they consume is spent with it).
 struct ByActor<'a> {
     actor: ActorId,
-    authorized: &'a dyn Fn(&[tree::Applied]) -> Result<Option<DecisionRef>>,
+    permit: Permit,
+    authorized: &'a dyn Fn(&[tree::Applied]) -> Result<Permit>,
 }
 
 impl Inner {
@@ -355,7 +380,7 @@ impl Inner {
         let nodes = self.writer_nodes(conn);
         let changes = tree::diff(&nodes, &head_view, &target_view, None)?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
-        let decision = (by.authorized)(&applied)?;
+        let permit = by.permit.join((by.authorized)(&applied)?);
         let op = self.commit_op(
             conn,
             fx,
@@ -368,7 +393,7 @@ impl Inner {
                 base_version: Some(head_id),
                 summary: super::act::summarize(&applied),
                 flags: OpFlags::ROLLBACK,
-                decision,
+                permit,
                 restored_from: Some(*target),
                 effects: Vec::new(),
             },
@@ -426,7 +451,7 @@ impl Inner {
         )?;
         let changes = tree::diff(&edit, &ours_view, &view, None)?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
-        let decision = (by.authorized)(&applied)?;
+        let permit = by.permit.join((by.authorized)(&applied)?);
         self.persist(fx, edit, &view);
         let mut flags = OpFlags::MERGE;
         if !conflicts.is_empty() {
@@ -444,7 +469,7 @@ impl Inner {
                 base_version: Some(ours_id),
                 summary: super::act::summarize(&applied),
                 flags,
-                decision,
+                permit,
                 restored_from: None,
                 effects: Vec::new(),
             },

@@ -173,7 +173,7 @@ impl LocalEnvironment {
                 request.len()
             )));
         }
-        self.authorize(
+        let permit = self.decide(
             actor,
             Action::Execute,
             Resource::Service(target.into()),
@@ -188,6 +188,7 @@ impl LocalEnvironment {
             request.to_vec(),
         );
         self.inner.writer.run(true, move |conn, _| {
+            inner.spend(&permit.spend)?;
             inner.begin_in(conn, &actor, &key, &target, &request)
         })
     }
@@ -241,7 +242,7 @@ impl LocalEnvironment {
             .with(|conn| query_one(conn, "id = ?1", [id as i64]))?
             .ok_or(EnvError::UnknownEffect(id))?
             .target;
-        self.authorize(
+        let permit = self.decide(
             actor,
             Action::Execute,
             Resource::Service(target),
@@ -258,6 +259,7 @@ impl LocalEnvironment {
                     to: to.as_str(),
                 });
             }
+            inner.spend(&permit.spend)?;
             let now = inner.options.clock.now_ms();
             conn.prepare_cached(
                 "UPDATE effects SET state = ?1, result = COALESCE(?2, result), note = COALESCE(?3, note), updated_ms = ?4 WHERE id = ?5",

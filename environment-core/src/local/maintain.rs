@@ -148,17 +148,34 @@ impl LocalEnvironment {
 
     /// Re-hashes every operation and tree node, checks the hash chain, that every view is
     /// complete, that heads and marks name existing operations and that referenced blobs exist.
-    /// Returns the first damage found as [`EnvError::Integrity`].
-    pub fn verify(&self) -> Result<VerifyReport> {
-        self.verify_with(false)
+    /// Returns the first damage found as [`EnvError::Integrity`]. `actor` must be allowed to
+    /// read the environment as a whole (the report counts everything in it).
+    ///
+    /// ```
+    /// # use environment_core::{ActorId, LocalEnvironment, Options};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let env = LocalEnvironment::open(dir.path(), Options::default())?;
+    /// let report = env.verify(&ActorId::new("human:ann")?)?;
+    /// assert_eq!(report.ops, 1); // the first operation
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn verify(&self, actor: &ActorId) -> Result<VerifyReport> {
+        self.verify_with(actor, false)
     }
 
     /// [`LocalEnvironment::verify`], and re-hashes every referenced blob as well.
-    pub fn verify_deep(&self) -> Result<VerifyReport> {
-        self.verify_with(true)
+    pub fn verify_deep(&self, actor: &ActorId) -> Result<VerifyReport> {
+        self.verify_with(actor, true)
     }
 
-    fn verify_with(&self, deep: bool) -> Result<VerifyReport> {
+    fn verify_with(&self, actor: &ActorId, deep: bool) -> Result<VerifyReport> {
+        self.authorize(
+            actor,
+            Action::Read,
+            Resource::Environment,
+            None,
+            Some("verify"),
+        )?;
         let mut report = self.inner.readers.with(|conn| {
             conn.execute_batch("BEGIN")?;
             let r = self.inner.verify_in(conn);

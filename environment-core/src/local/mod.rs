@@ -23,6 +23,7 @@ pub use maintain::{GcReport, VerifyReport};
 
 use crate::authz::{
     AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,
+    Spend,
 };
 use crate::blob::BlobStore;
 use crate::clock::{Clock, SystemClock};
@@ -227,7 +228,7 @@ impl LocalEnvironment {
                     base_version: None,
                     summary: ChangeSummary::default(),
                     flags: OpFlags::INIT,
-                    decision: None,
+                    permit: Permit::default(),
                     restored_from: None,
                     effects: Vec::new(),
                 },
@@ -412,39 +413,48 @@ impl LocalEnvironment {
         }
     }
 
-    /// Authorizes `actor` to make `changes` (a write or a delete per key) on `branch`, one
-    /// decision per key, so that no operation — an act, a restore, an undo, a merge — changes
-    /// a key its actor may not change. Returns the rules that allowed them, for the
-    /// operation's record.
-    pub(crate) fn authorize_changes<'a>(
+    /// Decides whether `actor` may make `changes` (a write or a delete per key) on `branch`,
+    /// one decision per key, so that no operation — an act, a restore, an undo, a merge —
+    /// changes a key its actor may not change. Nothing is spent: the permit carries the rules
+    /// that allowed the changes (for the operation's record) and what they consume, spent when
+    /// the operation is recorded.
+    pub(crate) fn decide_changes<'a>(
         &self,
         actor: &ActorId,
         branch: &str,
         operation: Option<&str>,
         changes: impl IntoIterator<Item = (Action, &'a Key)>,
-    ) -> Result<Option<DecisionRef>> {
-        let mut rules = std::collections::BTreeSet::new();
-        let mut policy_version = 0;
+    ) -> Result<Permit> {
+        let mut permit = Permit::default();
         for (action, key) in changes {
-            let d = self.authorize(
+            let d = self.decide(
                 actor,
                 action,
                 Resource::Key(key.clone()),
                 Some(branch),
                 operation,
             )?;
-            policy_version = policy_version.max(d.policy_version);
-            rules.extend(d.rules);
+            permit.add(d);
         }
-        Ok(
-            (policy_version > 0 || !rules.is_empty()).then(|| DecisionRef {
-                policy_version,
-                rules: rules.into_iter().collect(),
-            }),
-        )
+        Ok(permit)
     }
 
+    /// Decides and spends at once: for an action with no transaction of its own.
     pub(crate) fn authorize(
+        &self,
+        actor: &ActorId,
+        action: Action,
+        resource: Resource,
+        branch: Option<&str>,
+        operation: Option<&str>,
+    ) -> Result<Decision> {
+        let permit = self.decide(actor, action, resource, branch, operation)?;
+        self.inner.spend(&permit.spend)?;
+        Ok(permit)
+    }
+
+    /// Decides without spending; anything but an allow is an error carrying the decision.
+    pub(crate) fn decide(
         &self,
         actor: &ActorId,
         action: Action,
@@ -465,11 +475,77 @@ impl LocalEnvironment {
                 .attrs
                 .insert("operation".into(), AttrValue::Str(op.into()));
         }
-        self.inner.check(&AccessRequest {
+        allowed(self.inner.options.authorizer.decide(&AccessRequest {
             actor: actor.clone(),
             action,
             resource,
             context,
+        }))
+    }
+}
+
+fn allowed(decision: Decision) -> Result<Decision> {
+    if decision.is_allowed() {
+        Ok(decision)
+    } else {
+        Err(EnvError::NotAllowed(Box::new(decision)))
+    }
+}
+
+impl From<Decision> for Permit {
+    fn from(d: Decision) -> Permit {
+        let mut p = Permit::default();
+        p.add(d);
+        p
+    }
+}
+
+/// What let an operation through: the rules that allowed each of its checks, and the uses
+/// they consume, spent when the operation is recorded (so a refused or conflicting one spends
+/// nothing).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Permit {
+    rules: std::collections::BTreeSet<String>,
+    policy_version: u64,
+    /// One use each: an operation is one action, however many keys it changes.
+    pub spend: Vec<Spend>,
+}
+
+impl Permit {
+    /// Adds one allowed decision.
+    pub(crate) fn add(&mut self, d: Decision) {
+        self.policy_version = self.policy_version.max(d.policy_version);
+        self.rules.extend(d.rules);
+        for s in d.spend {
+            if !self.spend.contains(&s) {
+                self.spend.push(s);
+            }
+        }
+    }
+
+    /// The same permit with its uses already spent.
+    pub(crate) fn spent(mut self) -> Permit {
+        self.spend.clear();
+        self
+    }
+
+    /// Adds another permit's decisions.
+    pub(crate) fn join(mut self, other: Permit) -> Permit {
+        self.policy_version = self.policy_version.max(other.policy_version);
+        self.rules.extend(other.rules);
+        for s in other.spend {
+            if !self.spend.contains(&s) {
+                self.spend.push(s);
+            }
+        }
+        self
+    }
+
+    /// The record of the decisions, when a policy decided.
+    pub(crate) fn record(&self) -> Option<DecisionRef> {
+        (self.policy_version > 0 || !self.rules.is_empty()).then(|| DecisionRef {
+            policy_version: self.policy_version,
+            rules: self.rules.iter().cloned().collect(),
         })
     }
 }
@@ -484,7 +560,7 @@ pub(crate) struct OpDraft {
     pub base_version: Option<OpId>,
     pub summary: ChangeSummary,
     pub flags: OpFlags,
-    pub decision: Option<DecisionRef>,
+    pub permit: Permit,
     pub restored_from: Option<OpId>,
     pub effects: Vec<u64>,
 }
@@ -509,12 +585,20 @@ impl Inner {
     }
 
     pub(crate) fn check(&self, request: &AccessRequest) -> Result<Decision> {
-        let decision = self.options.authorizer.authorize(request);
-        if decision.is_allowed() {
-            Ok(decision)
-        } else {
-            Err(EnvError::NotAllowed(Box::new(decision)))
+        allowed(self.options.authorizer.authorize(request))
+    }
+
+    /// Spends what an operation's decisions consume; a use no longer available refuses it.
+    /// Called inside the writer's transaction once every other check has passed (only a
+    /// failure of the commit itself can follow, and it fails closed: the use stays spent).
+    pub(crate) fn spend(&self, uses: &[Spend]) -> Result<()> {
+        if uses.is_empty() {
+            return Ok(());
         }
+        self.options
+            .authorizer
+            .spend(uses)
+            .map_err(EnvError::NotAllowed)
     }
 
     pub(crate) fn op_in(&self, conn: &Connection, id: &OpId) -> Result<Arc<Operation>> {
@@ -579,7 +663,7 @@ impl Inner {
             summary: draft.summary,
             flags: draft.flags,
             time_ms: self.options.clock.now_ms(),
-            decision: draft.decision,
+            decision: draft.permit.record(),
             restored_from: draft.restored_from,
             effects: draft.effects,
         };
@@ -588,6 +672,7 @@ impl Inner {
         if db::head(conn, &op.branch)?.as_ref() != expected_head {
             return Err(EnvError::UnknownBranch(op.branch.clone()));
         }
+        self.spend(&draft.permit.spend)?;
         // Recording the operation moves its branch's head (see `heads`), and stores the nodes
         // the job created.
         let run = history::CaptureRun::pending(self, conn, &op)?;

@@ -113,12 +113,13 @@ impl<'a> Gate<'a> {
     }
 }
 
-/// Decides `req` through the policy port, or — with `dry_run` and a policy — evaluates it
-/// without spending anything, for a request the operation itself will ask again.
+/// Decides `req` through the policy port: spending what an allow consumes, or — with
+/// `dry_run` — only deciding, for a request the operation itself will decide again and spend.
 pub(super) fn decide(shared: &Shared, req: &AccessRequest, dry_run: bool) -> Decision {
-    match (&shared.policy, dry_run) {
-        (Some(policy), true) => policy.evaluate(req).to_core(req),
-        _ => shared.authorizer.authorize(req),
+    if dry_run {
+        shared.authorizer.decide(req)
+    } else {
+        shared.authorizer.authorize(req)
     }
 }
 

@@ -105,6 +105,13 @@ effect = "permit"
 principal = "role:maintainer"
 actions = ["publish", "consume"]
 resource = { topic = "*.*" }
+
+[[rule]]
+id = "maintainers-check-integrity"
+effect = "permit"
+principal = "role:maintainer"
+actions = ["read"]
+resource = { environment = true }
 "#;
 
 /// One actor's view of the world: the environment, the bus and the policy that governs both.
@@ -372,6 +379,6 @@ fn main() -> Result<(), Box<dyn Error>> {
     for entry in env.history(&planner.actor, "main", &HistoryOptions::default())? {
         println!("  {entry}");
     }
-    env.verify()?;
+    env.verify(&maintainer.actor)?;
     Ok(())
 }

@@ -110,7 +110,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     {
         println!("  {entry}");
     }
-    let report = env.verify().await?;
+    let report = env.verify(&coder).await?;
     println!(
         "\nverified: {} operations, {} tree nodes, {} blobs",
         report.ops, report.nodes, report.blobs
