@@ -98,8 +98,23 @@ impl Approval {
         self.actor == actor
             && self.action == action
             && self.resource == resource
-            && matches!(&self.state, ApprovalState::Granted { uses_left, expires_at, .. }
-                if *uses_left > 0 && expires_at.is_none_or(|e| now < e))
+            && self.usable(now)
+    }
+
+    /// Whether it is granted with a use left at `now`.
+    pub(crate) fn usable(&self, now: i64) -> bool {
+        matches!(&self.state, ApprovalState::Granted { uses_left, expires_at, .. }
+            if *uses_left > 0 && expires_at.is_none_or(|e| now < e))
+    }
+
+    /// The same approval with one use spent, if it has one at `now`.
+    pub(crate) fn used_once(&self, now: i64) -> Option<Approval> {
+        let mut a = self.clone();
+        match &mut a.state {
+            ApprovalState::Granted { uses_left, .. } if self.usable(now) => *uses_left -= 1,
+            _ => return None,
+        }
+        Some(a)
     }
 }
 

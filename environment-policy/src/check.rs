@@ -14,6 +14,7 @@ use crate::resource::{Target, resource_label};
 use crate::rule::{Effect, Rule};
 use crate::ruleset::{Lookup, RuleSet};
 use crate::schema::ActionId;
+use crate::spend::quota_used;
 use crate::token::{CapabilityToken, CompiledCaveat, TokenError};
 
 /// What the rules of one actor say about a request.
@@ -114,14 +115,20 @@ impl Policy {
         let Some(q) = rule.conditions.quota else {
             return Err(now);
         };
-        let use_ = Spend::Quota {
-            rule: rule.id.clone(),
-            actor: actor.to_owned(),
-            count: q.count,
-            window_secs: q.window_secs,
-        };
-        match self.quota_left(&lock(&self.runtime), &use_, now) {
-            Ok(()) => Ok(use_),
+        match quota_used(
+            &lock(&self.runtime),
+            &rule.id,
+            actor,
+            q.count,
+            q.window_secs,
+            now,
+        ) {
+            Ok(_) => Ok(Spend::Quota {
+                rule: rule.id.clone(),
+                actor: actor.to_owned(),
+                count: q.count,
+                window_secs: q.window_secs,
+            }),
             Err(Reason::QuotaExhausted { retry_at }) => Err(retry_at),
             Err(_) => Err(now),
         }

@@ -7,14 +7,13 @@
 
 use environment_core::Spend;
 
-use crate::approval::ApprovalState;
 use crate::condition::Quota;
 use crate::decision::Reason;
 use crate::policy::{Policy, Runtime, lock};
+use crate::token::TokenError;
 
 /// A quota's new count: (rule, actor) → (window, uses).
 pub(crate) type QuotaCount = ((String, String), (i64, u32));
-use crate::token::TokenError;
 
 impl Policy {
     /// Spends `uses`, all of them or none: a use no longer available refuses with its reason
@@ -38,34 +37,15 @@ impl Policy {
                     count,
                     window_secs,
                 } => {
-                    self.quota_left(&rt, u, now)?;
-                    let window = quota(*count, *window_secs).window_start(now);
-                    let used = used_in(&rt, rule, actor, window);
+                    let (window, used) = quota_used(&rt, rule, actor, *count, *window_secs, now)?;
                     quotas.push(((rule.clone(), actor.clone()), (window, used + 1)));
                 }
                 Spend::Approval { id } => {
-                    let mut a = rt
-                        .approvals
-                        .get(id)
-                        .cloned()
-                        .ok_or(Reason::ApprovalRequired)?;
-                    match &mut a.state {
-                        ApprovalState::Granted {
-                            uses_left,
-                            expires_at,
-                            ..
-                        } if *uses_left > 0 && expires_at.is_none_or(|e| now < e) => {
-                            *uses_left -= 1;
-                        }
-                        _ => return Err(Reason::ApprovalRequired),
-                    }
-                    approvals.push(a);
+                    let a = rt.approvals.get(id).and_then(|a| a.used_once(now));
+                    approvals.push(a.ok_or(Reason::ApprovalRequired)?);
                 }
                 Spend::TokenUse { tag, max } => {
-                    let used = rt.token_uses.get(tag).copied().unwrap_or(0);
-                    if used >= *max {
-                        return Err(Reason::Token(TokenError::Exhausted { max: *max }));
-                    }
+                    let used = token_used(&rt, tag, *max).map_err(Reason::Token)?;
                     tokens.push((tag.clone(), used + 1));
                 }
                 // A use this build does not know cannot be counted: refused.
@@ -82,36 +62,37 @@ impl Policy {
         rt.token_uses.extend(tokens);
         Ok(())
     }
-
-    /// Whether a quota use is still available now (any other use passes).
-    pub(crate) fn quota_left(&self, rt: &Runtime, u: &Spend, now: i64) -> Result<(), Reason> {
-        if let Spend::Quota {
-            rule,
-            actor,
-            count,
-            window_secs,
-        } = u
-        {
-            let q = quota(*count, *window_secs);
-            let window = q.window_start(now);
-            if used_in(rt, rule, actor, window) >= *count {
-                let len = i64::try_from(window_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
-                let retry_at = window.saturating_add(len);
-                return Err(Reason::QuotaExhausted { retry_at });
-            }
-        }
-        Ok(())
-    }
 }
 
-fn quota(count: u32, window_secs: u64) -> Quota {
-    Quota { count, window_secs }
-}
-
-/// How many uses of `rule`'s quota `actor` has had in `window`.
-fn used_in(rt: &Runtime, rule: &str, actor: &str, window: i64) -> u32 {
-    match rt.quotas.get(&(rule.to_owned(), actor.to_owned())) {
+/// The current window of a quota and how many of its uses `actor` has had in it, or when the
+/// next window opens if none is left.
+pub(crate) fn quota_used(
+    rt: &Runtime,
+    rule: &str,
+    actor: &str,
+    count: u32,
+    window_secs: u64,
+    now: i64,
+) -> Result<(i64, u32), Reason> {
+    let window = Quota { count, window_secs }.window_start(now);
+    let used = match rt.quotas.get(&(rule.to_owned(), actor.to_owned())) {
         Some((w, u)) if *w == window => *u,
         _ => 0,
+    };
+    if used >= count {
+        let len = i64::try_from(window_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+        return Err(Reason::QuotaExhausted {
+            retry_at: window.saturating_add(len),
+        });
     }
+    Ok((window, used))
+}
+
+/// How many uses a token caveat (by its tag) has had, or that it has none left.
+pub(crate) fn token_used(rt: &Runtime, tag: &str, max: u32) -> Result<u32, TokenError> {
+    let used = rt.token_uses.get(tag).copied().unwrap_or(0);
+    if used >= max {
+        return Err(TokenError::Exhausted { max });
+    }
+    Ok(used)
 }

@@ -339,9 +339,7 @@ impl Policy {
         for (c, tag) in token.caveats.iter().zip(tags) {
             if let Some(max) = c.max_uses {
                 let tag = tag.to_hex().to_string();
-                if rt.token_uses.get(&tag).copied().unwrap_or(0) >= max {
-                    return Err(TokenError::Exhausted { max });
-                }
+                crate::spend::token_used(&rt, &tag, max)?;
                 uses.push(Spend::TokenUse { tag, max });
             }
         }

@@ -15,7 +15,8 @@ use environment_core::{
 use environment_policy::{GrantScope, Policy};
 
 /// `agent:x` writes `src/**` twice an hour, never `secrets/**`; `docs/**` needs `human:ann`'s
-/// approval; it restores main once an hour and undoes once an hour.
+/// approval; it restores main once an hour and undoes once an hour; it marks twice an hour and
+/// runs the `deploy` effect twice an hour.
 const RULES: &str = r#"
 [[rule]]
 id = "src-twice"
@@ -62,6 +63,23 @@ actions = ["write"]
 resource = { branch = "main" }
 when = { operation = "restore" }
 quota = { count = 1, window_secs = 3600 }
+
+[[rule]]
+id = "two-marks"
+effect = "permit"
+principal = "agent:x"
+actions = ["write"]
+resource = { environment = true }
+when = { operation = "mark" }
+quota = { count = 2, window_secs = 3600 }
+
+[[rule]]
+id = "deploy-twice"
+effect = "permit"
+principal = "agent:x"
+actions = ["execute"]
+resource = { service = "deploy" }
+quota = { count = 2, window_secs = 3600 }
 
 [[rule]]
 id = "undo"
@@ -270,3 +288,30 @@ fn a_use_taken_since_the_decision_refuses_the_spend() {
     put(&f.env, &f.agent, &[("src/a", "2")]);
     denied(f.env.act_blocking(edit(&f.agent, &[("src/a", "3")])));
 }
+
+#[test]
+fn a_refused_mark_or_effect_transition_spends_no_quota() {
+    let f = fixture();
+    let v = f.env.head("main").unwrap();
+    f.env.mark(&f.agent, "first", &v).unwrap();
+    // The name is taken: refused after the policy allowed it.
+    assert!(matches!(
+        f.env.mark(&f.agent, "first", &v),
+        Err(EnvError::MarkExists(_))
+    ));
+    f.env.mark(&f.agent, "second", &v).unwrap();
+    denied(f.env.mark(&f.agent, "third", &v));
+
+    let id = match f.env.effect_begin(&f.agent, "deploy-1", "deploy", b"v1").unwrap() {
+        environment_core::BeginOutcome::New(r) => r.id,
+        other => panic!("expected a new effect, got {other:?}"),
+    };
+    // An in-flight effect cannot be compensated: refused after the policy allowed it.
+    assert!(matches!(
+        f.env.effect_compensate(&f.agent, id, "undo it"),
+        Err(EnvError::InvalidEffectTransition { .. })
+    ));
+    f.env.effect_complete(&f.agent, id, b"ok").unwrap();
+    denied(f.env.effect_fail(&f.agent, id, "late"));
+}
+

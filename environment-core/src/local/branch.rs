@@ -95,13 +95,10 @@ impl LocalEnvironment {
             // Spent once nothing else can refuse it.
             inner.spend(&permit.spend)?;
             let now = inner.options.clock.now_ms();
-            let n = conn.execute(
-                "INSERT OR IGNORE INTO marks(name, op, actor, time_ms) VALUES (?1, ?2, ?3, ?4)",
+            conn.execute(
+                "INSERT INTO marks(name, op, actor, time_ms) VALUES (?1, ?2, ?3, ?4)",
                 params![name, &version.0.0[..], actor.as_str(), now],
             )?;
-            if n == 0 {
-                return Err(EnvError::MarkExists(name));
-            }
             Ok(())
         })
     }

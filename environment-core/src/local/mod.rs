@@ -448,9 +448,9 @@ impl LocalEnvironment {
         branch: Option<&str>,
         operation: Option<&str>,
     ) -> Result<Decision> {
-        let permit = self.decide(actor, action, resource, branch, operation)?;
-        self.inner.spend(&permit.spend)?;
-        Ok(permit)
+        let decision = self.decide(actor, action, resource, branch, operation)?;
+        self.inner.spend(&decision.spend)?;
+        Ok(decision)
     }
 
     /// Decides without spending; anything but an allow is an error carrying the decision.
@@ -514,13 +514,7 @@ pub(crate) struct Permit {
 impl Permit {
     /// Adds one allowed decision.
     pub(crate) fn add(&mut self, d: Decision) {
-        self.policy_version = self.policy_version.max(d.policy_version);
-        self.rules.extend(d.rules);
-        for s in d.spend {
-            if !self.spend.contains(&s) {
-                self.spend.push(s);
-            }
-        }
+        self.absorb(d.policy_version, d.rules, d.spend);
     }
 
     /// The same permit with its uses already spent.
@@ -531,14 +525,23 @@ impl Permit {
 
     /// Adds another permit's decisions.
     pub(crate) fn join(mut self, other: Permit) -> Permit {
-        self.policy_version = self.policy_version.max(other.policy_version);
-        self.rules.extend(other.rules);
-        for s in other.spend {
+        self.absorb(other.policy_version, other.rules, other.spend);
+        self
+    }
+
+    fn absorb(
+        &mut self,
+        policy_version: u64,
+        rules: impl IntoIterator<Item = String>,
+        spend: Vec<Spend>,
+    ) {
+        self.policy_version = self.policy_version.max(policy_version);
+        self.rules.extend(rules);
+        for s in spend {
             if !self.spend.contains(&s) {
                 self.spend.push(s);
             }
         }
-        self
     }
 
     /// The record of the decisions, when a policy decided.
