@@ -302,7 +302,11 @@ fn a_refused_mark_or_effect_transition_spends_no_quota() {
     f.env.mark(&f.agent, "second", &v).unwrap();
     denied(f.env.mark(&f.agent, "third", &v));
 
-    let id = match f.env.effect_begin(&f.agent, "deploy-1", "deploy", b"v1").unwrap() {
+    let id = match f
+        .env
+        .effect_begin(&f.agent, "deploy-1", "deploy", b"v1")
+        .unwrap()
+    {
         environment_core::BeginOutcome::New(r) => r.id,
         other => panic!("expected a new effect, got {other:?}"),
     };
@@ -314,4 +318,3 @@ fn a_refused_mark_or_effect_transition_spends_no_quota() {
     f.env.effect_complete(&f.agent, id, b"ok").unwrap();
     denied(f.env.effect_fail(&f.agent, id, "late"));
 }
-
