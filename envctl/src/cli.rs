@@ -8,11 +8,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub const EXIT_CODES: &str = "\
 Exit codes:
   0  done
-  1  failure (storage, I/O, a damaged environment, nothing to undo)
+  1  failure (storage, I/O, a damaged environment)
   2  malformed input (arguments, names, paths, payloads, rules)
   3  not found (version, branch, mark, environment, topic, group, receipt, approval, program)
   4  denied by the policy, or it needs an approval first
-  5  conflict (stale write, name taken, stale receipt, decided approval, merge with conflicts)
+  5  conflict (stale write, name taken, stale receipt, decided approval, merge with conflicts,
+     nothing to undo or redo)
   6  no supervisor is listening where one is required
   7  not available here (no sandboxes on this host; not through a running supervisor)
 `exec` and `run` exit with the command's own status once it ran.
@@ -96,6 +97,16 @@ pub enum Command {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+    /// The changes commands made that their actor may not make: put back in the tree and kept
+    /// here with the decision that refused them, newest first.
+    Refused {
+        /// The branch (default main).
+        #[arg(long, default_value = "main")]
+        branch: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
     /// One operation: who, why, what changed.
     Show {
         /// The version.
@@ -122,8 +133,15 @@ pub enum Command {
         #[arg(long)]
         verbose: bool,
     },
-    /// Undo the last operation on main, in the log and in the workspace.
+    /// Undo the last operation on main not undone yet, in the log and in the workspace: each
+    /// undo steps one operation further back (undos and redos are stepped over).
     Undo {
+        /// List every path written or removed (by default: counts by top-level entry).
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Redo the last undo not redone yet, in the log and in the workspace.
+    Redo {
         /// List every path written or removed (by default: counts by top-level entry).
         #[arg(long)]
         verbose: bool,

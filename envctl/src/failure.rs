@@ -6,7 +6,7 @@
 use std::fmt;
 
 use environment_bus::BusError;
-use environment_core::{BlobError, EnvError, ForAgent};
+use environment_core::{BlobError, EnvError, ErrorKind, ForAgent};
 use environment_policy::PolicyError;
 use environment_sandbox::SandboxError;
 
@@ -15,7 +15,7 @@ use environment_sandbox::SandboxError;
 pub enum ExitCode {
     /// 0: done.
     Ok = 0,
-    /// 1: the command failed (storage, I/O, a damaged environment, a refused undo).
+    /// 1: the command failed (storage, I/O, a damaged environment).
     Failure = 1,
     /// 2: malformed input (arguments, names, paths, payloads, rules).
     Usage = 2,
@@ -24,14 +24,28 @@ pub enum ExitCode {
     NotFound = 3,
     /// 4: the policy denied the action, or it needs an approval first.
     Denied = 4,
-    /// 5: a conflict (a stale write, a name taken, a stale receipt, a decided approval, or a
-    /// merge that recorded conflict objects).
+    /// 5: a conflict (a stale write, a name taken, a stale receipt, a decided approval, nothing
+    /// to undo or redo, or a merge that recorded conflict objects).
     Conflict = 5,
     /// 6: a supervisor is required and none is listening.
     NoSupervisor = 6,
     /// 7: not available here: this host cannot make sandboxes, or the command cannot go
     /// through the supervisor that holds the workspace.
     Unavailable = 7,
+}
+
+impl From<ErrorKind> for ExitCode {
+    /// The exit code of each kind of error: the one place envctl's codes are chosen.
+    fn from(kind: ErrorKind) -> ExitCode {
+        match kind {
+            ErrorKind::Invalid => ExitCode::Usage,
+            ErrorKind::NotFound => ExitCode::NotFound,
+            ErrorKind::Conflict => ExitCode::Conflict,
+            ErrorKind::Denied | ErrorKind::NeedsApproval => ExitCode::Denied,
+            ErrorKind::Unavailable => ExitCode::Unavailable,
+            _ => ExitCode::Failure,
+        }
+    }
 }
 
 impl ExitCode {
@@ -122,70 +136,52 @@ pub type Outcome<T = ()> = std::result::Result<T, Failure>;
 
 impl From<EnvError> for Failure {
     fn from(e: EnvError) -> Failure {
-        use ExitCode::*;
-        let (code, hint) = match &e {
-            EnvError::UnknownVersion(_) | EnvError::AmbiguousVersion { .. } => (
-                NotFound,
+        let hint = match &e {
+            EnvError::UnknownVersion(_) | EnvError::AmbiguousVersion { .. } => {
                 "name a version by an op id (or a unique prefix of 4+ hex digits), a mark, a \
-                 branch, or HEAD~N; `envctl log` lists them",
-            ),
-            EnvError::VersionDropped(_) => (
-                NotFound,
-                "retention dropped that version's content; pick a kept one from `envctl log`",
-            ),
-            EnvError::UnknownBranch(_) => (NotFound, "`envctl branch` lists the branches"),
-            EnvError::UnknownEffect(_) => (NotFound, "`envctl effects` lists the effects"),
-            EnvError::NotAllowed(_) => (
-                Denied,
+                 branch, or HEAD~N; `envctl log` lists them"
+            }
+            EnvError::VersionDropped(_) => {
+                "retention dropped that version's content; pick a kept one from `envctl log`"
+            }
+            EnvError::UnknownBranch(_) => "`envctl branch` lists the branches",
+            EnvError::UnknownEffect(_) => "`envctl effects` lists the effects",
+            EnvError::NotAllowed(_) => {
                 "`envctl policy explain` shows why; a human can change the rules or grant an \
-                 approval (`envctl policy approvals`)",
-            ),
-            EnvError::Conflict(_) => (
-                Conflict,
-                "re-read at the current head and redo the change on top of it",
-            ),
+                 approval (`envctl policy approvals`)"
+            }
+            EnvError::Conflict(_) => "re-read at the current head and redo the change on top of it",
             EnvError::BranchExists(_) | EnvError::MarkExists(_) => {
-                (Conflict, "pick another name, or use the existing one")
+                "pick another name, or use the existing one"
             }
-            EnvError::Key(_) | EnvError::DuplicateKey(_) => (
-                Usage,
-                "use a relative path without `.`, `..`, empty segments or NUL bytes",
-            ),
-            EnvError::InvalidName { .. } => (
-                Usage,
-                "use letters, digits and `-_./` in names, not starting with `-`",
-            ),
-            EnvError::Actor(_) => (
-                Usage,
-                "an actor is `kind:name`, e.g. `human:alice` or `agent:coder-1`",
-            ),
+            EnvError::Key(_) | EnvError::DuplicateKey(_) => {
+                "use a relative path without `.`, `..`, empty segments or NUL bytes"
+            }
+            EnvError::InvalidName { .. } => {
+                "use letters, digits and `-_./` in names, not starting with `-`"
+            }
+            EnvError::Actor(_) => "an actor is `kind:name`, e.g. `human:alice` or `agent:coder-1`",
             EnvError::ValueTooLarge { .. } | EnvError::RequestTooLarge(_) => {
-                (Usage, "split the change into smaller parts")
+                "split the change into smaller parts"
             }
-            EnvError::NothingToUndo(_) => (Failure, "`envctl log` shows the history"),
-            EnvError::Integrity { .. } | EnvError::Blob(BlobError::Corrupt { .. }) => (
-                Failure,
+            EnvError::NothingToUndo(_) => "`envctl log` shows the history",
+            EnvError::Integrity { .. } | EnvError::Blob(BlobError::Corrupt { .. }) => {
                 "the environment's storage is damaged; keep a copy of its home before anything \
-                 else",
-            ),
-            EnvError::Home { .. } => (
-                Failure,
-                "check that the environment's home exists and is writable by this user",
-            ),
-            EnvError::Db(_) | EnvError::Blob(BlobError::Io { .. }) => (
-                Failure,
-                "check the permissions and free space of the environment's home",
-            ),
-            _ => (
-                Failure,
-                "run `envctl verify`; report the error if it persists",
-            ),
+                 else"
+            }
+            EnvError::Home { .. } => {
+                "check that the environment's home exists and is writable by this user"
+            }
+            EnvError::Db(_) | EnvError::Blob(BlobError::Io { .. }) => {
+                "check the permissions and free space of the environment's home"
+            }
+            _ => "run `envctl verify`; report the error if it persists",
         };
         let message = match &e {
             EnvError::NotAllowed(d) => format!("denied by policy: {}", d.explanation),
             other => other.to_string(),
         };
-        let mut f = self::Failure::new(code, message).hint(hint);
+        let mut f = self::Failure::new(e.kind().into(), message).hint(hint);
         f.for_agent = Some(e.for_agent());
         f
     }
@@ -232,70 +228,50 @@ impl From<SandboxError> for Failure {
 
 impl From<PolicyError> for Failure {
     fn from(e: PolicyError) -> Failure {
-        use ExitCode::*;
-        let (code, hint) = match &e {
-            PolicyError::Invalid(_) => (
-                Usage,
-                "fix the rule file at the places named and load it again",
-            ),
-            PolicyError::UnknownApproval(_) => (NotFound, "`envctl policy approvals` lists them"),
-            PolicyError::UnknownRule(_) => (NotFound, "the loaded rules are in the policy file"),
-            PolicyError::ApprovalNotPending { .. } => (Conflict, "it was decided already"),
-            PolicyError::NotAnApprover { .. } => (
-                Denied,
-                "only the actors or groups the rule names may decide it (pass --actor)",
-            ),
-            PolicyError::NoApprovalNeeded(_) => {
-                (Usage, "`envctl policy explain` shows the decision")
+        let hint = match &e {
+            PolicyError::Invalid(_) => "fix the rule file at the places named and load it again",
+            PolicyError::UnknownApproval(_) => "`envctl policy approvals` lists them",
+            PolicyError::UnknownRule(_) => "the loaded rules are in the policy file",
+            PolicyError::ApprovalNotPending { .. } => "it was decided already",
+            PolicyError::NotAnApprover { .. } => {
+                "only the actors or groups the rule names may decide it (pass --actor)"
             }
-            PolicyError::BadEntity(_) | PolicyError::NotAGroup(_) => (
-                Usage,
-                "ids are `kind:name`; groups start with `group:` or `role:`",
-            ),
-            PolicyError::Cycle { .. } => (Conflict, "a group cannot contain itself"),
-            _ => (Failure, "check the permissions of the environment's home"),
+            PolicyError::NoApprovalNeeded(_) => "`envctl policy explain` shows the decision",
+            PolicyError::BadEntity(_) | PolicyError::NotAGroup(_) => {
+                "ids are `kind:name`; groups start with `group:` or `role:`"
+            }
+            PolicyError::Cycle { .. } => "a group cannot contain itself",
+            _ => "check the permissions of the environment's home",
         };
-        self::Failure::new(code, e.to_string()).hint(hint)
+        self::Failure::new(e.kind().into(), e.to_string()).hint(hint)
     }
 }
 
 impl From<BusError> for Failure {
     fn from(e: BusError) -> Failure {
-        use ExitCode::*;
-        let (code, hint) = match &e {
-            BusError::UnknownTopic { .. } => (
-                NotFound,
-                "publish to the topic first; `envctl queue stats` lists topics",
-            ),
-            BusError::UnknownGroup { .. } => (
-                NotFound,
-                "create the group with `envctl queue subscribe GROUP TOPIC...`",
-            ),
-            BusError::UnknownReceipt { .. } => (
-                NotFound,
-                "use the receipt printed by `envctl queue claim` (DELIVERY.TOKEN)",
-            ),
-            BusError::StaleReceipt { .. } => (
-                Conflict,
-                "the lease expired or was settled; claim the message again",
-            ),
-            BusError::NotYourReceipt { .. } => (
-                Denied,
-                "settle only the receipts your own `envctl queue claim` printed",
-            ),
-            BusError::InvalidName { .. } => {
-                (Usage, "names are short and use letters, digits and `-_.:`")
+        let hint = match &e {
+            BusError::UnknownTopic { .. } => {
+                "publish to the topic first; `envctl queue stats` lists topics"
             }
-            BusError::PayloadTooLarge { .. } => {
-                (Usage, "send a smaller payload, or a reference to a file")
+            BusError::UnknownGroup { .. } => {
+                "create the group with `envctl queue subscribe GROUP TOPIC...`"
             }
-            BusError::OutOfRange { .. } => (Usage, "pick a value inside the allowed range"),
-            BusError::GroupConflict { .. } => (Conflict, "use the group's existing settings"),
-            BusError::NoSuchDeadLetter { .. } => {
-                (NotFound, "`envctl queue dead GROUP` lists the dead letters")
+            BusError::UnknownReceipt { .. } => {
+                "use the receipt printed by `envctl queue claim` (DELIVERY.TOKEN)"
             }
-            _ => (Failure, "check the permissions of the environment's home"),
+            BusError::StaleReceipt { .. } => {
+                "the lease expired or was settled; claim the message again"
+            }
+            BusError::NotYourReceipt { .. } => {
+                "settle only the receipts your own `envctl queue claim` printed"
+            }
+            BusError::InvalidName { .. } => "names are short and use letters, digits and `-_.:`",
+            BusError::PayloadTooLarge { .. } => "send a smaller payload, or a reference to a file",
+            BusError::OutOfRange { .. } => "pick a value inside the allowed range",
+            BusError::GroupConflict { .. } => "use the group's existing settings",
+            BusError::NoSuchDeadLetter { .. } => "`envctl queue dead GROUP` lists the dead letters",
+            _ => "check the permissions of the environment's home",
         };
-        self::Failure::new(code, e.to_string()).hint(hint)
+        self::Failure::new(e.kind().into(), e.to_string()).hint(hint)
     }
 }

@@ -9,11 +9,11 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | 0 | done |
-//! | 1 | failure (storage, I/O, a damaged environment, nothing to undo) |
+//! | 1 | failure (storage, I/O, a damaged environment) |
 //! | 2 | malformed input (arguments, names, paths, payloads, rules) |
 //! | 3 | not found (version, branch, mark, environment, topic, group, receipt, approval, program) |
 //! | 4 | denied by the policy, or it needs an approval first |
-//! | 5 | conflict (stale write, name taken, stale receipt, decided approval, merge with conflicts) |
+//! | 5 | conflict (stale write, name taken, stale receipt, decided approval, merge with conflicts, nothing to undo or redo) |
 //! | 6 | no supervisor is listening where one is required |
 //! | 7 | not available here (no sandboxes on this host; not through a running supervisor) |
 //!

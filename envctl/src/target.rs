@@ -138,14 +138,7 @@ pub fn control_failure(addr: &SupervisorAddr, e: ControlError) -> Failure {
             message,
             data,
         } => {
-            let exit = match *code {
-                rpc::DENIED => ExitCode::Denied,
-                rpc::UNKNOWN_VERSION => ExitCode::NotFound,
-                rpc::CONFLICT => ExitCode::Conflict,
-                rpc::UNAVAILABLE => ExitCode::Unavailable,
-                rpc::INVALID_PARAMS => ExitCode::Usage,
-                _ => ExitCode::Failure,
-            };
+            let exit = ExitCode::from(rpc::kind_of_error(*code, data));
             let detail = data
                 .get("detail")
                 .or_else(|| data.get("reason"))

@@ -135,6 +135,43 @@ fn an_agent_works_and_is_rolled_back() {
     ws.json(&["verify"]);
 }
 
+/// Undo steps back one operation at a time, past the undos before it; redo walks forward again
+/// through the undos not redone, and is a conflict (exit 5) when there is none — in the log and
+/// on disk.
+#[test]
+fn undo_steps_back_and_redo_walks_forward() {
+    let ws = Ws::new();
+    for v in ["one\n", "two\n", "three\n"] {
+        std::fs::write(ws.path("notes.txt"), v).unwrap();
+        ws.ok(&["status"]);
+    }
+    let on_disk = || ws.read("notes.txt");
+    ws.ok(&["undo"]);
+    assert_eq!(on_disk().as_deref(), Some("two\n"));
+    ws.ok(&["undo"]);
+    assert_eq!(
+        on_disk().as_deref(),
+        Some("one\n"),
+        "a second undo steps further back"
+    );
+    ws.ok(&["redo"]);
+    assert_eq!(on_disk().as_deref(), Some("two\n"));
+    ws.ok(&["redo"]);
+    assert_eq!(on_disk().as_deref(), Some("three\n"));
+    ws.fails(&["redo"], 5);
+    assert_eq!(on_disk().as_deref(), Some("three\n"));
+    ws.ok(&["undo"]);
+    assert_eq!(on_disk().as_deref(), Some("two\n"));
+    // A new change ends what could be redone; undo takes that change back first.
+    std::fs::write(ws.path("notes.txt"), "four\n").unwrap();
+    ws.ok(&["status"]);
+    ws.fails(&["redo"], 5);
+    ws.ok(&["undo"]);
+    assert_eq!(on_disk().as_deref(), Some("two\n"));
+    let head = ws.json(&["show", "HEAD"]);
+    assert_eq!(head["intent"]["kind"], "undo", "{head}");
+}
+
 #[test]
 fn a_signal_to_run_shuts_down_cleanly_with_a_final_capture() {
     for signal in ["TERM", "INT"] {
@@ -562,7 +599,9 @@ fn the_policy_denies_and_nothing_changes() {
         ws.json(&["--actor", "human:alice", "show", "HEAD"])["actor"],
         "agent:bob"
     );
-    // Outside it, the command ran, so its changes are recorded, but not as his: exit 4.
+    // Outside it, the command ran: what he may change is recorded as his, what he may not is
+    // put back in the tree and kept as refused, never recorded under anyone else: exit 4.
+    let readme_before = ws.read("README.md");
     let err = ws.fails(
         &[
             "--actor",
@@ -571,14 +610,50 @@ fn the_policy_denies_and_nothing_changes() {
             "--",
             "sh",
             "-c",
-            "echo b > top.txt",
+            "echo c > src/c.rs; echo b > top.txt; echo x >> README.md",
         ],
         4,
     );
-    assert!(err.contains("the command ran"), "{err}");
+    assert!(err.contains("NOT recorded"), "{err}");
+    assert!(
+        !ws.path("top.txt").exists(),
+        "a refused new file is removed"
+    );
+    assert_eq!(
+        ws.read("README.md"),
+        readme_before,
+        "a refused edit is undone"
+    );
+    assert_eq!(ws.read("src/c.rs").as_deref(), Some("c\n"));
     let op = ws.json(&["--actor", "human:alice", "show", "HEAD"]);
-    assert_eq!(op["actor"], "service:capture");
-    assert_eq!(op["changes"][0]["path"], "top.txt");
+    assert_eq!(op["actor"], "agent:bob");
+    let paths: Vec<&str> = op["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["namespace"] == "fs")
+        .filter_map(|c| c["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["src/c.rs"], "{op}");
+    let refused = ws.json(&["--actor", "human:alice", "refused"]);
+    let mut named: Vec<&str> = refused["refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r["actor"], "agent:bob");
+            r["path"].as_str().unwrap()
+        })
+        .collect();
+    named.sort();
+    assert_eq!(named, ["README.md", "top.txt"], "{refused}");
+    // Nothing found later launders them: the next capture records nothing.
+    let head = ws.json(&["--actor", "human:alice", "show", "HEAD"])["id"].clone();
+    ws.ok(&["status"]);
+    assert_eq!(
+        ws.json(&["--actor", "human:alice", "show", "HEAD"])["id"],
+        head
+    );
 
     // Questions to the policy: exit 0 when allowed, 4 when not.
     let yes = ws.json(&["policy", "check", "agent:bob", "write", "path:src/x.rs"]);

@@ -595,3 +595,131 @@ async fn a_refused_write_or_an_unknown_argument_changes_nothing() {
     );
     client.cancel().await.unwrap();
 }
+
+/// The command ran; what its actor may not change is put back, kept as refused, and said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_s_refused_changes_are_put_back_and_said() {
+    let ws = workspace();
+    let dir = ws.path();
+    std::fs::create_dir(dir.join("approved")).unwrap();
+    envctl(dir, &["status"]);
+    let rules = format!(
+        "{RULES}{}",
+        r#"
+[[rule]]
+id = "mcp-runs-sh"
+effect = "permit"
+principal = "agent:mcp"
+actions = ["execute"]
+resource = { program = "sh", args = ["..."] }
+
+[[rule]]
+id = "mcp-records-commands"
+effect = "permit"
+principal = "agent:mcp"
+actions = ["write"]
+resource = { object = "exec", key = "*" }
+
+[[rule]]
+id = "mcp-writes-src"
+effect = "permit"
+principal = "agent:mcp"
+actions = ["write"]
+resource = { path = "src/**" }
+"#
+    );
+    std::fs::write(dir.join("rules.toml"), rules).unwrap();
+    envctl(dir, &["policy", "load", "rules.toml"]);
+    let client = connect(dir).await;
+    let said = ok(
+        &client,
+        "exec",
+        json!({"command": ["sh", "-c", "echo s > src/new.rs; echo t > top.txt; echo p > approved/plan.md"]}),
+    )
+    .await;
+    client.cancel().await.unwrap();
+    assert!(said.contains("2 change(s) were NOT recorded"), "{said}");
+    assert!(
+        said.contains("top.txt") && said.contains("approved/plan.md"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("src/new.rs")).unwrap(),
+        "s\n"
+    );
+    assert!(!dir.join("top.txt").exists());
+    assert!(!dir.join("approved/plan.md").exists());
+    let out = envctl(dir, &["--actor", "agent:mcp", "--json", "refused"]);
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verdict = |path: &str| {
+        listed["refused"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["path"] == path)
+            .map(|r| (r["actor"].clone(), r["verdict"].clone()))
+    };
+    assert_eq!(
+        verdict("top.txt"),
+        Some((json!("agent:mcp"), json!("deny"))),
+        "{listed}"
+    );
+    assert_eq!(
+        verdict("approved/plan.md"),
+        Some((json!("agent:mcp"), json!("needs approval"))),
+        "{listed}"
+    );
+    // Nothing of it reaches the branch later, under anyone.
+    let log = envctl(dir, &["--actor", "agent:mcp", "--json", "log", "--all"]);
+    let log: Value = serde_json::from_slice(&log.stdout).unwrap();
+    for e in log["entries"].as_array().unwrap() {
+        let keys = e["summary"]["keys"].as_array().unwrap();
+        assert!(
+            !keys.contains(&json!("top.txt")) && !keys.contains(&json!("approved/plan.md")),
+            "{e}"
+        );
+    }
+}
+
+/// The server reads the policy live: a rule revoked by a human's `envctl policy load` while the
+/// server runs applies to its next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_revoked_while_the_server_runs_applies_to_the_next_call() {
+    let ws = workspace();
+    let dir = ws.path();
+    let admin = r#"
+[[rule]]
+id = "operator-administers"
+effect = "permit"
+principal = "human:operator"
+actions = ["write"]
+resource = { environment = true }
+"#;
+    let writes = r#"
+[[rule]]
+id = "mcp-writes-a"
+effect = "permit"
+principal = "agent:mcp"
+actions = ["write"]
+resource = { path = "a.txt" }
+"#;
+    std::fs::write(dir.join("rules.toml"), format!("{RULES}{admin}{writes}")).unwrap();
+    envctl(dir, &["policy", "load", "rules.toml"]);
+    let client = connect(dir).await;
+    ok(
+        &client,
+        "write_file",
+        json!({"path": "a.txt", "content": "one\n"}),
+    )
+    .await;
+    std::fs::write(dir.join("rules.toml"), format!("{RULES}{admin}")).unwrap();
+    envctl(dir, &["policy", "load", "rules.toml"]);
+    refused(
+        &client,
+        "write_file",
+        json!({"path": "a.txt", "content": "two\n"}),
+    )
+    .await;
+    client.cancel().await.unwrap();
+    assert_eq!(std::fs::read_to_string(dir.join("a.txt")).unwrap(), "one\n");
+}

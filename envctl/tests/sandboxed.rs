@@ -644,7 +644,7 @@ fn an_agent_runs_in_the_managed_rootfs() {
 }
 
 #[test]
-fn a_run_whose_changes_the_policy_refuses_loses_nothing() {
+fn a_run_s_refused_changes_are_put_back_and_kept_as_the_agent_s() {
     let ws = Ws::acting_as(Some("human:test"));
     std::fs::write(
         ws.path("../rules.toml"),
@@ -662,6 +662,13 @@ effect = "permit"
 principal = "agent:bob"
 actions = ["write"]
 resource = { path = "src/**" }
+
+[[rule]]
+id = "bob-records-commands"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { object = "exec", key = "*" }
 "#,
     )
     .unwrap();
@@ -678,18 +685,82 @@ resource = { path = "src/**" }
         "echo a > src/a.rs; echo b > top.txt",
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(stderr(&out).contains("not recorded:"), "{}", stderr(&out));
-    let log = ws.json(&["--actor", "service:capture", "log", "--all"]);
-    let found = log["entries"][0].clone();
-    assert_eq!(found["actor"], "service:capture", "{log}");
-    // The refused capture is recorded whole by the witness: nothing on disk goes unrecorded.
+    assert!(stderr(&out).contains("refused:"), "{}", stderr(&out));
+    // What bob may write is his; what he may not is put back and kept as refused, never
+    // recorded under another actor.
+    assert_eq!(ws.read("src/a.rs").as_deref(), Some("a\n"));
     assert!(
-        found["summary"]["keys"]
+        !ws.path("top.txt").exists(),
+        "the refused file was put back"
+    );
+    let log = ws.json(&["--actor", "service:capture", "log", "--all"]);
+    let entries = log["entries"].as_array().unwrap();
+    let records_top = |e: &&serde_json::Value| {
+        e["summary"]["keys"]
             .as_array()
             .unwrap()
-            .contains(&"top.txt".into()),
-        "{log}"
+            .contains(&"top.txt".into())
+    };
+    assert!(!entries.iter().any(|e| records_top(&e)), "{log}");
+    let wrote_a = entries.iter().any(|e| {
+        e["actor"] == "agent:bob"
+            && e["summary"]["keys"]
+                .as_array()
+                .unwrap()
+                .contains(&"src/a.rs".into())
+    });
+    assert!(wrote_a, "{log}");
+    let refused = ws.json(&["--actor", "service:capture", "refused"]);
+    let refused = refused["refused"].as_array().unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["path"], "top.txt");
+    assert_eq!(refused[0]["actor"], "agent:bob");
+
+    // Through the supervisor's socket: the command's refused change is put back, kept as
+    // refused, and the answer says so (exit 4), while its allowed change is recorded.
+    let out = ws.run(&[
+        "--actor",
+        "agent:bob",
+        "run",
+        "--isolate",
+        "none",
+        "--self-rollback",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "{BIN} exec -- sh -c 'echo v > viaexec.txt; echo ok > src/ok.rs'; echo \"exec exit $?\""
+        ),
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("exec exit 4"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
     );
+    assert!(stderr(&out).contains("NOT recorded"), "{}", stderr(&out));
+    assert!(!ws.path("viaexec.txt").exists());
+    assert_eq!(ws.read("src/ok.rs").as_deref(), Some("ok\n"));
+    let refused = ws.json(&["--actor", "service:capture", "refused"]);
+    let refused = refused["refused"].as_array().unwrap();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert_eq!(refused[0]["path"], "viaexec.txt");
+    also_unprivileged("a_run_s_refused_changes_are_put_back_and_kept_as_the_agent_s");
+}
+
+/// A capability token of `actor` limited to `actions`, issued by the workspace's policy.
+fn token_for(ws: &Ws, actor: &str, actions: &[&str]) -> String {
+    let policy = environment_policy::Policy::open(
+        &ws.home().join("policy.db"),
+        std::sync::Arc::new(environment_core::SystemClock),
+    )
+    .unwrap();
+    let limits = environment_policy::TokenLimits {
+        actions: Some(actions.iter().map(|a| (*a).to_owned()).collect()),
+        ..Default::default()
+    };
+    policy.issue_token(actor, limits).unwrap().encode()
 }
 
 #[test]
@@ -708,18 +779,7 @@ resource = "*"
     )
     .unwrap();
     ws.ok(&["policy", "load", "../rules.toml"]);
-    let token = {
-        let policy = environment_policy::Policy::open(
-            &ws.home().join("policy.db"),
-            std::sync::Arc::new(environment_core::SystemClock),
-        )
-        .unwrap();
-        let limits = environment_policy::TokenLimits {
-            actions: Some(vec!["read".into()]),
-            ..Default::default()
-        };
-        policy.issue_token("agent:bob", limits).unwrap().encode()
-    };
+    let token = token_for(&ws, "agent:bob", &["read"]);
     let head = ws.json(&["show", "HEAD"])["id"].clone();
     // With the read-only token, bob's own right to run and write is narrowed away.
     for args in [
@@ -739,6 +799,30 @@ resource = "*"
     // Reading is within it; without the token, bob's own rights apply.
     ws.ok(&["--actor", "agent:bob", "--token", &token, "log"]);
     ws.ok(&["--actor", "agent:bob", "mark", "mine"]);
+
+    // A run under a read+execute token: it runs, and its captures are narrowed by the token as
+    // its requests are: what it writes is put back and kept as refused, not recorded.
+    let run_token = token_for(&ws, "agent:bob", &["read", "execute"]);
+    let head = ws.json(&["show", "HEAD"])["id"].clone();
+    let out = ws.run(&[
+        "--actor",
+        "agent:bob",
+        "--token",
+        &run_token,
+        "run",
+        "--isolate",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo x > viarun.txt",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!ws.path("viarun.txt").exists(), "{}", stderr(&out));
+    assert_eq!(ws.json(&["show", "HEAD"])["id"], head);
+    let refused = ws.json(&["refused"]);
+    assert_eq!(refused["refused"][0]["path"], "viarun.txt", "{refused}");
+    assert_eq!(refused["refused"][0]["actor"], "agent:bob");
 }
 
 fn sandboxed_processes(marker: &str) -> usize {
@@ -1230,4 +1314,39 @@ fn apt_get_installs_in_a_debian_rootfs_and_a_restore_takes_it_all_back() {
         "the restore left these different: {differ:?}"
     );
     also_unprivileged(TEST);
+}
+
+/// An error has one kind, and each kind one exit code, whether the command runs on the stores
+/// or through the supervisor's socket: a name taken is a conflict (5), an unknown version is not
+/// found (3), both ways.
+#[test]
+fn one_error_has_one_exit_code_through_every_door() {
+    let ws = Ws::acting_as(Some("human:test"));
+    let script = format!(
+        "{BIN} mark m1; {BIN} mark m1; echo \"mark $?\"; \
+         {BIN} restore no-such-version; echo \"restore $?\""
+    );
+    let out = ws.run(&[
+        "--actor",
+        "agent:kinds",
+        "run",
+        "--isolate",
+        "none",
+        "--self-rollback",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains("mark 5"),
+        "through the socket: {said}{}",
+        stderr(&out)
+    );
+    assert!(said.contains("restore 3"), "through the socket: {said}");
+    // The same requests on the stores, with no supervisor.
+    ws.fails(&["mark", "m1"], 5);
+    ws.fails(&["restore", "no-such-version"], 3);
 }

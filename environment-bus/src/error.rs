@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use environment_core::ErrorKind;
+
 use crate::types::Receipt;
 
 /// Everything that can go wrong on the bus. Refusals (bad input, stale receipts, unknown names)
@@ -136,5 +138,25 @@ impl<T> SqlContext<T> for rusqlite::Result<T> {
             context,
             source: Arc::new(e),
         })
+    }
+}
+
+impl BusError {
+    /// What kind of failure it is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            BusError::InvalidName { .. }
+            | BusError::PayloadTooLarge { .. }
+            | BusError::OutOfRange { .. } => ErrorKind::Invalid,
+            BusError::UnknownTopic { .. }
+            | BusError::UnknownGroup { .. }
+            | BusError::UnknownReceipt { .. }
+            | BusError::NoSuchDeadLetter { .. } => ErrorKind::NotFound,
+            BusError::StaleReceipt { .. } | BusError::GroupConflict { .. } => ErrorKind::Conflict,
+            BusError::NotYourReceipt { .. } => ErrorKind::Denied,
+            BusError::Corrupt { .. } => ErrorKind::Corrupt,
+            BusError::WriterStopped => ErrorKind::Unavailable,
+            BusError::Sqlite { .. } | BusError::Open { .. } => ErrorKind::Internal,
+        }
     }
 }

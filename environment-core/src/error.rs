@@ -1,5 +1,6 @@
 //! Errors of the environment and their rendering for an agent.
 
+use std::fmt;
 use std::path::PathBuf;
 
 use crate::authz::{ActorIdError, Decision, Verdict};
@@ -151,9 +152,12 @@ pub enum EnvError {
         /// What protects it.
         why: &'static str,
     },
-    /// Nothing to undo: the head is the first operation of its branch's history.
+    /// Nothing to undo: every operation since the branch's first is undone already.
     #[error("nothing to undo on branch {0:?}")]
     NothingToUndo(String),
+    /// Nothing to redo: the branch's last operation is not an undo still to redo.
+    #[error("nothing to redo on branch {0:?}")]
+    NothingToRedo(String),
     /// The implementation does not offer this capability.
     #[error("this environment does not support {0}")]
     Unsupported(&'static str),
@@ -230,6 +234,112 @@ fn fmt_keys(keys: &[Key]) -> String {
 
 /// Results of environment operations.
 pub type Result<T, E = EnvError> = std::result::Result<T, E>;
+
+/// What kind of failure an error is: the one classification of every error of the environment's
+/// crates, which each door maps once to its own codes (envctl's exit codes, the control
+/// socket's JSON-RPC codes, MCP's `isError`, HTTP statuses). A refusal of any kind but
+/// [`ErrorKind::Internal`] and [`ErrorKind::Corrupt`] changed nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The request is malformed: a bad path, name, size, argument or rule.
+    Invalid,
+    /// Something it names does not exist: a version, branch, effect, topic, receipt, approval.
+    NotFound,
+    /// It conflicts with the current state: a moved head, a name taken, a stale receipt,
+    /// nothing left to undo, an approval already decided.
+    Conflict,
+    /// The policy, a token or the owner of a receipt refused it.
+    Denied,
+    /// The policy allows it once someone approves it.
+    NeedsApproval,
+    /// What it needs is not available here: a capability not configured, a secret, a sandbox
+    /// this host cannot make, a store that cannot be reached.
+    Unavailable,
+    /// The stored state is damaged.
+    Corrupt,
+    /// Anything else: an I/O or storage failure; the action may not have completed.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The kind's name, as it appears on the wire (`not_found`, `needs_approval`…).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Denied => "denied",
+            ErrorKind::NeedsApproval => "needs_approval",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl BlobError {
+    /// What kind of failure it is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            BlobError::Missing(_) => ErrorKind::NotFound,
+            BlobError::Corrupt { .. } | BlobError::BadManifest { .. } => ErrorKind::Corrupt,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+impl EnvError {
+    /// What kind of failure it is.
+    ///
+    /// ```
+    /// use environment_core::{EnvError, ErrorKind};
+    /// assert_eq!(EnvError::NothingToUndo("main".into()).kind(), ErrorKind::Conflict);
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind::*;
+        match self {
+            EnvError::Key(_)
+            | EnvError::Actor(_)
+            | EnvError::InvalidName { .. }
+            | EnvError::ValueTooLarge { .. }
+            | EnvError::RequestTooLarge(_)
+            | EnvError::DuplicateKey(_)
+            | EnvError::Exec { .. } => Invalid,
+            EnvError::UnknownVersion(_)
+            | EnvError::AmbiguousVersion { .. }
+            | EnvError::UnknownBranch(_)
+            | EnvError::UnknownEffect(_)
+            | EnvError::VersionDropped(_)
+            | EnvError::NoSuchProcess { .. } => NotFound,
+            EnvError::BranchExists(_)
+            | EnvError::MarkExists(_)
+            | EnvError::Conflict(_)
+            | EnvError::IdempotencyKeyReused { .. }
+            | EnvError::InvalidEffectTransition { .. }
+            | EnvError::ProtectedVersion { .. }
+            | EnvError::NothingToUndo(_)
+            | EnvError::NothingToRedo(_) => Conflict,
+            EnvError::NotAllowed(d) => match d.verdict {
+                Verdict::NeedsApproval { .. } => NeedsApproval,
+                _ => Denied,
+            },
+            EnvError::Unsupported(_) | EnvError::SecretUnavailable { .. } | EnvError::Closed => {
+                Unavailable
+            }
+            EnvError::Integrity { .. } | EnvError::Decode { .. } => Corrupt,
+            EnvError::Blob(b) => b.kind(),
+            EnvError::Home { .. } | EnvError::Db(_) | EnvError::CommitFailed(_) => Internal,
+        }
+    }
+}
 
 /// Renders an error for a language model: first that the action was not performed, then why,
 /// then what to do next.

@@ -56,15 +56,15 @@ pub use authz::{
 pub use blob::{BlobLocation, BlobStore, BlobUsage};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use environment::{Capabilities, Capability, Environment};
-pub use error::{BlobError, EnvError, ForAgent, Result, StaleWrite};
+pub use error::{BlobError, EnvError, ErrorKind, ForAgent, Result, StaleWrite};
 pub use event::{Event, EventFilter, PublishError, Publisher};
 pub use hash::Hash;
 pub use key::{Key, KeyError, KeyPrefix, Namespace};
 pub use local::branch::MergeOutcome;
 pub use local::{
     ActRequest, BeginOutcome, Change, Credentials, EffectRecord, EffectState, GcReport,
-    HistoryEntry, HistoryOptions, LocalEnvironment, MAIN, Observation, Options, ShownOp,
-    Subscription, VerifyReport,
+    HistoryEntry, HistoryOptions, LocalEnvironment, MAIN, Observation, Options, Refusal,
+    RefusedChange, ShownOp, Subscription, UndoStep, VerifyReport, put_back_note,
 };
 pub use merge::{Conflict, ConflictSide};
 pub use op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation, Version};

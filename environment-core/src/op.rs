@@ -68,6 +68,10 @@ pub enum IntentKind {
     Setup,
     /// Anything else, named by the caller.
     Other(String),
+    /// An undo: a restore to the version before the last operation not undone yet.
+    Undo,
+    /// A redo: a restore to the version the last undo not redone yet took away.
+    Redo,
 }
 
 impl fmt::Display for IntentKind {
@@ -83,6 +87,8 @@ impl fmt::Display for IntentKind {
             IntentKind::Plan => "plan",
             IntentKind::Setup => "setup",
             IntentKind::Other(s) => s,
+            IntentKind::Undo => "undo",
+            IntentKind::Redo => "redo",
         };
         f.write_str(s)
     }

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::authz::ActorId;
 use crate::error::{EnvError, Result};
 use crate::hash::Hash;
+use crate::local::RefusedChange;
 use crate::op::OpId;
 use crate::value::{SecretRef, SecretValue};
 
@@ -236,6 +237,10 @@ pub struct ExecOutcome {
     pub files_changed: u64,
     /// How long it ran, in milliseconds.
     pub duration_ms: u64,
+    /// The changes its actor may not make: not recorded in its operation, kept as refused with
+    /// the decision, and put back in the tree to their value before the command.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedChange>,
 }
 
 /// Runs commands to their end, each as one recorded operation.

@@ -41,6 +41,9 @@ enum Step {
     Undo {
         branch: usize,
     },
+    Redo {
+        branch: usize,
+    },
     Reopen,
 }
 
@@ -64,12 +67,23 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (1..3usize, 0..64usize).prop_map(|(name, from)| Step::Branch { name, from }),
         2 => (0..3usize, 0..3usize).prop_map(|(source, target)| Step::Merge { source, target }),
         1 => (0..3usize, 0..64usize).prop_map(|(branch, to)| Step::Restore { branch, to }),
-        1 => (0..3usize).prop_map(|branch| Step::Undo { branch }),
+        2 => (0..3usize).prop_map(|branch| Step::Undo { branch }),
+        1 => (0..3usize).prop_map(|branch| Step::Redo { branch }),
         1 => Just(Step::Reopen),
     ]
 }
 
+/// What undo and redo may do after an operation, kept as stacks going forward in time (core
+/// walks the log backward instead): the operations not undone, oldest first, and the undos
+/// that can be redone (the head before each, and the operation it undid), oldest first.
+#[derive(Clone, Default)]
+struct UndoState {
+    undoable: Vec<OpId>,
+    redoable: Vec<(OpId, OpId)>,
+}
+
 struct Model {
+    undo: HashMap<OpId, UndoState>,
     states: HashMap<OpId, State>,
     parents: HashMap<OpId, Vec<OpId>>,
     order: Vec<OpId>,
@@ -81,6 +95,22 @@ impl Model {
         if self.states.insert(id, state).is_none() {
             self.order.push(id);
         }
+        // An operation that is neither an undo nor a redo can be undone, and ends what could
+        // be redone (an undo or redo replaces this below).
+        let mut undoable = parents
+            .first()
+            .map(|p| self.undo[p].undoable.clone())
+            .unwrap_or_default();
+        if !parents.is_empty() {
+            undoable.push(id);
+        }
+        self.undo.insert(
+            id,
+            UndoState {
+                undoable,
+                redoable: Vec::new(),
+            },
+        );
         self.parents.insert(id, parents);
     }
 
@@ -150,6 +180,7 @@ fn run(steps: Vec<Step>) {
     let actor = ActorId::new("agent:model").unwrap();
     let root = env.head("main").unwrap();
     let mut m = Model {
+        undo: HashMap::new(),
         states: HashMap::new(),
         parents: HashMap::new(),
         order: vec![],
@@ -307,15 +338,36 @@ fn run(steps: Vec<Step>) {
                 let Some(head) = m.heads.get(b).copied() else {
                     continue;
                 };
-                match env.undo(&actor, b) {
-                    Ok(id) => {
-                        let parent = m.parents[&head][0];
-                        let s = m.states[&parent].clone();
+                let mut next = m.undo[&head].clone();
+                match (env.undo(&actor, b), next.undoable.pop()) {
+                    (Ok(id), Some(undone)) => {
+                        let before = m.parents[&undone][0];
+                        let s = m.states[&before].clone();
                         m.record(id, vec![head], s);
+                        next.redoable.push((head, undone));
+                        m.undo.insert(id, next);
                         m.heads.insert(b.into(), id);
                     }
-                    Err(EnvError::NothingToUndo(_)) => assert!(m.parents[&head].is_empty()),
-                    Err(e) => panic!("unexpected error {e}"),
+                    (Err(EnvError::NothingToUndo(_)), None) => {}
+                    (got, expected) => panic!("undo: {got:?}, expected to undo {expected:?}"),
+                }
+            }
+            Step::Redo { branch } => {
+                let b = BRANCHES[branch];
+                let Some(head) = m.heads.get(b).copied() else {
+                    continue;
+                };
+                let mut next = m.undo[&head].clone();
+                match (env.redo(&actor, b), next.redoable.pop()) {
+                    (Ok(id), Some((back, undone))) => {
+                        let s = m.states[&back].clone();
+                        m.record(id, vec![head], s);
+                        next.undoable.push(undone);
+                        m.undo.insert(id, next);
+                        m.heads.insert(b.into(), id);
+                    }
+                    (Err(EnvError::NothingToRedo(_)), None) => {}
+                    (got, expected) => panic!("redo: {got:?}, expected to redo {expected:?}"),
                 }
             }
             Step::Reopen => {

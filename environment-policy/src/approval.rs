@@ -129,6 +129,7 @@ impl Policy {
     }
 
     pub(crate) fn file_approval(&self, req: &AccessRequest, d: &Decision) -> Result<Approval> {
+        self.refresh()?;
         let label = resource_label(&req.resource);
         let mut rt = lock(&self.runtime);
         if let Some(a) = rt.approvals.values().find(|a| {
@@ -178,6 +179,7 @@ impl Policy {
         approver: &str,
         state: impl FnOnce(String) -> ApprovalState,
     ) -> Result<Approval> {
+        self.refresh()?;
         let st = read(&self.state);
         let mut rt = lock(&self.runtime);
         let a = rt
@@ -214,11 +216,13 @@ impl Policy {
 
     /// One approval request.
     pub fn approval(&self, id: &str) -> Option<Approval> {
+        self.refresh_or_keep();
         lock(&self.runtime).approvals.get(id).cloned()
     }
 
     /// Every approval request.
     pub fn approvals(&self) -> Vec<Approval> {
+        self.refresh_or_keep();
         lock(&self.runtime).approvals.values().cloned().collect()
     }
 }

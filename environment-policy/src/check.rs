@@ -75,9 +75,12 @@ impl Policy {
     /// Decides a request without spending anything: an allow lists in its
     /// [`Decision::spend`] what it would consume, for [`Policy::spend_uses`].
     pub fn evaluate(&self, req: &AccessRequest) -> Decision {
+        let live = self.refresh();
         let st = read(&self.state);
         let rs = Arc::clone(&st.rules);
         let v = match (rs.schema.id_of(&req.action), Target::of(&req.resource)) {
+            // Decided on rules that may have been revoked: refused instead.
+            _ if live.is_err() => Ruling::deny(Reason::Unreadable, Hits::default()),
             (None, _) => Ruling::deny(Reason::UnknownAction, Hits::default()),
             (_, None) => Ruling::deny(Reason::UnknownResource, Hits::default()),
             (Some(action), Some(target)) => {

@@ -51,6 +51,9 @@ pub enum Reason {
     ApprovalRequired,
     /// The presented capability token refused the request.
     Token(TokenError),
+    /// The policy store could not be read to bring the policy up to date: refused (fail
+    /// closed) rather than decided on rules that may have been revoked.
+    Unreadable,
 }
 
 /// Up to four rule indices, inline (a check must not allocate).
@@ -231,6 +234,9 @@ impl Decision {
             (_, Reason::UnknownAction) => format!(
                 "Denied: action `{}` is not declared in the policy schema. The action did NOT happen. Do not retry (policy v{v}).",
                 req.action
+            ),
+            (_, Reason::Unreadable) => format!(
+                "Denied: the policy store could not be read, so no rule can be trusted. The action did NOT happen. Retry once the store is readable, or ask a human to check it (policy v{v})."
             ),
             (_, Reason::UnknownResource) => format!(
                 "Denied: the policy cannot judge resource `{}`. The action did NOT happen (policy v{v}).",

@@ -43,6 +43,7 @@ impl Delegation {
 impl Policy {
     /// Records a delegation (an empty id gets a fresh one); returns it as stored.
     pub fn delegate(&self, mut d: Delegation) -> Result<Delegation> {
+        self.refresh()?;
         let bad = |m: &str| Err(PolicyError::BadDelegation(m.to_owned()));
         if ActorKind::of(&d.from).is_none() || ActorKind::of(&d.to).is_none() {
             return bad("from and to must be actor ids (human:, agent:, service:)");
@@ -100,6 +101,7 @@ impl Policy {
 
     /// Revokes a delegation; everything delegated onwards from it lapses with it.
     pub fn revoke_delegation(&self, id: &str) -> Result<u64> {
+        self.refresh()?;
         let mut st = write(&self.state);
         let Some(i) = st.delegations.iter().position(|d| d.id == id) else {
             return Err(PolicyError::UnknownDelegation(id.to_owned()));
@@ -113,6 +115,7 @@ impl Policy {
 
     /// Every delegation.
     pub fn delegations(&self) -> Vec<Delegation> {
+        self.refresh_or_keep();
         read(&self.state).delegations.clone()
     }
 }

@@ -1,5 +1,7 @@
 //! The crate's error types.
 
+use environment_core::ErrorKind;
+
 use crate::format::LoadIssue;
 use crate::token::TokenError;
 
@@ -77,3 +79,25 @@ fn render_issues(issues: &[LoadIssue]) -> String {
 
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, PolicyError>;
+
+impl PolicyError {
+    /// What kind of failure it is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            PolicyError::Invalid(_)
+            | PolicyError::BadEntity(_)
+            | PolicyError::NotAGroup(_)
+            | PolicyError::BadDelegation(_)
+            | PolicyError::Token(_) => ErrorKind::Invalid,
+            PolicyError::UnknownRule(_)
+            | PolicyError::UnknownApproval(_)
+            | PolicyError::UnknownDelegation(_) => ErrorKind::NotFound,
+            PolicyError::Cycle { .. }
+            | PolicyError::ApprovalNotPending { .. }
+            | PolicyError::NoApprovalNeeded(_) => ErrorKind::Conflict,
+            PolicyError::NotAnApprover { .. } => ErrorKind::Denied,
+            PolicyError::Corrupt(_) => ErrorKind::Corrupt,
+            PolicyError::Store(_) => ErrorKind::Internal,
+        }
+    }
+}

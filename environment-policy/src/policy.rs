@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use environment_core::Clock;
@@ -40,6 +41,8 @@ pub struct Policy {
     pub(crate) store: Mutex<Store>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) token_key: [u8; 32],
+    /// The store's data version memory was loaded at.
+    seen: AtomicI64,
 }
 
 impl std::fmt::Debug for Policy {
@@ -65,6 +68,37 @@ pub(crate) fn random_id(prefix: &str) -> String {
     format!("{prefix}{}", hex::encode(bytes))
 }
 
+/// The in-memory policy of what a store holds.
+fn in_memory(loaded: crate::store::Loaded) -> Result<(State, Runtime)> {
+    let mut relations = Relations::new();
+    for (m, g) in &loaded.relations {
+        if relations.can_add(m, g).is_err() {
+            return Err(PolicyError::Corrupt(format!("relation {m} in {g}")));
+        }
+        relations.add(m, g);
+    }
+    let file = match &loaded.rules {
+        Some(text) => RuleFile::parse(text).map_err(PolicyError::Invalid)?,
+        None => RuleFile::default(),
+    };
+    let rules = Arc::new(RuleSet::build(file.schema, file.rules, &mut relations));
+    let mut runtime = Runtime::default();
+    for a in loaded.approvals {
+        runtime.approvals.insert(a.id.clone(), a);
+    }
+    for (rule, actor, window, used) in loaded.quotas {
+        runtime.quotas.insert((rule, actor), (window, used));
+    }
+    runtime.token_uses.extend(loaded.token_uses);
+    let state = State {
+        version: loaded.version,
+        rules,
+        relations,
+        delegations: loaded.delegations,
+    };
+    Ok((state, runtime))
+}
+
 fn issue(message: String) -> LoadIssue {
     LoadIssue {
         line: 0,
@@ -86,43 +120,54 @@ impl Policy {
     }
 
     fn from_store(mut store: Store, clock: Arc<dyn Clock>) -> Result<Policy> {
+        let seen = store.data_version()?;
         let loaded = store.load()?;
-        let mut relations = Relations::new();
-        for (m, g) in &loaded.relations {
-            if relations.can_add(m, g).is_err() {
-                return Err(PolicyError::Corrupt(format!("relation {m} in {g}")));
-            }
-            relations.add(m, g);
-        }
-        let file = match &loaded.rules {
-            Some(text) => RuleFile::parse(text).map_err(PolicyError::Invalid)?,
-            None => RuleFile::default(),
-        };
-        let rules = Arc::new(RuleSet::build(file.schema, file.rules, &mut relations));
-        let mut runtime = Runtime::default();
-        for a in loaded.approvals {
-            runtime.approvals.insert(a.id.clone(), a);
-        }
-        for (rule, actor, window, used) in loaded.quotas {
-            runtime.quotas.insert((rule, actor), (window, used));
-        }
-        runtime.token_uses.extend(loaded.token_uses);
+        let token_key = loaded.token_key;
+        let (state, runtime) = in_memory(loaded)?;
         Ok(Policy {
-            state: RwLock::new(State {
-                version: loaded.version,
-                rules,
-                relations,
-                delegations: loaded.delegations,
-            }),
+            state: RwLock::new(state),
             runtime: Mutex::new(runtime),
             store: Mutex::new(store),
             clock,
-            token_key: loaded.token_key,
+            token_key,
+            seen: AtomicI64::new(seen),
         })
+    }
+
+    /// Brings memory up to date with the store when another process committed to it since it
+    /// was read (a rule loaded or revoked, an approval granted, a quota or token use spent), so
+    /// a change made anywhere applies to the next check here. Cheap when nothing changed: one
+    /// look at the store's data version.
+    pub(crate) fn refresh(&self) -> Result<()> {
+        let now = lock(&self.store).data_version()?;
+        if now == self.seen.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // The locks in their usual order: state, runtime, store.
+        let mut st = write(&self.state);
+        let mut rt = lock(&self.runtime);
+        let mut store = lock(&self.store);
+        let now = store.data_version()?;
+        let (state, runtime) = in_memory(store.load()?)?;
+        *st = state;
+        *rt = runtime;
+        self.seen.store(now, Ordering::Release);
+        Ok(())
+    }
+
+    /// [`Policy::refresh`] for a listing that cannot fail: one that cannot read the store
+    /// answers from memory (checks refuse instead, see [`Reason::Unreadable`]).
+    ///
+    /// [`Reason::Unreadable`]: crate::Reason::Unreadable
+    pub(crate) fn refresh_or_keep(&self) {
+        if let Err(e) = self.refresh() {
+            tracing::warn!(error = %e, "the policy store cannot be read; answering from memory");
+        }
     }
 
     /// The current policy version (bumped by every change to rules, relations or delegations).
     pub fn version(&self) -> u64 {
+        self.refresh_or_keep();
         read(&self.state).version
     }
 
@@ -134,6 +179,7 @@ impl Policy {
 
     /// Replaces the schema and all rules; returns the new version.
     pub fn set_rules(&self, file: RuleFile) -> Result<u64> {
+        self.refresh()?;
         let mut issues = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for r in &file.rules {
@@ -165,6 +211,7 @@ impl Policy {
 
     /// The current schema and rules.
     pub fn rules(&self) -> RuleFile {
+        self.refresh_or_keep();
         let st = read(&self.state);
         RuleFile {
             schema: st.rules.schema.schema.clone(),
@@ -205,6 +252,7 @@ impl Policy {
     /// Records `member ∈ group` (a group or role); returns the version (bumped if it is new).
     /// Refuses a membership that would make a cycle.
     pub fn add_member(&self, member: &str, group: &str) -> Result<u64> {
+        self.refresh()?;
         check_entity(member)?;
         let mut st = write(&self.state);
         refusal(st.relations.can_add(member, group), member, group)?;
@@ -220,6 +268,7 @@ impl Policy {
 
     /// Records many memberships as one change (one version, one transaction): all or none.
     pub fn add_members(&self, pairs: &[(&str, &str)]) -> Result<u64> {
+        self.refresh()?;
         let mut st = write(&self.state);
         let mut next = st.relations.clone();
         for (m, g) in pairs {
@@ -236,6 +285,7 @@ impl Policy {
 
     /// Removes `member ∈ group`; returns the version (bumped if it existed).
     pub fn remove_member(&self, member: &str, group: &str) -> Result<u64> {
+        self.refresh()?;
         let mut st = write(&self.state);
         if !st.relations.contains(member, group) {
             return Ok(st.version);

@@ -31,6 +31,7 @@ impl Policy {
     /// with their conditions and the forbids that may carve exceptions, including rights lent by
     /// delegation. Lets an agent plan instead of probing.
     pub fn what_may(&self, actor: &str, under: &Resource) -> Vec<Permission> {
+        self.refresh_or_keep();
         let st = read(&self.state);
         let Some(target) = Target::of(under) else {
             return Vec::new();

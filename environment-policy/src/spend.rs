@@ -23,6 +23,8 @@ impl Policy {
         if uses.is_empty() {
             return Ok(());
         }
+        // Counted against every use spent so far, in any process.
+        self.refresh().map_err(|_| Reason::Unreadable)?;
         let now = self.clock.now_ms();
         let mut rt = lock(&self.runtime);
         // Checked and counted in one pass; nothing changes until the store has them all.

@@ -1,6 +1,7 @@
 //! The SQLite store: rules, relations, delegations, approvals, quota counters and token use
-//! counts. The in-memory policy is authoritative for checks; the store is written on each change
-//! (in the same critical section, before memory changes) and read once at open.
+//! counts. Checks read the in-memory policy; the store is written on each change (in the same
+//! critical section, before memory changes), read at open, and read again whenever another
+//! process has committed to it since (see `Policy::refresh`).
 //!
 //! Writes are rare and small, so one connection behind the policy's lock serves as the single
 //! writer; WAL keeps readers of the file (tools, backups) unblocked.
@@ -56,6 +57,15 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
         Ok(Store { conn })
+    }
+
+    /// A number that changes whenever another connection (another process) commits to the
+    /// store: memory is brought up to date when it moved.
+    pub(crate) fn data_version(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |r| r.get(0))?)
     }
 
     fn meta(&self, key: &str) -> Result<Option<Vec<u8>>> {

@@ -7,8 +7,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use environment_core::{
-    ActRequest, ActorId, Change, Content, EntryKind, Intent, Key, KeyPrefix, LocalEnvironment,
-    Meta, Namespace, Observation, OpFlags, OpId, Value, value::INLINE_MAX,
+    ActRequest, ActorId, Change, Content, EntryKind, Intent, Key, KeyChange, KeyPrefix,
+    LocalEnvironment, Meta, Namespace, Observation, OpFlags, OpId, RefusedChange, Value,
+    value::INLINE_MAX,
 };
 use rustix::fs::{FileType, OFlags};
 
@@ -257,6 +258,9 @@ pub struct Captured {
     /// The paths that stayed unreadable past the tracker's bound, and why: recorded with their
     /// metadata and the [`UNREADABLE`] marker instead of their content.
     pub without_content: Vec<(Vec<u8>, String)>,
+    /// The changes the actor may not make: recorded as refused with the decision (not in the
+    /// branch), and put back in the tree to their value at the head.
+    pub disallowed: Vec<RefusedChange>,
 }
 
 /// The attribute of a file that is one of several hard links to one inode in the tree: the
@@ -524,7 +528,7 @@ impl Capturer {
             all_quiet = false;
             changes.extend(extra);
         }
-        let observation = if changes.is_empty() {
+        let mut observation = if changes.is_empty() {
             None
         } else {
             if bulk {
@@ -547,14 +551,26 @@ impl Capturer {
                     rel_path(first).display()
                 );
             }
+            // What the actor may not record is kept as refused and put back below, never left
+            // in the tree for a later capture to record under another actor.
             let mut req = ActRequest::new(actor.unwrap_or(&self.actor).clone(), intent)
                 .on(self.branch.clone())
-                .flags(flags);
+                .flags(flags)
+                .recording_refusals();
             req.changes = changes;
             let obs = self.env.act_blocking(req)?;
             Some(obs)
         };
         drop(guard);
+        let disallowed = observation
+            .as_mut()
+            .map(|o| std::mem::take(&mut o.refused))
+            .unwrap_or_default();
+        let put_back = disallowed
+            .iter()
+            .filter(|r| self.keys.rel(&r.key).is_some())
+            .count();
+        let files = files.saturating_sub(put_back as u64);
         // The cache has an entry for every key this capture changed, unless it recorded paths
         // without content or changes of its caller's: then it no longer covers the head.
         let from = head.to_string();
@@ -570,15 +586,53 @@ impl Capturer {
             }
             Some(_) => None,
         };
-        self.cache
-            .update_after(cache, to.as_deref().map(|to| (from.as_str(), to)))?;
+        if disallowed.is_empty() {
+            self.cache
+                .update_after(cache, to.as_deref().map(|to| (from.as_str(), to)))?;
+        } else {
+            // The disk holds what was refused until it is put back: the cache forgets those
+            // paths (so each is written whole, never patched from an entry that no longer
+            // describes it), learns them again from the writes that put them back, and no
+            // longer vouches for the head meanwhile.
+            let back: HashSet<&[u8]> = disallowed
+                .iter()
+                .filter_map(|r| self.keys.rel(&r.key))
+                .collect();
+            let mut cache: Vec<_> = cache
+                .into_iter()
+                .filter(|(rel, _)| !back.contains(rel.as_slice()))
+                .collect();
+            cache.extend(back.iter().map(|rel| (rel.to_vec(), None)));
+            self.cache.update_after(cache, None)?;
+            self.put_back(&disallowed)?;
+        }
         Ok(Captured {
             observation: observation.filter(|o| !o.noop),
             files,
             unreadable,
             refused,
             without_content: marked,
+            disallowed,
         })
+    }
+
+    /// Puts the paths of `refused` back to their value at the head they were refused against:
+    /// written again, or removed when they did not exist there.
+    fn put_back(&mut self, refused: &[RefusedChange]) -> Result<()> {
+        let mut changes = Vec::with_capacity(refused.len());
+        for r in refused {
+            if self.keys.rel(&r.key).is_none() {
+                continue; // an object (a command's output), not a path of this tree
+            }
+            changes.push(KeyChange {
+                key: r.key.clone(),
+                before: r.value.clone(),
+                after: self.env.read_unchecked(&r.key, &r.head)?,
+            });
+        }
+        crate::restore::in_plan_order(&mut changes);
+        let applied = self.apply(&changes)?;
+        self.cache.update(applied.cache)
     }
 
     /// Hard links: every path of a group is looked at with any of them (a write through one

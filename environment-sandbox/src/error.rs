@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use environment_core::{EnvError, ForAgent};
+use environment_core::{EnvError, ErrorKind, ForAgent};
 
 /// What capture, restore and their setup can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +105,28 @@ pub enum SandboxError {
 }
 
 impl SandboxError {
+    /// What kind of failure it is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SandboxError::Env(e) => e.kind(),
+            SandboxError::Escape { .. }
+            | SandboxError::Rule { .. }
+            | SandboxError::InvalidSpec { .. }
+            | SandboxError::SeedEntry { .. }
+            | SandboxError::NotWritable { .. } => ErrorKind::Invalid,
+            SandboxError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                ErrorKind::Denied
+            }
+            SandboxError::Isolation { .. }
+            | SandboxError::Cgroup { .. }
+            | SandboxError::Monitor { .. }
+            | SandboxError::SeedUnreadable { .. } => ErrorKind::Unavailable,
+            _ => ErrorKind::Internal,
+        }
+    }
+
     pub(crate) fn io(
         op: &'static str,
         path: impl Into<PathBuf>,

@@ -61,6 +61,31 @@ impl RestorePlan {
     }
 }
 
+/// Sorts changes in the order a restore applies them: removals deepest first (children before
+/// their directory); then directories shallowest first; then files and symlinks, whose
+/// directories all exist by then, so they can be written in any order (see `Capturer::apply`).
+pub(crate) fn in_plan_order(changes: &mut [KeyChange]) {
+    let depth = |c: &KeyChange| c.key.path().iter().filter(|b| **b == b'/').count();
+    let not_dir = |c: &KeyChange| {
+        c.after
+            .as_ref()
+            .is_some_and(|v| v.meta.kind != EntryKind::Dir)
+    };
+    changes.sort_by(|a, b| {
+        let (ra, rb) = (a.after.is_none(), b.after.is_none());
+        rb.cmp(&ra)
+            .then_with(|| not_dir(a).cmp(&not_dir(b)))
+            .then_with(|| {
+                if ra {
+                    depth(b).cmp(&depth(a))
+                } else {
+                    depth(a).cmp(&depth(b))
+                }
+            })
+            .then_with(|| a.key.cmp(&b.key))
+    });
+}
+
 static TMP: AtomicU64 = AtomicU64::new(0);
 
 fn errno(e: rustix::io::Errno) -> std::io::Error {
@@ -96,28 +121,7 @@ impl Capturer {
                 })
             })
             .collect();
-        // Removals deepest first (children before their directory); then directories
-        // shallowest first; then files and symlinks, whose directories all exist by then, so
-        // they can be written in any order (see `apply`).
-        let depth = |c: &KeyChange| c.key.path().iter().filter(|b| **b == b'/').count();
-        let not_dir = |c: &KeyChange| {
-            c.after
-                .as_ref()
-                .is_some_and(|v| v.meta.kind != EntryKind::Dir)
-        };
-        changes.sort_by(|a, b| {
-            let (ra, rb) = (a.after.is_none(), b.after.is_none());
-            rb.cmp(&ra)
-                .then_with(|| not_dir(a).cmp(&not_dir(b)))
-                .then_with(|| {
-                    if ra {
-                        depth(b).cmp(&depth(a))
-                    } else {
-                        depth(a).cmp(&depth(b))
-                    }
-                })
-                .then_with(|| a.key.cmp(&b.key))
-        });
+        in_plan_order(&mut changes);
         let steps = changes
             .iter()
             .map(|c| {

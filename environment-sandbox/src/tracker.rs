@@ -110,6 +110,8 @@ struct Shared {
     refused: Mutex<BTreeMap<Vec<u8>, String>>,
     /// The paths recorded without their content (unreadable past the bound), and why.
     without_content: Mutex<BTreeMap<Vec<u8>, String>>,
+    /// The keys of changes the actor may not make, put back and kept as refused, and why.
+    disallowed: Mutex<BTreeMap<Vec<u8>, String>>,
     /// What is running while the tree changes (an agent's command), named in the intent of
     /// automatic captures.
     context: Mutex<Option<String>>,
@@ -144,6 +146,16 @@ fn settle(shared: &Shared, batch: &BTreeSet<Vec<u8>>, captured: &Captured) {
         tracing::warn!(
             paths = captured.refused.len(),
             "paths longer than the key limit are never recorded"
+        );
+    }
+    if !captured.disallowed.is_empty() {
+        let mut d = lock(&shared.disallowed);
+        for r in &captured.disallowed {
+            d.insert(r.key.path().to_vec(), r.decision.explanation.clone());
+        }
+        tracing::info!(
+            changes = captured.disallowed.len(),
+            "changes the actor may not make were put back and kept as refused"
         );
     }
     keep_pending(shared, unreadable.iter().map(|(p, _)| p.clone()));
@@ -379,6 +391,7 @@ impl Tracker {
             holds: AtomicU64::new(0),
             unreadable: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(BTreeMap::new()),
+            disallowed: Mutex::new(BTreeMap::new()),
             without_content: Mutex::new(BTreeMap::new()),
             context: Mutex::new(None),
             handoff: Mutex::new(None),
@@ -562,6 +575,14 @@ impl Tracker {
     /// the root), and why.
     pub fn without_content(&self) -> Vec<(PathBuf, String)> {
         listed(&self.shared.without_content)
+    }
+
+    /// The keys' paths of the changes this tracker found that its actor may not make, and
+    /// why: put back in the tree and kept as refused (see [`LocalEnvironment::refused`]).
+    ///
+    /// [`LocalEnvironment::refused`]: environment_core::LocalEnvironment::refused
+    pub fn disallowed(&self) -> Vec<(PathBuf, String)> {
+        listed(&self.shared.disallowed)
     }
 
     /// The paths no capture can record (longer than the key limit), relative to the root, and

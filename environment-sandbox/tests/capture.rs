@@ -381,27 +381,42 @@ fn an_unreadable_path_stays_pending_and_the_rest_is_captured() {
     );
 }
 
-/// Refuses the watcher's writes while `refusing` is set.
+/// Allows everything, but while `refusing` is set the watcher's writes list a use that cannot
+/// be spent when the operation commits: the capture fails as a whole (as one whose store fails
+/// would), which is not a change refused by the policy.
 struct Refusing {
     refusing: std::sync::atomic::AtomicBool,
 }
 
 impl environment_core::Authorizer for Refusing {
     fn decide(&self, r: &environment_core::AccessRequest) -> environment_core::Decision {
+        let mut d = environment_core::Decision::allow_unconditionally();
         if self.refusing.load(std::sync::atomic::Ordering::SeqCst)
             && r.actor.as_str() == "service:watcher"
             && matches!(r.action, environment_core::Action::Write)
         {
-            environment_core::Decision {
-                verdict: environment_core::Verdict::Deny,
-                rules: vec!["test:refusing".into()],
-                policy_version: 1,
-                explanation: "not now".into(),
-                spend: Vec::new(),
-            }
-        } else {
-            environment_core::Decision::allow_unconditionally()
+            d.spend.push(environment_core::Spend::TokenUse {
+                tag: "test:refusing".into(),
+                max: 1,
+            });
         }
+        d
+    }
+
+    fn spend(
+        &self,
+        uses: &[environment_core::Spend],
+    ) -> Result<(), Box<environment_core::Decision>> {
+        if uses.is_empty() {
+            return Ok(());
+        }
+        Err(Box::new(environment_core::Decision {
+            verdict: environment_core::Verdict::Deny,
+            rules: vec!["test:refusing".into()],
+            policy_version: 1,
+            explanation: "not now".into(),
+            spend: Vec::new(),
+        }))
     }
 }
 
@@ -430,7 +445,7 @@ fn a_failed_capture_keeps_its_batch_for_the_next() {
     gate.refusing
         .store(true, std::sync::atomic::Ordering::SeqCst);
     write(&work, "c.txt", b"c\n");
-    // Found by a rescan (no watcher thread runs here), refused, kept.
+    // Found by a rescan (no watcher thread runs here), failed at its commit, kept.
     assert!(tracker.rescan_now().is_err());
     assert!(!view(&env, &env.head("main").unwrap()).contains_key("c.txt"));
     gate.refusing

@@ -709,7 +709,7 @@ fn malformed_requests_get_errors_and_the_connection_survives_scenario(dir: &Path
         code(&c.ask(
             r#"{"jsonrpc":"2.0","id":7,"method":"restore","params":{"version":"deadbeef00"}}"#
         )),
-        rpc::UNKNOWN_VERSION
+        rpc::NOT_FOUND
     );
     assert_eq!(
         code(&c.ask(
@@ -942,8 +942,8 @@ fn a_final_capture_the_policy_refuses_still_lets_the_supervisor_stop() {
 
 /// Captures are the agent's own, and it may not write files. A change still unrecorded when the
 /// supervisor stops (here made after the agent's last capture, which is the exit capture's
-/// place) is refused to the final capture: shutting down still succeeds and reports, and the
-/// change stays on disk, unrecorded, as after any refused automatic capture.
+/// place) is refused to the final capture: shutting down still succeeds and reports it, and the
+/// change is put back and kept as the agent's refused change, as after any capture.
 fn a_final_capture_the_policy_refuses_scenario(dir: &Path) {
     let (work, home) = layout(dir);
     // The workspace as it starts is recorded by the supervisor's own actor.
@@ -962,9 +962,16 @@ fn a_final_capture_the_policy_refuses_scenario(dir: &Path) {
     let summary = sup.shutdown_with_grace(Duration::from_secs(5)).unwrap();
     assert_eq!(summary.final_version, before.to_string());
     assert_eq!((summary.captures, summary.files_changed), (0, 0));
+    assert!(!work.join("late.txt").exists(), "put back");
+    let named: Vec<_> = summary.refused.iter().map(|(p, _)| p.clone()).collect();
+    assert_eq!(named, [PathBuf::from("late.txt")]);
+    let env = environment_core::LocalEnvironment::open(&home, Default::default()).unwrap();
+    let kept = env.refused(&agent(), "main", 10).unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].actor, agent());
     assert_eq!(
-        std::fs::read_to_string(work.join("late.txt")).unwrap(),
-        "late\n"
+        env.content(kept[0].value.as_ref().unwrap()).unwrap(),
+        b"late\n"
     );
 }
 
@@ -1125,7 +1132,7 @@ fn the_schema_and_the_dispatcher_list_the_same_methods() {
         rpc::INVALID_PARAMS,
         rpc::INTERNAL_ERROR,
         rpc::DENIED,
-        rpc::UNKNOWN_VERSION,
+        rpc::NOT_FOUND,
         rpc::CONFLICT,
         rpc::UNAVAILABLE,
     ];
@@ -1177,6 +1184,7 @@ impl ShellExec for StubShell {
             op: self.env.head("main").unwrap(),
             files_changed: 0,
             duration_ms: 1,
+            refused: Vec::new(),
         })
     }
 }
@@ -1364,7 +1372,7 @@ fn the_agent_runs_commands_through_the_sandbox_shell_scenario(dir: &Path) {
             .any(|p| p["id"] == id)
     );
     let err = c.call("process.read", json!({ "id": 999 })).unwrap_err();
-    assert_eq!(err.code(), Some(rpc::INVALID_PARAMS), "{err:?}");
+    assert_eq!(err.code(), Some(rpc::NOT_FOUND), "{err:?}");
 
     // A terminal session: typed into, read, detached and re-attached, closed.
     let id = c

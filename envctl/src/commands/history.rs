@@ -27,6 +27,31 @@ pub fn log(s: &Session, all: bool, branch: &str, limit: usize, json: bool) -> Ou
     Ok(())
 }
 
+/// The refused changes of a branch, newest first.
+pub fn refused(s: &Session, branch: &str, limit: usize, json: bool) -> Outcome<()> {
+    let refused = s.env.refused(&s.actor, branch, limit)?;
+    if json {
+        print_json(&json!({
+            "branch": branch,
+            "refused": refused.iter().map(environment_core::RefusedChange::to_json).collect::<Vec<_>>(),
+        }));
+        return Ok(());
+    }
+    for r in &refused {
+        let change = if r.value.is_some() { "write" } else { "delete" };
+        println!(
+            "#{} {} {change} {} on {} at {} — {}",
+            r.id,
+            r.actor,
+            r.key.display_path(),
+            r.branch,
+            r.head.short(),
+            r.decision.explanation.trim()
+        );
+    }
+    Ok(())
+}
+
 /// One operation and what it changed.
 pub fn show(s: &Session, spec: &str, json: bool) -> Outcome<()> {
     let id = resolve(s, spec)?;

@@ -77,6 +77,7 @@ fn stores_only(command: &Command) -> bool {
             | Command::Queue(_)
             | Command::Gc
             | Command::Verify
+            | Command::Refused { .. }
     )
 }
 
@@ -94,6 +95,7 @@ fn stores_command(s: &mut Session, command: &Command, json: bool) -> Outcome<i32
         Command::Queue(q) => queue::run(s, q, json)?,
         Command::Gc => maintain::gc(s, json)?,
         Command::Verify => maintain::verify(s, json)?,
+        Command::Refused { branch, limit } => history::refused(s, branch, *limit, json)?,
         _ => return Err(Failure::other("this command needs the workspace")),
     }
     Ok(ExitCode::Ok.status())
@@ -189,6 +191,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         | Command::Show { .. }
         | Command::Diff { .. }
         | Command::Effects { .. }
+        | Command::Refused { .. }
         | Command::Verify => Look::Known,
         _ => Look::Changes,
     };
@@ -197,13 +200,15 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     match &cli.command {
         Command::Log { all, branch, limit } => history::log(s, *all, branch, *limit, json)?,
         Command::Show { version } => history::show(s, version, json)?,
+        Command::Refused { branch, limit } => history::refused(s, branch, *limit, json)?,
         Command::Diff { from, to, stat } => history::diff(s, from, to.as_deref(), *stat, json)?,
         Command::Restore {
             version,
             dry_run,
             verbose,
         } => rollback::restore(s, version, *dry_run, *verbose, json)?,
-        Command::Undo { verbose } => rollback::undo(s, *verbose, json)?,
+        Command::Undo { verbose } => rollback::step(s, rollback::Way::Undo, *verbose, json)?,
+        Command::Redo { verbose } => rollback::step(s, rollback::Way::Redo, *verbose, json)?,
         Command::Mark { name, version } => {
             names::mark(s, name.as_deref(), version.as_deref(), json)?
         }

@@ -69,7 +69,14 @@ impl Recorded {
             "duration_ms": o.duration_ms,
             "stdout": stream(&o.stdout, &self.stdout),
             "stderr": stream(&o.stderr, &self.stderr),
+            "refused": self.refused_json(),
         })
+    }
+
+    /// The changes the command made that its actor may not make (put back and kept as
+    /// refused), as JSON.
+    pub fn refused_json(&self) -> Vec<serde_json::Value> {
+        self.outcome.refused.iter().map(|r| r.to_json()).collect()
     }
 
     /// The command's status as a process exit status (128 + N for signal N, 124 timed out).
@@ -187,22 +194,6 @@ fn back_to_witness(s: &mut Session) -> Outcome<()> {
     Ok(())
 }
 
-fn refused_capture(s: &Session, e: EnvError) -> Failure {
-    let why = Failure::from(e).message;
-    let mut f = Failure::new(
-        ExitCode::Denied,
-        format!(
-            "the command ran, but {} may not record its changes ({why}); they were recorded as \
-             changes found in the workspace by {}",
-            s.actor,
-            witness()
-        ),
-    )
-    .hint("`envctl log` shows them; `envctl undo` takes them back");
-    f.partial = true;
-    f
-}
-
 fn not_run(argv: &[String], e: EnvError) -> Failure {
     match e {
         EnvError::Exec { program, detail }
@@ -235,7 +226,6 @@ pub fn shell_exec(
     // tracker records only the command.
     s.stop_tracker()?;
     let tracker = Arc::new(s.start_tracker(witness(), false, "capturing the workspace")?);
-    let before = s.head()?;
     let shell = Shell::new(launcher, tracker.clone(), None)?;
     let mut request = ExecRequest::new(s.actor.clone(), argv.iter().cloned());
     if let Some(i) = intent {
@@ -248,17 +238,11 @@ pub fn shell_exec(
     drop(shell);
     drop(tracker);
     back_to_witness(s)?;
+    // A refusal before it ran changed nothing; changes it made that its actor may not make are
+    // in the outcome, put back and kept as refused.
     let outcome = match ran {
         Ok(o) => o,
-        Err(e @ EnvError::NotAllowed(_)) => {
-            // Refused before it ran (nothing changed), or after (its changes are on disk and
-            // are recorded as found, not as the actor's).
-            s.capture_found("changes of a command whose record was refused")?;
-            if s.head()? != before {
-                return Err(refused_capture(s, e));
-            }
-            return Err(e.into());
-        }
+        Err(e @ EnvError::NotAllowed(_)) => return Err(e.into()),
         Err(e) => return Err(not_run(argv, e)),
     };
     let blobs = s.env.blobs();
@@ -275,24 +259,41 @@ pub fn shell_exec(
 pub fn exec(s: &mut Session, a: &ExecArgs, json: bool) -> Outcome<i32> {
     let done = shell_exec(s, &a.command, a.intent.as_deref(), &a.sandbox)?;
     let status = done.status();
+    let cut = if done.outcome.stdout.truncated || done.outcome.stderr.truncated {
+        " (output cut at the limit)"
+    } else {
+        ""
+    };
+    let refused = environment_core::put_back_note(&done.refused_json());
     if json {
         print_json(&done.to_json());
     } else {
         use std::io::Write;
         let _ = std::io::stdout().write_all(&done.stdout);
         let _ = std::io::stderr().write_all(&done.stderr);
-        let cut = if done.outcome.stdout.truncated || done.outcome.stderr.truncated {
-            " (output cut at the limit)"
-        } else {
-            ""
-        };
-        eprintln!(
-            "envctl: recorded as {} ({} file(s) changed), exit {status}{cut}",
-            done.outcome.op.short(),
-            done.outcome.files_changed
-        );
+        if refused.is_none() {
+            eprintln!(
+                "envctl: recorded as {} ({} file(s) changed), exit {status}{cut}",
+                done.outcome.op.short(),
+                done.outcome.files_changed
+            );
+        }
     }
-    Ok(status)
+    let Some((sentence, next)) = refused else {
+        return Ok(status);
+    };
+    // Part of what the command did was refused: the failure says all of what happened.
+    let mut f = Failure::new(
+        ExitCode::Denied,
+        format!(
+            "the command exited with status {status}{cut} and its other changes were recorded \
+             as {}, but {sentence}",
+            done.outcome.op.short()
+        ),
+    )
+    .hint(next);
+    f.partial = true;
+    Err(f)
 }
 
 /// The launcher of `run`, and where the agent finds the socket and the workspace.
@@ -477,8 +478,9 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
     }
     let summary = supervisor.run_until_signal(Duration::from_secs(5))?;
     active.end();
-    // What the policy did not let the agent record is on disk all the same: the witness records
-    // it now, so that nothing is lost, and the summary says so.
+    // What the policy does not let the agent record was put back by its captures; anything
+    // still unrecorded (a capture that failed) is on disk all the same: the witness records it
+    // now, so that nothing is lost, and the summary says so.
     let found = Session::open(ws.clone(), actor.clone())?;
     let found_after = found.head()?.to_string() != summary.final_version;
     drop(found);
@@ -501,6 +503,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
             "recorded_as_found": found_after,
             "unreadable": paths_json(&summary.unreadable),
             "without_content": paths_json(&summary.without_content),
+            "refused": paths_json(&summary.refused),
             "rescans": summary.blind,
         }));
     } else {
@@ -521,8 +524,8 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
         );
         if found_after {
             eprintln!(
-                "  not recorded:  some changes {actor} may not record; they were recorded as \
-                 found by {} (envctl log)",
+                "  found after:   changes the run's captures did not record (a capture failed) \
+                 were recorded as found by {} (envctl log)",
                 witness()
             );
         }
@@ -536,6 +539,11 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
                 "no content:",
                 &summary.without_content,
                 "stayed unreadable and are recorded without their content",
+            ),
+            (
+                "refused:",
+                &summary.refused,
+                "the agent may not change were put back and kept as refused (envctl refused)",
             ),
         ] {
             if let Some((first, why)) = paths.first() {

@@ -40,6 +40,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         | Command::Mark { name: Some(_), .. }
         | Command::Restore { .. }
         | Command::Undo { .. }
+        | Command::Redo { .. }
         | Command::Merge { .. }
         | Command::Exec(_) => {}
         Command::Mark { name: None, .. } => {
@@ -56,6 +57,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         Command::Queue(_) => return Err(supervisor_unavailable(addr, "queue")),
         Command::Gc => return Err(supervisor_unavailable(addr, "gc")),
         Command::Verify => return Err(supervisor_unavailable(addr, "verify")),
+        Command::Refused { .. } => return Err(supervisor_unavailable(addr, "refused")),
         Command::Init { .. } | Command::Mcp | Command::Demo { .. } | Command::Monitor { .. } => {
             return Err(supervisor_unavailable(addr, "this command"));
         }
@@ -174,6 +176,10 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
             let r = remote.call("undo", Value::Null)?;
             print_restore(&r, json);
         }
+        Command::Redo { .. } => {
+            let r = remote.call("redo", Value::Null)?;
+            print_restore(&r, json);
+        }
         Command::Merge { branch } => {
             let r = remote.call("merge", json!({ "source": branch }))?;
             return Ok(print_merge(&r, branch, json));
@@ -284,17 +290,25 @@ fn print_exec(r: &Value, json: bool) -> i32 {
     };
     if json {
         print_json(r);
-        return status;
+    } else {
+        use std::io::Write;
+        let out = text(&r["stdout"]["text"]);
+        let err = text(&r["stderr"]["text"]);
+        let _ = std::io::stdout().write_all(out.as_bytes());
+        let _ = std::io::stderr().write_all(err.as_bytes());
+        eprintln!(
+            "envctl: recorded as {} ({} file(s) changed), exit {status} (through the supervisor)",
+            short(&r["op"]),
+            text(&r["files_changed"])
+        );
     }
-    use std::io::Write;
-    let out = text(&r["stdout"]["text"]);
-    let err = text(&r["stderr"]["text"]);
-    let _ = std::io::stdout().write_all(out.as_bytes());
-    let _ = std::io::stderr().write_all(err.as_bytes());
-    eprintln!(
-        "envctl: recorded as {} ({} file(s) changed), exit {status} (through the supervisor)",
-        short(&r["op"]),
-        text(&r["files_changed"])
-    );
+    let refused = r["refused"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if let Some((sentence, next)) = environment_core::put_back_note(refused) {
+        eprintln!("envctl: {sentence}.\nhint: {next}");
+        return crate::failure::ExitCode::Denied as i32;
+    }
     status
 }

@@ -163,16 +163,21 @@ pub fn restore(s: &Session, spec: &str, dry_run: bool, verbose: bool, json: bool
     restore_to(s, target, intent, dry_run, verbose, json)
 }
 
-/// `envctl undo`: back to the version before main's last operation.
-pub fn undo(s: &Session, verbose: bool, json: bool) -> Outcome<()> {
-    let head = s.head()?;
-    let op = s.env.op(&head)?;
-    let Some(parent) = op.parents.first().copied() else {
-        return Err(
-            Failure::other("nothing to undo: main is at its first operation")
-                .hint("`envctl log` shows the history"),
-        );
+/// `envctl undo` and `envctl redo`: main steps back past its last operation not undone yet,
+/// or forward again past its last undo not redone yet (see `LocalEnvironment::undo_step`).
+pub fn step(s: &Session, way: Way, verbose: bool, json: bool) -> Outcome<()> {
+    let step = match way {
+        Way::Undo => s.env.undo_step(&s.actor, MAIN)?,
+        Way::Redo => s.env.redo_step(&s.actor, MAIN)?,
     };
-    let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.short()));
-    restore_to(s, parent, intent, false, verbose, json)
+    restore_to(s, step.target, step.intent, false, verbose, json)
+}
+
+/// Which way [`step`] goes.
+#[derive(Clone, Copy, Debug)]
+pub enum Way {
+    /// `envctl undo`.
+    Undo,
+    /// `envctl redo`.
+    Redo,
 }

@@ -223,18 +223,24 @@ impl EnvServer {
 
     /// An undo.
     #[tool(
-        description = "Undo the last operation on the workspace (its files go back to the version before it)."
+        description = "Undo the last operation on the workspace not undone yet (its files go back to the version before it). Repeated undos step further back; redo walks forward again."
     )]
     async fn undo(&self) -> Result<CallToolResult, ErrorData> {
         self.routed("undo", "undo", json!({}), move |s| {
-            let head = s.head()?;
-            let op = s.env.op(&head)?;
-            let parent = op.parents.first().copied().ok_or_else(|| {
-                Failure::other("nothing to undo: the workspace is at its first version")
-                    .hint("read the history")
-            })?;
-            let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.short()));
-            restore_text(s, parent, intent, false)
+            let step = s.env.undo_step(&s.actor, MAIN)?;
+            restore_text(s, step.target, step.intent, false)
+        })
+        .await
+    }
+
+    /// A redo.
+    #[tool(
+        description = "Redo the last undo not redone yet (the workspace's files come back as they were before that undo). Refused when the last operation is not an undo."
+    )]
+    async fn redo(&self) -> Result<CallToolResult, ErrorData> {
+        self.routed("redo", "redo", json!({}), move |s| {
+            let step = s.env.redo_step(&s.actor, MAIN)?;
+            restore_text(s, step.target, step.intent, false)
         })
         .await
     }
@@ -257,8 +263,11 @@ impl EnvServer {
                 p.intent.as_deref(),
                 &crate::cli::SandboxArgs::default(),
             )?;
+            let refused = environment_core::put_back_note(&done.refused_json())
+                .map(|(sentence, next)| format!("\n{sentence}. Next: {next}."))
+                .unwrap_or_default();
             Ok(format!(
-                "The command ran and exited with status {}; recorded as operation {} ({} file(s) changed).\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                "The command ran and exited with status {}; recorded as operation {} ({} file(s) changed).{refused}\n--- stdout ---\n{}\n--- stderr ---\n{}",
                 done.status(),
                 done.outcome.op.short(),
                 done.outcome.files_changed,

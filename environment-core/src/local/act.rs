@@ -1,13 +1,14 @@
 //! The action path: authorize, store content, apply, record, announce — one transaction.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
+use super::refused::{Refused, RefusedChange};
 use super::{Inner, LocalEnvironment, MAIN, OpDraft, Permit};
-use crate::authz::{Action, ActorId};
+use crate::authz::{Action, ActorId, Decision, Resource};
 use crate::blob::WriteGuard;
 use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result, StaleWrite};
@@ -53,6 +54,21 @@ pub struct ActRequest {
     pub flags: OpFlags,
     /// Effect ids the operation refers to.
     pub effects: Vec<u64>,
+    /// What a change the actor may not make does to the act.
+    pub refusal: Refusal,
+}
+
+/// What an act does with a change its actor may not make.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Refusal {
+    /// Refuses the whole act: nothing is recorded (the default, for an action asked for).
+    #[default]
+    Whole,
+    /// Records the changes the actor may make as its operation and, in the same transaction,
+    /// each other one as a [`RefusedChange`] with its decision, listed in
+    /// [`Observation::refused`]. For changes already made in a tree (a command's files), which
+    /// the caller then puts back to their value at the head.
+    Record,
 }
 
 impl ActRequest {
@@ -66,7 +82,15 @@ impl ActRequest {
             changes: Vec::new(),
             flags: OpFlags::empty(),
             effects: Vec::new(),
+            refusal: Refusal::Whole,
         }
+    }
+
+    /// Records the changes the actor may not make as refused instead of refusing the act (see
+    /// [`Refusal::Record`]).
+    pub fn recording_refusals(mut self) -> ActRequest {
+        self.refusal = Refusal::Record;
+        self
     }
 
     /// On another branch.
@@ -116,6 +140,9 @@ pub struct Observation {
     pub noop: bool,
     /// What changed.
     pub summary: ChangeSummary,
+    /// The changes recorded as refused rather than made (only for [`Refusal::Record`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedChange>,
 }
 
 const CALLER_FLAGS: OpFlags =
@@ -126,6 +153,7 @@ pub(crate) struct Prepared {
     req: ActRequest,
     puts: Vec<Put>,
     permit: Permit,
+    refused: Vec<Refused>,
     _guard: Option<WriteGuard>,
 }
 
@@ -202,15 +230,38 @@ impl LocalEnvironment {
                 return Err(EnvError::DuplicateKey(c.key().clone()));
             }
         }
-        let permit = self.decide_changes(
-            &req.actor,
-            &req.branch,
-            None,
-            req.changes.iter().map(|c| match c {
-                Change::Put(k, _) => (Action::Write, k),
-                Change::Delete(k) => (Action::Delete, k),
-            }),
-        )?;
+        let action = |c: &Change| match c {
+            Change::Put(..) => Action::Write,
+            Change::Delete(_) => Action::Delete,
+        };
+        let mut refused = Vec::new();
+        let permit = match req.refusal {
+            Refusal::Whole => self.decide_changes(
+                &req.actor,
+                &req.branch,
+                None,
+                req.changes.iter().map(|c| (action(c), c.key())),
+            )?,
+            Refusal::Record => {
+                let mut permit = Permit::default();
+                let mut kept = Vec::with_capacity(req.changes.len());
+                for c in std::mem::take(&mut req.changes) {
+                    let resource = Resource::Key(c.key().clone());
+                    match self.decide(&req.actor, action(&c), resource, Some(&req.branch), None) {
+                        Ok(d) => {
+                            permit.add(d);
+                            kept.push(c);
+                        }
+                        Err(EnvError::NotAllowed(decision)) => {
+                            refused.push(Refused::of(c, *decision));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                req.changes = keep_a_tree(kept, &mut refused);
+                permit
+            }
+        };
         let mut guard = None;
         let mut puts = Vec::with_capacity(req.changes.len());
         for c in std::mem::take(&mut req.changes) {
@@ -222,10 +273,17 @@ impl LocalEnvironment {
                 }
             }
         }
+        // A refused value is kept as it was made: its content is stored like a recorded one.
+        for r in &mut refused {
+            if let Some(v) = &mut r.value {
+                self.store_content(&r.key, v, &mut guard, may_store)?;
+            }
+        }
         Ok(Prepared {
             req,
             puts,
             permit,
+            refused,
             _guard: guard,
         })
     }
@@ -275,6 +333,49 @@ impl LocalEnvironment {
     }
 }
 
+/// Of `kept`, what stays once the changes the refused ones hold back are refused with them: a
+/// change under a key whose change was refused (a file in a directory the actor may not make),
+/// and the removal of a directory that keeps a refused change. The refused changes of `kept`
+/// join `refused`, with the decision of the change that held them back.
+fn keep_a_tree(kept: Vec<Change>, refused: &mut Vec<Refused>) -> Vec<Change> {
+    if refused.is_empty() {
+        return kept;
+    }
+    let decided: BTreeMap<Key, Decision> = refused
+        .iter()
+        .map(|r| (r.key.clone(), r.decision.clone()))
+        .collect();
+    let mut below: BTreeMap<Key, &Decision> = BTreeMap::new();
+    for (key, d) in &decided {
+        let mut at = key.parent();
+        while let Some(k) = at {
+            at = k.parent();
+            below.entry(k).or_insert(d);
+        }
+    }
+    let mut out = Vec::with_capacity(kept.len());
+    for c in kept {
+        let mut at = c.key().parent();
+        let mut held = None;
+        while let Some(k) = at {
+            if let Some(d) = decided.get(&k) {
+                held = Some(d);
+                break;
+            }
+            at = k.parent();
+        }
+        let held = held.or_else(|| match &c {
+            Change::Delete(k) => below.get(k).copied(),
+            Change::Put(..) => None,
+        });
+        match held {
+            Some(d) => refused.push(Refused::of(c, d.clone())),
+            None => out.push(c),
+        }
+    }
+    out
+}
+
 impl Inner {
     /// Runs a prepared act in the writer's transaction. The request's parts move into the
     /// operation; what is left comes back with the observation (see [`Spent`]).
@@ -288,6 +389,7 @@ impl Inner {
             req,
             puts,
             permit,
+            refused,
             _guard,
         } = p;
         let ActRequest {
@@ -298,7 +400,9 @@ impl Inner {
             changes: _,
             mut flags,
             effects,
+            refusal: _,
         } = req;
+
         let spent = |puts| Spent {
             _puts: puts,
             _guard,
@@ -328,7 +432,12 @@ impl Inner {
         }
         let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
         let (view, applied) = tree::apply(&mut edit, &head_view, &puts)?;
+        // Refused changes are recorded last, once nothing can refuse the operation (a job that
+        // fails must not have written), against the head they were decided on.
+        let clock = &*self.options.clock;
         if applied.is_empty() {
+            let refused =
+                super::refused::record(conn, &actor, &branch, head_id, &intent, clock, refused)?;
             let observation = Observation {
                 version: head_id,
                 seq: head.seq,
@@ -336,9 +445,11 @@ impl Inner {
                 rebased,
                 noop: true,
                 summary: ChangeSummary::default(),
+                refused,
             };
             return Ok((observation, spent(puts)));
         }
+        let refusing = (!refused.is_empty()).then(|| (actor.clone(), intent.clone()));
         let summary = summarize(&applied);
         self.persist(fx, edit, &view);
         if rebased {
@@ -362,6 +473,12 @@ impl Inner {
             },
             Some(&head_id),
         )?;
+        let refused = match refusing {
+            Some((actor, intent)) => {
+                super::refused::record(conn, &actor, &op.branch, head_id, &intent, clock, refused)?
+            }
+            None => Vec::new(),
+        };
         let observation = Observation {
             version: op.id,
             seq: op.seq,
@@ -369,6 +486,7 @@ impl Inner {
             rebased,
             noop: false,
             summary,
+            refused,
         };
         Ok((observation, spent(puts)))
     }

@@ -199,34 +199,44 @@ impl LocalEnvironment {
         )?)
     }
 
-    /// Restores `branch` to the version before its last operation; `actor` must be allowed to
-    /// change every key that brings back.
+    /// Undoes the last operation of `branch` not undone yet (see [`LocalEnvironment::undo_step`]):
+    /// restores the version before it; `actor` must be allowed to change every key that brings
+    /// back. Returns the new operation.
     pub fn undo(&self, actor: &ActorId, branch: &str) -> Result<OpId> {
+        self.step_branch(actor, branch, super::undo::Way::Undo)
+    }
+
+    /// Redoes the last undo of `branch` not redone yet (see [`LocalEnvironment::redo_step`]).
+    pub fn redo(&self, actor: &ActorId, branch: &str) -> Result<OpId> {
+        self.step_branch(actor, branch, super::undo::Way::Redo)
+    }
+
+    fn step_branch(&self, actor: &ActorId, branch: &str, way: super::undo::Way) -> Result<OpId> {
         let this = self.clone();
+        let (name, none): (&str, fn(&str) -> EnvError) = match way {
+            super::undo::Way::Undo => ("undo", |b| EnvError::NothingToUndo(b.into())),
+            super::undo::Way::Redo => ("redo", |b| EnvError::NothingToRedo(b.into())),
+        };
         self.write_branch(
             actor,
             branch,
-            "undo",
+            name,
             move |inner, conn, fx, branch, actor, permit| {
                 let head_id = db::existing_head(conn, branch)?;
-                let head = inner.op_in(conn, &head_id)?;
-                let parent = head
-                    .parents
-                    .first()
-                    .ok_or_else(|| EnvError::NothingToUndo(branch.into()))?;
-                let intent = Intent::new(IntentKind::Restore, format!("undo {}", head.id.short()));
-                let check = |a: &[tree::Applied]| this.decide_applied(&actor, branch, "undo", a);
+                let step = super::undo::step(way, head_id, |id| inner.op_in(conn, id))?
+                    .ok_or_else(|| none(branch))?;
+                let check = |a: &[tree::Applied]| this.decide_applied(&actor, branch, name, a);
                 inner.restore_in(
                     conn,
                     fx,
                     branch,
-                    parent,
+                    &step.target,
                     ByActor {
                         actor: actor.clone(),
                         permit,
                         authorized: &check,
                     },
-                    intent,
+                    step.intent,
                 )
             },
         )

@@ -193,6 +193,19 @@ impl fmt::Display for HistoryEntry {
 }
 
 impl LocalEnvironment {
+    /// Authorizes reading `branch`'s history (its log, its refused changes, where an undo
+    /// goes): a read of the branch.
+    pub(crate) fn may_read_history(&self, actor: &ActorId, branch: &str) -> Result<()> {
+        self.authorize(
+            actor,
+            Action::Read,
+            Resource::Branch(branch.into()),
+            Some(branch),
+            Some("history"),
+        )
+        .map(drop)
+    }
+
     /// The history of `branch`, newest first, following first parents. By default only the key
     /// nodes — acts, commands, failures, rollbacks, merges, branch and fork points, marks — with
     /// each run of automatic captures squashed into one entry; `all` lists every operation.
@@ -216,13 +229,7 @@ impl LocalEnvironment {
         branch: &str,
         options: &HistoryOptions,
     ) -> Result<Vec<HistoryEntry>> {
-        self.authorize(
-            actor,
-            Action::Read,
-            Resource::Branch(branch.into()),
-            Some(branch),
-            Some("history"),
-        )?;
+        self.may_read_history(actor, branch)?;
         let head = self.head(branch)?;
         // One read transaction for the whole walk: one consistent state, and one lock taken
         // instead of one per operation read.

@@ -231,6 +231,7 @@ impl Inner {
                     Content::Inline(_) => {}
                 })?;
             }
+            super::refused::held_blobs(conn, &mut live, &mut manifests)?;
             // A chunked file keeps its manifest and every chunk it names; a manifest that
             // cannot be read stops the collection (its chunks would be taken for dead).
             for m in manifests {

@@ -6,7 +6,9 @@ mod effect;
 mod events;
 mod history;
 mod maintain;
+mod refused;
 mod retention;
+mod undo;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,12 +16,14 @@ use std::sync::Arc;
 use foldhash::{HashMap, HashMapExt};
 use rusqlite::{Connection, OptionalExtension, params};
 
-pub use act::{ActRequest, Change, Observation};
+pub use act::{ActRequest, Change, Observation, Refusal};
 pub use branch::MergeOutcome;
 pub use effect::{BeginOutcome, EffectRecord, EffectState};
 pub use events::Subscription;
 pub use history::{HistoryEntry, HistoryOptions, ShownOp};
 pub use maintain::{GcReport, VerifyReport};
+pub use refused::{RefusedChange, put_back_note};
+pub use undo::UndoStep;
 
 use crate::authz::{
     AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,

@@ -376,5 +376,6 @@ pub(crate) fn run_recorded(
         op,
         files_changed: captured.files,
         duration_ms,
+        refused: captured.disallowed,
     })
 }

@@ -159,6 +159,7 @@ pub(super) fn exec(g: &Gate<'_>, c: CommandParams, p: ExecParams) -> Result<Valu
         "duration_ms": outcome.duration_ms,
         "stdout": stream(&outcome.stdout),
         "stderr": stream(&outcome.stderr),
+        "refused": outcome.refused.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
     }))
 }
 

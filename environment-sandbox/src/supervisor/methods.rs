@@ -52,8 +52,10 @@ pub enum Method {
     Mark,
     /// Restores the workspace to a version (self-rollback); `dry_run` previews.
     Restore,
-    /// Restores the workspace to the version before the last operation.
+    /// Undoes the last operation not undone yet (sequential, see `LocalEnvironment::undo_step`).
     Undo,
+    /// Redoes the last undo not redone yet.
+    Redo,
     /// Merges a branch into the workspace's branch and writes the result into the tree.
     Merge,
     /// The supervisor's state.
@@ -119,6 +121,7 @@ impl Method {
         Method::Mark,
         Method::Restore,
         Method::Undo,
+        Method::Redo,
         Method::Merge,
         Method::Status,
         Method::FileRead,
@@ -157,6 +160,7 @@ impl Method {
             Method::Mark => "mark",
             Method::Restore => "restore",
             Method::Undo => "undo",
+            Method::Redo => "redo",
             Method::Merge => "merge",
             Method::Status => "status",
             Method::FileRead => "file.read",
@@ -249,7 +253,11 @@ pub(crate) fn call(
         Method::Restore => versions::restore(&gate, parse(p)?),
         Method::Undo => {
             let _: Empty = parse(p)?;
-            versions::undo(&gate)
+            versions::step(&gate, versions::Way::Undo)
+        }
+        Method::Redo => {
+            let _: Empty = parse(p)?;
+            versions::step(&gate, versions::Way::Redo)
         }
         Method::Merge => versions::merge(&gate, parse(p)?),
         Method::FileRead => files::read(&gate, parse(p)?),

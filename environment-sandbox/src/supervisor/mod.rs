@@ -282,6 +282,8 @@ pub struct Summary {
     pub unreadable: Vec<(PathBuf, String)>,
     /// Paths recorded without their content because they stayed unreadable, and why.
     pub without_content: Vec<(PathBuf, String)>,
+    /// Paths the agent changed that it may not change, and why: put back and kept as refused.
+    pub refused: Vec<(PathBuf, String)>,
     /// Why captures rescanned whole trees at the end (see [`Tracker::blind`]), one per tree.
     pub blind: Vec<String>,
 }
@@ -388,7 +390,17 @@ impl Supervisor {
         tc.max_wait = config.max_wait;
         let mut wc = tc.clone();
         wc.noise = workspace_noise;
-        let tracker = Arc::new(Tracker::open(env.clone(), wc)?);
+        // The agent's captures are the agent's acts: under its token, as its requests are.
+        let capturing = match &config.token {
+            Some(t) if config.capture_actor == config.actor => {
+                env.presenting(environment_core::Credentials {
+                    token: Some(t.clone()),
+                    approval: None,
+                })
+            }
+            _ => env.clone(),
+        };
+        let tracker = Arc::new(Tracker::open(capturing.clone(), wc)?);
         let mut extra = Vec::with_capacity(config.extra_roots.len());
         for root in &config.extra_roots {
             let mut rc = tc.clone();
@@ -397,7 +409,7 @@ impl Supervisor {
             if let Some(noise) = &root.noise {
                 rc.noise = noise.clone();
             }
-            extra.push(Arc::new(Tracker::open(env.clone(), rc)?));
+            extra.push(Arc::new(Tracker::open(capturing.clone(), rc)?));
         }
         let first = env.head(&config.branch)?;
         let shell = if config.shell {
@@ -603,6 +615,7 @@ impl Supervisor {
         let trackers: Vec<&Arc<Tracker>> = tracker.iter().chain(extra.iter()).collect();
         let unreadable = trackers.iter().flat_map(|t| t.unreadable()).collect();
         let without_content = trackers.iter().flat_map(|t| t.without_content()).collect();
+        let refused = trackers.iter().flat_map(|t| t.disallowed()).collect();
         let blind = trackers.iter().filter_map(|t| t.blind()).collect();
         let shared = &self.shared;
         let last = shared.env.head(&shared.branch)?;
@@ -631,6 +644,7 @@ impl Supervisor {
             agent: self.agent.last_exit(),
             unreadable,
             without_content,
+            refused,
             blind,
         })
     }

@@ -6,7 +6,7 @@
 //! connection survives it, as it survives malformed JSON and unknown methods.
 
 use environment_bus::BusError;
-use environment_core::{EnvError, ForAgent, Verdict};
+use environment_core::{EnvError, ErrorKind, ForAgent, Verdict};
 use environment_policy::PolicyError;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
@@ -28,13 +28,46 @@ pub const INVALID_PARAMS: i64 = -32602;
 pub const INTERNAL_ERROR: i64 = -32603;
 /// The policy refused the request (or it needs an approval first); nothing changed.
 pub const DENIED: i64 = -32001;
-/// The version, mark or branch named does not exist (or is ambiguous, or was thinned out).
-pub const UNKNOWN_VERSION: i64 = -32002;
+/// Something named does not exist: a version (or it is ambiguous, or was thinned out), a
+/// mark, a branch, a process, a topic, a receipt, an approval.
+pub const NOT_FOUND: i64 = -32002;
 /// The request conflicts with the state: a name already taken, a stale receipt, nothing to
 /// undo, a write based on a moved head.
 pub const CONFLICT: i64 = -32003;
 /// The capability is not configured on this supervisor (no policy, no bus, no shell).
 pub const UNAVAILABLE: i64 = -32004;
+
+/// The code of each kind of error: the one place the socket's codes are chosen.
+pub fn code_of(kind: ErrorKind) -> i64 {
+    match kind {
+        ErrorKind::Invalid => INVALID_PARAMS,
+        ErrorKind::NotFound => NOT_FOUND,
+        ErrorKind::Conflict => CONFLICT,
+        ErrorKind::Denied | ErrorKind::NeedsApproval => DENIED,
+        ErrorKind::Unavailable => UNAVAILABLE,
+        _ => INTERNAL_ERROR,
+    }
+}
+
+/// The kind of an error received with `code` and `data`: as `data` names it, or as the code
+/// implies when it does not.
+pub fn kind_of_error(code: i64, data: &Value) -> ErrorKind {
+    data.get("kind")
+        .and_then(|k| serde_json::from_value(k.clone()).ok())
+        .unwrap_or_else(|| kind_of(code))
+}
+
+/// The kind of an error sent with `code` alone (a malformed request, an unknown method).
+fn kind_of(code: i64) -> ErrorKind {
+    match code {
+        PARSE_ERROR | INVALID_REQUEST | INVALID_PARAMS => ErrorKind::Invalid,
+        METHOD_NOT_FOUND | NOT_FOUND => ErrorKind::NotFound,
+        CONFLICT => ErrorKind::Conflict,
+        DENIED => ErrorKind::Denied,
+        UNAVAILABLE => ErrorKind::Unavailable,
+        _ => ErrorKind::Internal,
+    }
+}
 
 /// The words that open every error's agent-facing text when the method did not run at all.
 pub(crate) const NOT_DONE: &str =
@@ -57,20 +90,30 @@ impl RpcError {
     pub(crate) fn new(code: i64, message: impl Into<String>, next: &str) -> RpcError {
         let message = message.into();
         let for_agent = format!("{NOT_DONE} Reason: {message}. Next: {next}");
-        RpcError {
-            code,
-            message,
-            data: serde_json::json!({ "for_agent": for_agent }),
-        }
+        RpcError::rendered(code, message, for_agent)
     }
 
     /// An error whose agent-facing text was rendered elsewhere (core's `ForAgent`).
     pub(crate) fn rendered(code: i64, message: impl Into<String>, for_agent: String) -> RpcError {
+        RpcError::of_kind(kind_of(code), code, message, for_agent)
+    }
+
+    /// An error of `kind`, with its code.
+    pub(crate) fn classified(kind: ErrorKind, message: String, for_agent: String) -> RpcError {
+        RpcError::of_kind(kind, code_of(kind), message, for_agent)
+    }
+
+    fn of_kind(kind: ErrorKind, code: i64, message: impl Into<String>, for_agent: String) -> Self {
         RpcError {
             code,
             message: message.into(),
-            data: serde_json::json!({ "for_agent": for_agent }),
+            data: serde_json::json!({ "for_agent": for_agent, "kind": kind }),
         }
+    }
+
+    /// The kind of error, as its `data` names it (or as its code implies).
+    pub fn kind(&self) -> ErrorKind {
+        kind_of_error(self.code, &self.data)
     }
 
     /// Adds a field to `data`.
@@ -169,29 +212,7 @@ pub(crate) fn failure(id: Value, error: &RpcError) -> Value {
 
 /// Renders core's errors with their documented codes.
 pub(crate) fn env_error(e: EnvError) -> RpcError {
-    let code = match &e {
-        EnvError::NotAllowed(_) => DENIED,
-        EnvError::UnknownVersion(_)
-        | EnvError::AmbiguousVersion { .. }
-        | EnvError::VersionDropped(_)
-        | EnvError::UnknownBranch(_) => UNKNOWN_VERSION,
-        EnvError::Conflict(_)
-        | EnvError::MarkExists(_)
-        | EnvError::BranchExists(_)
-        | EnvError::NothingToUndo(_) => CONFLICT,
-        EnvError::Key(_)
-        | EnvError::Actor(_)
-        | EnvError::InvalidName { .. }
-        | EnvError::ValueTooLarge { .. }
-        | EnvError::RequestTooLarge(_)
-        | EnvError::DuplicateKey(_)
-        | EnvError::NoSuchProcess { .. }
-        | EnvError::Exec { .. } => INVALID_PARAMS,
-        EnvError::SecretUnavailable { .. } => UNAVAILABLE,
-        EnvError::Unsupported(_) => UNAVAILABLE,
-        _ => INTERNAL_ERROR,
-    };
-    let mut err = RpcError::rendered(code, e.to_string(), e.for_agent());
+    let mut err = RpcError::classified(e.kind(), e.to_string(), e.for_agent());
     if let EnvError::NotAllowed(d) = &e {
         let (verdict, approval) = match &d.verdict {
             Verdict::Allow => ("allow", None),
@@ -212,47 +233,37 @@ pub(crate) fn env_error(e: EnvError) -> RpcError {
 pub(crate) fn sandbox_error(e: SandboxError) -> RpcError {
     match e {
         SandboxError::Env(e) => env_error(e),
-        SandboxError::Escape { .. } => {
-            RpcError::rendered(INVALID_PARAMS, e.to_string(), e.for_agent())
-        }
-        other => RpcError::rendered(INTERNAL_ERROR, other.to_string(), other.for_agent()),
+        other => RpcError::classified(other.kind(), other.to_string(), other.for_agent()),
     }
 }
 
 pub(crate) fn bus_error(e: BusError) -> RpcError {
-    let code = match &e {
-        BusError::StaleReceipt { .. } => CONFLICT,
-        BusError::NotYourReceipt { .. } => DENIED,
-        BusError::UnknownTopic { .. }
-        | BusError::UnknownGroup { .. }
-        | BusError::InvalidName { .. }
-        | BusError::PayloadTooLarge { .. }
-        | BusError::OutOfRange { .. }
-        | BusError::UnknownReceipt { .. } => INVALID_PARAMS,
-        _ => INTERNAL_ERROR,
-    };
-    let next = match code {
-        CONFLICT => "claim again; this lease is no longer yours.",
-        DENIED => "settle only the receipts your own claims handed you.",
-        INVALID_PARAMS => "fix the topic, group, receipt or sizes and retry.",
+    let kind = e.kind();
+    let next = match kind {
+        ErrorKind::Conflict => "claim again; this lease is no longer yours.",
+        ErrorKind::Denied => "settle only the receipts your own claims handed you.",
+        ErrorKind::Invalid | ErrorKind::NotFound => {
+            "fix the topic, group, receipt or sizes and retry."
+        }
         _ => "report the error to a human if it persists.",
     };
-    RpcError::new(code, e.to_string(), next)
+    let message = e.to_string();
+    let for_agent = format!("{NOT_DONE} Reason: {message}. Next: {next}");
+    RpcError::classified(kind, message, for_agent)
 }
 
 pub(crate) fn policy_error(e: PolicyError) -> RpcError {
-    let (code, next) = match &e {
-        PolicyError::NoApprovalNeeded(_) => (
-            CONFLICT,
-            "act directly if it is allowed; if it is denied, an approval cannot help.",
-        ),
-        PolicyError::Invalid(_) | PolicyError::BadEntity(_) | PolicyError::Token(_) => {
-            (INVALID_PARAMS, "fix the request and retry.")
+    let kind = e.kind();
+    let next = match &e {
+        PolicyError::NoApprovalNeeded(_) => {
+            "act directly if it is allowed; if it is denied, an approval cannot help."
         }
-        _ => (
-            INTERNAL_ERROR,
-            "report the error to a human if it persists.",
-        ),
+        _ if matches!(kind, ErrorKind::Invalid | ErrorKind::NotFound) => {
+            "fix the request and retry."
+        }
+        _ => "report the error to a human if it persists.",
     };
-    RpcError::new(code, e.to_string(), next)
+    let message = e.to_string();
+    let for_agent = format!("{NOT_DONE} Reason: {message}. Next: {next}");
+    RpcError::classified(kind, message, for_agent)
 }

@@ -219,14 +219,14 @@ pub(super) fn restore(g: &Gate<'_>, p: RestoreParams) -> Result<Value, RpcError>
     let text = p
         .intent
         .unwrap_or_else(|| format!("restore to {} (asked by the agent)", p.version));
-    restore_to(g, target, p.dry_run, text)
+    restore_to(g, target, p.dry_run, Intent::new(IntentKind::Restore, text))
 }
 
 pub(super) fn restore_to(
     g: &Gate<'_>,
     target: OpId,
     dry_run: bool,
-    text: String,
+    intent: Intent,
 ) -> Result<Value, RpcError> {
     let shared = g.shared();
     if dry_run {
@@ -239,11 +239,7 @@ pub(super) fn restore_to(
         }));
     }
     let plan = shared
-        .restore(
-            &shared.actor,
-            &target,
-            Intent::new(IntentKind::Restore, text),
-        )
+        .restore(&shared.actor, &target, intent)
         .map_err(sandbox_error)?;
     Counters::bump(&shared.counters.rollbacks);
     let head = shared.env.head(g.branch()).map_err(env_error)?;
@@ -256,22 +252,32 @@ pub(super) fn restore_to(
     }))
 }
 
-pub(super) fn undo(g: &Gate<'_>) -> Result<Value, RpcError> {
-    // Undo is a restore of the live tree, so it is authorized as one (core checks the same).
+/// Which way [`step`] goes.
+#[derive(Clone, Copy)]
+pub(super) enum Way {
+    Undo,
+    Redo,
+}
+
+/// Undoes the last operation not undone yet, or redoes the last undo not redone yet, in every
+/// tracked tree: core says what to restore, the restore writes it.
+pub(super) fn step(g: &Gate<'_>, way: Way) -> Result<Value, RpcError> {
+    // A restore of the live tree, so it is authorized as one (core checks the same).
     g.allow_rechecked(
         Action::Write,
         Resource::Branch(g.branch().to_owned()),
         Some("restore"),
     )?;
     g.shared()
-        .capture("capture before an undo")
+        .capture("capture before an undo or a redo")
         .map_err(sandbox_error)?;
-    let head = g.shared().env.head(g.branch()).map_err(env_error)?;
-    let op = g.shared().env.op(&head).map_err(env_error)?;
-    let Some(parent) = op.parents.first().copied() else {
-        return Err(env_error(EnvError::NothingToUndo(g.branch().to_owned())));
-    };
-    restore_to(g, parent, false, format!("undo {}", head.short()))
+    let env = &g.shared().env;
+    let step = match way {
+        Way::Undo => env.undo_step(g.actor(), g.branch()),
+        Way::Redo => env.redo_step(g.actor(), g.branch()),
+    }
+    .map_err(env_error)?;
+    restore_to(g, step.target, false, step.intent)
 }
 
 #[derive(Deserialize)]

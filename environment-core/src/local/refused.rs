@@ -1,0 +1,270 @@
+//! Refused changes: what an actor changed in a tree that it was not allowed to record.
+//!
+//! A command's writes happen before anyone can decide on them. The ones its actor may not make
+//! are neither recorded as the actor's (the policy said no) nor laundered into the branch under
+//! another actor: they are kept here, with the actor, the intent and the decision that refused
+//! them, and their content stays in the blob store (garbage collection keeps it) so nothing the
+//! actor did is lost. The tree is put back by whoever found the change (the sandbox's capture).
+
+use std::collections::HashSet;
+
+use rusqlite::{Connection, params};
+use serde::{Deserialize, Serialize};
+
+use super::{Change, LocalEnvironment};
+use crate::authz::{ActorId, Decision};
+use crate::clock::Clock;
+use crate::error::{EnvError, Result};
+use crate::hash::Hash;
+use crate::key::Key;
+use crate::op::{Intent, OpId};
+use crate::value::{Content, Value};
+
+/// One change an actor made that the policy refused to record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedChange {
+    /// Its position among the refused changes (increasing).
+    pub id: u64,
+    /// Who made it.
+    pub actor: ActorId,
+    /// The branch it was refused on.
+    pub branch: String,
+    /// The head it was refused against: the key's last allowed state is its value there.
+    pub head: OpId,
+    /// The key.
+    pub key: Key,
+    /// What the actor put there (`None`: it deleted the key).
+    pub value: Option<Value>,
+    /// Why the actor acted.
+    pub intent: Intent,
+    /// The decision that refused it (a deny, or an approval still needed).
+    pub decision: Decision,
+    /// When it was refused, in milliseconds since the epoch.
+    pub time_ms: i64,
+}
+
+/// What [`RefusedChange`] stores (all but the id, which is the row's).
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    actor: ActorId,
+    branch: String,
+    head: OpId,
+    key: Key,
+    value: Option<Value>,
+    intent: Intent,
+    decision: Decision,
+    time_ms: i64,
+}
+
+/// A refused change not recorded yet.
+pub(crate) struct Refused {
+    pub key: Key,
+    pub value: Option<Value>,
+    pub decision: Decision,
+}
+
+impl Refused {
+    /// `change`, refused by `decision`.
+    pub(crate) fn of(change: Change, decision: Decision) -> Refused {
+        let (key, value) = match change {
+            Change::Put(k, v) => (k, Some(v)),
+            Change::Delete(k) => (k, None),
+        };
+        Refused {
+            key,
+            value,
+            decision,
+        }
+    }
+}
+
+/// Records `refused` in the writer's transaction, as changes of `actor` on `branch` refused
+/// against `head`.
+pub(crate) fn record(
+    conn: &Connection,
+    actor: &ActorId,
+    branch: &str,
+    head: OpId,
+    intent: &Intent,
+    clock: &dyn Clock,
+    refused: Vec<Refused>,
+) -> Result<Vec<RefusedChange>> {
+    if refused.is_empty() {
+        return Ok(Vec::new());
+    }
+    let time_ms = clock.now_ms();
+    let mut out = Vec::with_capacity(refused.len());
+    let mut insert =
+        conn.prepare_cached("INSERT INTO refused(actor, time_ms, record) VALUES (?1, ?2, ?3)")?;
+    for r in refused {
+        let stored = Stored {
+            actor: actor.clone(),
+            branch: branch.to_owned(),
+            head,
+            key: r.key,
+            value: r.value,
+            intent: intent.clone(),
+            decision: r.decision,
+            time_ms,
+        };
+        let record = serde_json::to_vec(&stored).map_err(|e| EnvError::Decode {
+            what: "refused change",
+            detail: e.to_string(),
+        })?;
+        insert.execute(params![actor.as_str(), time_ms, record])?;
+        out.push(stored.with_id(conn.last_insert_rowid() as u64));
+    }
+    Ok(out)
+}
+
+impl Stored {
+    fn with_id(self, id: u64) -> RefusedChange {
+        RefusedChange {
+            id,
+            actor: self.actor,
+            branch: self.branch,
+            head: self.head,
+            key: self.key,
+            value: self.value,
+            intent: self.intent,
+            decision: self.decision,
+            time_ms: self.time_ms,
+        }
+    }
+}
+
+fn decode(id: i64, record: &[u8]) -> Result<RefusedChange> {
+    let stored: Stored = serde_json::from_slice(record).map_err(|e| EnvError::Decode {
+        what: "refused change",
+        detail: format!("{id}: {e}"),
+    })?;
+    Ok(stored.with_id(id as u64))
+}
+
+/// Adds the blobs refused changes hold to `live` and their chunk manifests to `manifests`.
+pub(crate) fn held_blobs(
+    conn: &Connection,
+    live: &mut HashSet<Hash>,
+    manifests: &mut HashSet<Hash>,
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached("SELECT id, record FROM refused")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let r = decode(row.get(0)?, &row.get::<_, Vec<u8>>(1)?)?;
+        match r.value.map(|v| v.content) {
+            Some(Content::Blob(h)) => {
+                live.insert(h);
+            }
+            Some(Content::Chunks(m)) => {
+                manifests.insert(m);
+            }
+            Some(Content::Inline(_)) | None => {}
+        }
+    }
+    Ok(())
+}
+
+impl LocalEnvironment {
+    /// The changes refused on `branch`, newest first, at most `limit`. Reading them is reading
+    /// the branch's history.
+    ///
+    /// ```
+    /// # use environment_core::{ActorId, LocalEnvironment, MAIN, Options};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let env = LocalEnvironment::open(dir.path(), Options::default())?;
+    /// let refused = env.refused(&ActorId::new("human:ann")?, MAIN, 10)?;
+    /// assert!(refused.is_empty()); // nothing was refused yet
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refused(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        limit: usize,
+    ) -> Result<Vec<RefusedChange>> {
+        self.may_read_history(actor, branch)?;
+        self.inner.readers.with(|conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT id, record FROM refused ORDER BY id DESC")?;
+            let mut rows = stmt.query([])?;
+            let mut out = Vec::new();
+            while out.len() < limit
+                && let Some(row) = rows.next()?
+            {
+                let r = decode(row.get(0)?, &row.get::<_, Vec<u8>>(1)?)?;
+                if r.branch == branch {
+                    out.push(r);
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+impl RefusedChange {
+    /// The refused change as JSON for tools and agents (the shape `envctl --json` and the
+    /// supervisor's control socket give): the path escaped, what the actor did, and why not.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "path": self.key.display_path(),
+            "change": if self.value.is_some() { "write" } else { "delete" },
+            "actor": self.actor.as_str(),
+            "branch": self.branch,
+            "head": self.head.to_string(),
+            "verdict": match self.decision.verdict {
+                crate::authz::Verdict::NeedsApproval { .. } => "needs approval",
+                _ => "deny",
+            },
+            "reason": reason(&self.decision),
+            "rules": self.decision.rules,
+            "time_ms": self.time_ms,
+        })
+    }
+}
+
+/// What an agent is told of the changes a command made that its actor may not make, from
+/// their [`RefusedChange::to_json`] forms: what happened, in one sentence, and what to do next;
+/// `None` when there are none. The same words whichever door the command came through.
+pub fn put_back_note(refused: &[serde_json::Value]) -> Option<(String, String)> {
+    let first = refused.first()?;
+    const NAMED: usize = 5;
+    let named: Vec<String> = refused
+        .iter()
+        .take(NAMED)
+        .map(|r| {
+            format!(
+                "{} ({})",
+                r["path"].as_str().unwrap_or("?"),
+                r["change"].as_str().unwrap_or("change")
+            )
+        })
+        .collect();
+    let more = match refused.len().saturating_sub(NAMED) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    let sentence = format!(
+        "{} change(s) were NOT recorded: {} may not make them ({}), so they were put back to \
+         their state before the command and kept as refused changes: {}{more}",
+        refused.len(),
+        first["actor"].as_str().unwrap_or("the actor"),
+        first["reason"].as_str().unwrap_or("no rule permits it"),
+        named.join(", "),
+    );
+    let next = "leave these paths alone, or ask for a rule or an approval that allows them";
+    Some((sentence, next.to_owned()))
+}
+
+/// Why a change was refused, in a few words (the decision's explanation is written for an
+/// action asked for, and says more than a put-back change needs).
+fn reason(d: &Decision) -> String {
+    match &d.verdict {
+        crate::authz::Verdict::NeedsApproval { from, .. } if !from.is_empty() => {
+            format!("it needs an approval from {}", from.join(" or "))
+        }
+        crate::authz::Verdict::NeedsApproval { .. } => "it needs an approval".to_owned(),
+        _ if d.rules.is_empty() => "no rule permits it".to_owned(),
+        _ => format!("forbidden by {}", d.rules.join(", ")),
+    }
+}
