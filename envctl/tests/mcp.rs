@@ -723,3 +723,92 @@ resource = { path = "a.txt" }
     client.cancel().await.unwrap();
     assert_eq!(std::fs::read_to_string(dir.join("a.txt")).unwrap(), "one\n");
 }
+
+/// A line that is not JSON gets JSON-RPC's parse error (`-32700`, id null), and the session
+/// goes on: the next request is answered.
+#[test]
+fn a_malformed_line_is_answered_with_a_parse_error() {
+    use std::io::{BufRead, Write};
+    let ws = workspace();
+    let mut child = Command::new(BIN)
+        .arg("-C")
+        .arg(ws.path())
+        .arg("mcp")
+        .env_remove("ENVIRONMENT_ACTOR")
+        .env_remove("ENVIRONMENT_SOCKET")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    writeln!(stdin, "{init}").unwrap();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#
+    )
+    .unwrap();
+    writeln!(stdin, "this is not json {{").unwrap();
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":2,"method":"tools/list"}}"#).unwrap();
+    // The end of input ends the session once everything sent is answered.
+    drop(stdin);
+    let answers: Vec<Value> = std::io::BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    child.wait().unwrap();
+    let parse = answers
+        .iter()
+        .find(|a| a["error"]["code"] == -32700)
+        .unwrap_or_else(|| panic!("no parse error in {answers:?}"));
+    assert_eq!(parse["id"], Value::Null);
+    assert!(
+        answers
+            .iter()
+            .any(|a| a["id"] == 2 && a["result"]["tools"].is_array()),
+        "{answers:?}"
+    );
+}
+
+/// Every tool says whether it only reads, and whether it destroys or repeats harmlessly; a file
+/// that is not text is read as base64 with its encoding named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_are_annotated_and_binary_files_read_as_base64() {
+    let ws = workspace();
+    let dir = ws.path();
+    std::fs::write(dir.join("blob.bin"), [0xffu8, 0x00, 0xfe, b'a']).unwrap();
+    let client = connect(dir).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let reads = [
+        "history",
+        "show",
+        "diff",
+        "read_file",
+        "list_files",
+        "policy_explain",
+        "what_may_i_do",
+    ];
+    for t in &tools {
+        let a = t
+            .annotations
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} has no annotations", t.name));
+        let read_only = reads.contains(&t.name.as_ref());
+        assert_eq!(a.read_only_hint, Some(read_only), "{}", t.name);
+        if !read_only {
+            assert!(a.destructive_hint.is_some(), "{}", t.name);
+            assert!(a.idempotent_hint.is_some(), "{}", t.name);
+        }
+    }
+    for destructive in ["restore", "undo", "redo", "exec", "write_file"] {
+        let t = tools.iter().find(|t| t.name == destructive).unwrap();
+        assert_eq!(t.annotations.as_ref().unwrap().destructive_hint, Some(true));
+    }
+    let read = ok(&client, "read_file", json!({"path": "blob.bin"})).await;
+    client.cancel().await.unwrap();
+    let (head, b64) = read.split_once("encoding: base64\n").expect(&read);
+    assert!(head.contains("4 bytes"), "{read}");
+    assert_eq!(b64, "/wD+YQ==");
+}

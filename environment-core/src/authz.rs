@@ -329,6 +329,13 @@ pub trait Authorizer: Send + Sync {
     /// Decides one request, spending nothing.
     fn decide(&self, request: &AccessRequest) -> Decision;
 
+    /// Decides several requests of one action (an act's keys), each as [`Authorizer::decide`]
+    /// would, in order. An implementation may share work between them: a policy read live
+    /// looks at its store once for all of them.
+    fn decide_all(&self, requests: &[AccessRequest]) -> Vec<Decision> {
+        requests.iter().map(|r| self.decide(r)).collect()
+    }
+
     /// Spends the uses allowed decisions listed, all of them or none: a use no longer
     /// available (a quota filled by another action since) refuses with the returned decision.
     /// An authorizer whose decisions consume nothing need not implement it: by default any

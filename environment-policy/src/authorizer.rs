@@ -19,13 +19,17 @@ impl Authorizer for Policy {
     /// named in the verdict, so a human can grant it and the agent can retry with its id.
     /// Explanations are rendered only for refusals.
     fn decide(&self, request: &AccessRequest) -> CoreDecision {
-        let mut d = self.evaluate(request);
-        if d.outcome() == Outcome::NeedsApproval
-            && let Ok(a) = self.file_approval(request, &d)
-        {
-            d.approval = Some(a.id);
-        }
-        d.to_core(request)
+        let live = self.refresh().is_ok();
+        self.decide_as_loaded(request, live)
+    }
+
+    /// The store is looked at once for all the requests.
+    fn decide_all(&self, requests: &[AccessRequest]) -> Vec<CoreDecision> {
+        let live = self.refresh().is_ok();
+        requests
+            .iter()
+            .map(|r| self.decide_as_loaded(r, live))
+            .collect()
     }
 
     fn spend(&self, uses: &[Spend]) -> Result<(), Box<CoreDecision>> {
@@ -49,5 +53,19 @@ impl Authorizer for Policy {
                 spend: Vec::new(),
             })
         })
+    }
+}
+
+impl Policy {
+    /// Core's decision of `request` on the policy as last read (see
+    /// [`Policy::evaluate_as_loaded`]), with an approval request filed when one is needed.
+    fn decide_as_loaded(&self, request: &AccessRequest, live: bool) -> CoreDecision {
+        let mut d = self.evaluate_as_loaded(request, live);
+        if d.outcome() == Outcome::NeedsApproval
+            && let Ok(a) = self.file_approval(request, &d)
+        {
+            d.approval = Some(a.id);
+        }
+        d.to_core(request)
     }
 }

@@ -76,11 +76,17 @@ impl Policy {
     /// [`Decision::spend`] what it would consume, for [`Policy::spend_uses`].
     pub fn evaluate(&self, req: &AccessRequest) -> Decision {
         let live = self.refresh();
+        self.evaluate_as_loaded(req, live.is_ok())
+    }
+
+    /// [`Policy::evaluate`] on the policy as last read from the store; `live` says whether
+    /// that read succeeded (a refusal otherwise).
+    pub(crate) fn evaluate_as_loaded(&self, req: &AccessRequest, live: bool) -> Decision {
         let st = read(&self.state);
         let rs = Arc::clone(&st.rules);
         let v = match (rs.schema.id_of(&req.action), Target::of(&req.resource)) {
             // Decided on rules that may have been revoked: refused instead.
-            _ if live.is_err() => Ruling::deny(Reason::Unreadable, Hits::default()),
+            _ if !live => Ruling::deny(Reason::Unreadable, Hits::default()),
             (None, _) => Ruling::deny(Reason::UnknownAction, Hits::default()),
             (_, None) => Ruling::deny(Reason::UnknownResource, Hits::default()),
             (Some(action), Some(target)) => {

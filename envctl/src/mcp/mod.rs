@@ -6,6 +6,7 @@
 //! never overwrites, work done outside the server. A failure comes back with `isError` and a
 //! text that first says the tool did NOT execute and its result must not be invented.
 
+mod framing;
 mod params;
 mod tools;
 
@@ -36,16 +37,32 @@ fn stdio(server: EnvServer) -> Outcome<()> {
         .build()
         .map_err(|e| Failure::other(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async move {
+        let framed = framing::stdio();
         let service = server
-            .serve(rmcp::transport::stdio())
+            .serve((framed.input, framed.output))
             .await
             .map_err(|e| Failure::other(format!("the MCP handshake failed: {e}")))?;
         service
             .waiting()
             .await
             .map_err(|e| Failure::other(format!("the MCP server stopped: {e}")))?;
+        // Everything the server answered reaches stdout before the process ends.
+        let _ = framed.written.await;
         Ok(())
     })
+}
+
+/// A file's content for the model, the same locally and through a supervisor: the text when it
+/// is UTF-8, else the bytes in base64 with the encoding named.
+pub(crate) fn file_text(path: &str, size: u64, text: Option<&str>, base64: Option<&str>) -> String {
+    match (text, base64) {
+        (Some(t), _) => t.to_owned(),
+        (None, b64) => format!(
+            "{path} is not UTF-8 text ({size} bytes); its content in base64 (standard alphabet, \
+             padded) follows.\nencoding: base64\n{}",
+            b64.unwrap_or_default()
+        ),
+    }
 }
 
 /// The text of a failed call: that it did not execute, why, and what to do next.
@@ -240,15 +257,12 @@ fn answer_text(method: &str, answer: &serde_json::Value) -> String {
     }
     let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
     match method {
-        "file.read" => match answer["text"].as_str() {
-            Some(t) => t.to_owned(),
-            None => format!(
-                "{} is not text ({} bytes); base64: {}",
-                text(&answer["path"]),
-                answer["size"],
-                text(&answer["base64"])
-            ),
-        },
+        "file.read" => file_text(
+            answer["path"].as_str().unwrap_or_default(),
+            answer["size"].as_u64().unwrap_or_default(),
+            answer["text"].as_str(),
+            answer["base64"].as_str(),
+        ),
         "file.list" => {
             let lines: Vec<String> = answer["entries"]
                 .as_array()

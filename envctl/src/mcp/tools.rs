@@ -104,7 +104,8 @@ fn restore_text(
 impl EnvServer {
     /// The history.
     #[tool(
-        description = "Read the history of the workspace, newest first: who changed what and why; automatic captures are squashed unless all=true."
+        description = "Read the history of the workspace, newest first: who changed what and why; automatic captures are squashed unless all=true.",
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn history(
         &self,
@@ -128,7 +129,8 @@ impl EnvServer {
 
     /// One operation.
     #[tool(
-        description = "Show one operation of the history (by op id prefix, mark, branch or HEAD~N): actor, intent, flags and the paths it changed."
+        description = "Show one operation of the history (by op id prefix, mark, branch or HEAD~N): actor, intent, flags and the paths it changed.",
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn show(
         &self,
@@ -149,7 +151,8 @@ impl EnvServer {
 
     /// A diff.
     #[tool(
-        description = "List the paths that differ between two versions (A added, M modified, D deleted)."
+        description = "List the paths that differ between two versions (A added, M modified, D deleted).",
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn diff(
         &self,
@@ -181,7 +184,13 @@ impl EnvServer {
 
     /// A mark.
     #[tool(
-        description = "Name a version (default the current head) so you can restore it later by that name, e.g. before a risky change."
+        description = "Name a version (default the current head) so you can restore it later by that name, e.g. before a risky change.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn mark(
         &self,
@@ -202,7 +211,13 @@ impl EnvServer {
 
     /// A restore.
     #[tool(
-        description = "Bring the workspace files back to an earlier version (history is kept; this appends a rollback). Use dry_run=true to preview."
+        description = "Bring the workspace files back to an earlier version (history is kept; this appends a rollback). Use dry_run=true to preview.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn restore(
         &self,
@@ -223,7 +238,13 @@ impl EnvServer {
 
     /// An undo.
     #[tool(
-        description = "Undo the last operation on the workspace not undone yet (its files go back to the version before it). Repeated undos step further back; redo walks forward again."
+        description = "Undo the last operation on the workspace not undone yet (its files go back to the version before it). Repeated undos step further back; redo walks forward again.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn undo(&self) -> Result<CallToolResult, ErrorData> {
         self.routed("undo", "undo", json!({}), move |s| {
@@ -235,7 +256,13 @@ impl EnvServer {
 
     /// A redo.
     #[tool(
-        description = "Redo the last undo not redone yet (the workspace's files come back as they were before that undo). Refused when the last operation is not an undo."
+        description = "Redo the last undo not redone yet (the workspace's files come back as they were before that undo). Refused when the last operation is not an undo.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn redo(&self) -> Result<CallToolResult, ErrorData> {
         self.routed("redo", "redo", json!({}), move |s| {
@@ -247,7 +274,13 @@ impl EnvServer {
 
     /// A command.
     #[tool(
-        description = "Run a command in the workspace (argv list, no shell); its file changes are recorded as one operation. Returns exit status and output."
+        description = "Run a command in the workspace (argv list, no shell); its file changes are recorded as one operation. Returns exit status and output.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn exec(
         &self,
@@ -280,7 +313,8 @@ impl EnvServer {
 
     /// A read.
     #[tool(
-        description = "Read a file of the workspace as text, at the current head or at an earlier version."
+        description = "Read a file of the workspace at the current head or at an earlier version (a version is an op id prefix, a mark, a branch or HEAD~N): its text, or for a file that is not UTF-8 its bytes in base64 after a line `encoding: base64`.",
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn read_file(
         &self,
@@ -302,14 +336,27 @@ impl EnvServer {
                 return Err(Failure::usage(format!("{} is not a regular file", p.path))
                     .hint("list a directory with list_files"));
             }
-            Ok(String::from_utf8_lossy(&s.env.content(&value)?).into_owned())
+            let bytes = s.env.content(&value)?;
+            let (text, base64) = environment_sandbox::supervisor::bytes_json(&bytes);
+            Ok(super::file_text(
+                &key.display_path(),
+                bytes.len() as u64,
+                text.as_deref(),
+                base64.as_deref(),
+            ))
         })
         .await
     }
 
     /// A write.
     #[tool(
-        description = "Write a whole text file in the workspace (created or replaced), recorded as one operation."
+        description = "Write a whole text file in the workspace (created or replaced), recorded as one operation.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn write_file(
         &self,
@@ -333,7 +380,8 @@ impl EnvServer {
 
     /// A listing.
     #[tool(
-        description = "List the files of the workspace (or under a directory) at the current head or an earlier version."
+        description = "List the files of the workspace (or under a directory) at the current head or an earlier version.",
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn list_files(
         &self,
@@ -367,7 +415,13 @@ impl EnvServer {
 
     /// Publish.
     #[tool(
-        description = "Publish a message to a queue topic for other agents or humans (e.g. task.created)."
+        description = "Publish a message to a queue topic for other agents or humans (e.g. task.created).",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn queue_publish(
         &self,
@@ -390,7 +444,13 @@ impl EnvServer {
 
     /// Claim.
     #[tool(
-        description = "Claim (lease) messages of a consumer group; settle each with queue_ack when done or queue_nack to retry later."
+        description = "Claim (lease) messages of a consumer group; settle each with queue_ack when done or queue_nack to retry later.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn queue_claim(
         &self,
@@ -412,7 +472,13 @@ impl EnvServer {
 
     /// Ack.
     #[tool(
-        description = "Acknowledge a claimed message by its receipt: the work is done and it is not delivered again."
+        description = "Acknowledge a claimed message by its receipt: the work is done and it is not delivered again.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn queue_ack(
         &self,
@@ -432,7 +498,13 @@ impl EnvServer {
 
     /// Nack.
     #[tool(
-        description = "Give a claimed message back by its receipt when the work failed; it is retried after a backoff."
+        description = "Give a claimed message back by its receipt when the work failed; it is retried after a backoff.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn queue_nack(
         &self,
@@ -457,7 +529,8 @@ impl EnvServer {
 
     /// Explain.
     #[tool(
-        description = "Ask the policy whether you may do an action on a resource, and why (the rules that decide and what to do if refused)."
+        description = "Ask the policy whether you may do an action on a resource, and why (the rules that decide and what to do if refused).",
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn policy_explain(
         &self,
@@ -487,7 +560,8 @@ impl EnvServer {
 
     /// What may I do.
     #[tool(
-        description = "List what you are allowed to do under a resource (default the whole workspace), so you can plan instead of probing."
+        description = "List what you are allowed to do under a resource (default the whole workspace), so you can plan instead of probing.",
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn what_may_i_do(
         &self,
@@ -530,7 +604,13 @@ impl EnvServer {
 
     /// Request approval.
     #[tool(
-        description = "File a request for a human to approve an action the policy allows only with approval; then wait for it to be granted."
+        description = "File a request for a human to approve an action the policy allows only with approval; then wait for it to be granted.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn request_approval(
         &self,

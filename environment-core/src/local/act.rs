@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::refused::{Refused, RefusedChange};
 use super::{Inner, LocalEnvironment, MAIN, OpDraft, Permit};
-use crate::authz::{Action, ActorId, Decision, Resource};
+use crate::authz::{Action, ActorId, Decision};
 use crate::blob::WriteGuard;
 use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result, StaleWrite};
@@ -245,17 +245,18 @@ impl LocalEnvironment {
             Refusal::Record => {
                 let mut permit = Permit::default();
                 let mut kept = Vec::with_capacity(req.changes.len());
-                for c in std::mem::take(&mut req.changes) {
-                    let resource = Resource::Key(c.key().clone());
-                    match self.decide(&req.actor, action(&c), resource, Some(&req.branch), None) {
-                        Ok(d) => {
-                            permit.add(d);
-                            kept.push(c);
-                        }
-                        Err(EnvError::NotAllowed(decision)) => {
-                            refused.push(Refused::of(c, *decision));
-                        }
-                        Err(e) => return Err(e),
+                let decided = self.decide_each(
+                    &req.actor,
+                    &req.branch,
+                    None,
+                    req.changes.iter().map(|c| (action(c), c.key())),
+                );
+                for (c, d) in std::mem::take(&mut req.changes).into_iter().zip(decided) {
+                    if d.is_allowed() {
+                        permit.add(d);
+                        kept.push(c);
+                    } else {
+                        refused.push(Refused::of(c, d));
                     }
                 }
                 req.changes = keep_a_tree(kept, &mut refused);

@@ -430,17 +430,33 @@ impl LocalEnvironment {
         changes: impl IntoIterator<Item = (Action, &'a Key)>,
     ) -> Result<Permit> {
         let mut permit = Permit::default();
-        for (action, key) in changes {
-            let d = self.decide(
-                actor,
-                action,
-                Resource::Key(key.clone()),
-                Some(branch),
-                operation,
-            )?;
-            permit.add(d);
+        for d in self.decide_each(actor, branch, operation, changes) {
+            permit.add(allowed(d)?);
         }
         Ok(permit)
+    }
+
+    /// One decision per change, in order, decided together (see [`Authorizer::decide_all`]).
+    pub(crate) fn decide_each<'a>(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        operation: Option<&str>,
+        changes: impl IntoIterator<Item = (Action, &'a Key)>,
+    ) -> Vec<Decision> {
+        let requests: Vec<AccessRequest> = changes
+            .into_iter()
+            .map(|(action, key)| {
+                self.request(
+                    actor,
+                    action,
+                    Resource::Key(key.clone()),
+                    Some(branch),
+                    operation,
+                )
+            })
+            .collect();
+        self.inner.options.authorizer.decide_all(&requests)
     }
 
     /// Decides and spends at once: for an action with no transaction of its own.
@@ -466,6 +482,19 @@ impl LocalEnvironment {
         branch: Option<&str>,
         operation: Option<&str>,
     ) -> Result<Decision> {
+        let request = self.request(actor, action, resource, branch, operation);
+        allowed(self.inner.options.authorizer.decide(&request))
+    }
+
+    /// The request this handle makes: with its credentials, the branch and the operation.
+    fn request(
+        &self,
+        actor: &ActorId,
+        action: Action,
+        resource: Resource,
+        branch: Option<&str>,
+        operation: Option<&str>,
+    ) -> AccessRequest {
         let mut context = Context {
             branch: branch.map(str::to_owned),
             ..Context::default()
@@ -479,12 +508,12 @@ impl LocalEnvironment {
                 .attrs
                 .insert("operation".into(), AttrValue::Str(op.into()));
         }
-        allowed(self.inner.options.authorizer.decide(&AccessRequest {
+        AccessRequest {
             actor: actor.clone(),
             action,
             resource,
             context,
-        }))
+        }
     }
 }
 

@@ -75,7 +75,9 @@ fn unavailable<T>(what: &str) -> impl FnOnce() -> Result<T, RpcError> + '_ {
     move || Err(RpcError::unavailable(what))
 }
 
-pub(super) fn bytes_json(bytes: &[u8]) -> (Option<String>, Option<String>) {
+/// Bytes as the socket gives them: as text when they are UTF-8, else as base64 (standard
+/// alphabet, padded); exactly one of the two is set.
+pub fn bytes_json(bytes: &[u8]) -> (Option<String>, Option<String>) {
     match std::str::from_utf8(bytes) {
         Ok(s) => (Some(s.to_owned()), None),
         Err(_) => (

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::commands::bytes_json;
 use super::gate::{Gate, resolve};
-use super::rpc::{INVALID_PARAMS, RpcError, env_error, sandbox_error};
+use super::rpc::{NOT_FOUND, RpcError, env_error, sandbox_error};
 use crate::error::SandboxError;
 
 /// At most this many entries are listed.
@@ -52,7 +52,7 @@ pub(super) fn read(g: &Gate<'_>, p: ReadParams) -> Result<Value, RpcError> {
         .filter(|value| value.meta.kind == EntryKind::File)
         .ok_or_else(|| {
             RpcError::new(
-                INVALID_PARAMS,
+                NOT_FOUND,
                 format!("there is no file {} at version {}", p.path, v.short()),
                 "list the files with file.list.",
             )

@@ -71,6 +71,7 @@ use environment_policy::Policy;
 use serde::Serialize;
 
 pub use agent::{AgentExit, AgentSpec, SOCKET_VAR, TOKEN_VAR};
+pub use commands::bytes_json;
 pub use methods::{Method, SCHEMA};
 
 use crate::error::{Result, SandboxError};
