@@ -99,6 +99,11 @@ async fn refused(client: &RunningService<RoleClient, ()>, tool: &str, args: Valu
         "{t}"
     );
     assert!(t.contains("Reason:") && t.contains("Next:"), "{t}");
+    // Said once: no second "did NOT happen", no second next step, no doubled stop.
+    assert_eq!(t.matches("NOT").count(), 1, "{t}");
+    assert_eq!(t.matches("Next:").count(), 1, "{t}");
+    let doubled_stop = t.replace("...", "").contains(".. ") || t.ends_with("..");
+    assert!(!doubled_stop, "{t}");
     t
 }
 

@@ -262,8 +262,12 @@ pub struct Decision {
     pub rules: Vec<String>,
     /// The version of the policy that decided it.
     pub policy_version: u64,
-    /// A short text an LLM can act on; may be empty for an allow.
+    /// Why, in one sentence an LLM can act on (no final stop); may be empty for an allow.
     pub explanation: String,
+    /// What to do next after a refusal, in a few words; empty when the decider has no advice
+    /// (the door then gives its own).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub next: String,
     /// What an allow consumes (quota, approval and token uses), spent by
     /// [`Authorizer::spend`] with the action it allowed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -308,6 +312,7 @@ impl Decision {
             verdict: Verdict::Allow,
             rules: Vec::new(),
             policy_version: 0,
+            next: String::new(),
             explanation: String::new(),
             spend: Vec::new(),
         }
@@ -348,6 +353,7 @@ pub trait Authorizer: Send + Sync {
             verdict: Verdict::Deny,
             rules: Vec::new(),
             policy_version: 0,
+            next: String::new(),
             explanation: "this authorizer cannot count the uses its decision consumes".into(),
             spend: Vec::new(),
         }))

@@ -361,6 +361,7 @@ impl ForAgent for EnvError {
                 c.current,
                 c.current
             ),
+            EnvError::NotAllowed(d) if !d.next.is_empty() => sentence(&d.next),
             EnvError::NotAllowed(d) => match &d.verdict {
                 Verdict::NeedsApproval { from, .. } => format!(
                     "Request approval from {} and retry with the granted approval; do not retry \
@@ -420,7 +421,20 @@ impl ForAgent for EnvError {
             EnvError::NotAllowed(d) if !d.explanation.is_empty() => d.explanation.clone(),
             other => other.to_string(),
         };
-        format!("{NOT_DONE} Reason: {why}. Next: {next}")
+        format!(
+            "{NOT_DONE} Reason: {}. Next: {next}",
+            why.trim_end_matches('.')
+        )
+    }
+}
+
+/// `text` as a sentence: its first letter capitalized, one final stop.
+fn sentence(text: &str) -> String {
+    let text = text.trim_end_matches('.');
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(c) => format!("{}{}.", c.to_uppercase(), chars.as_str()),
+        None => String::new(),
     }
 }
 

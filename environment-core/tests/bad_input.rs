@@ -262,6 +262,7 @@ impl Authorizer for DenySecrets {
             },
             rules: vec![if denied { "no-secrets" } else { "allow-rest" }.into()],
             policy_version: 7,
+            next: String::new(),
             explanation: if denied {
                 "Denied by rule `no-secrets`.".into()
             } else {

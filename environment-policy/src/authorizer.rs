@@ -49,6 +49,7 @@ impl Authorizer for Policy {
                 verdict: Verdict::Deny,
                 rules: Vec::new(),
                 policy_version: self.version(),
+                next: String::new(),
                 explanation,
                 spend: Vec::new(),
             })

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use environment_core::{AccessRequest, Spend, Verdict};
 
 use crate::resource::resource_short;
+use crate::rule::Rule;
 use crate::ruleset::RuleSet;
 use crate::token::TokenError;
 
@@ -169,98 +170,145 @@ impl Decision {
         self.approval.as_deref()
     }
 
-    /// A short text an LLM can act on: what was decided, by which rule, why, and what to do next.
+    /// A short text an LLM can act on: what was decided, by which rule and why, then what to do
+    /// next for a refusal. The parts are [`Decision::reason_for`] and [`Decision::next_step`].
     pub fn explain(&self, req: &AccessRequest) -> String {
+        let reason = self.reason_for(req);
+        match self.next_step() {
+            next if next.is_empty() => format!("{reason}."),
+            next => format!("{reason}. Next: {next}."),
+        }
+    }
+
+    /// What was decided, by which rule and why, in one sentence without a final stop, the
+    /// policy version included; nothing about what to do next (see [`Decision::next_step`]).
+    pub fn reason_for(&self, req: &AccessRequest) -> String {
         let what = format!(
             "`{}` {} `{}`",
             req.actor,
             req.action,
             resource_short(&req.resource)
         );
-        let first = self
-            .hits
-            .as_slice()
-            .first()
-            .and_then(|i| self.rules.rule(*i));
         let ids = || {
             self.rule_ids()
                 .map(|id| format!("`{id}`"))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let advice = |default: &str| {
-            first
-                .and_then(|r| r.advice.clone())
-                .unwrap_or_else(|| default.to_owned())
-        };
         let v = self.version;
-        match (&self.outcome, &self.reason) {
+        let reason = match (&self.outcome, &self.reason) {
             (Outcome::Allow, Reason::Approved) => {
-                format!(
-                    "Allowed by rule {} with a granted approval (policy v{v}).",
-                    ids()
-                )
+                format!("Allowed by rule {} with a granted approval", ids())
             }
             (Outcome::Allow, Reason::Delegated { delegation }) => format!(
-                "Allowed through delegation `{delegation}` by rule {} (policy v{v}).",
+                "Allowed through delegation `{delegation}` by rule {}",
                 ids()
             ),
-            (Outcome::Allow, _) => format!("Allowed by rule {} (policy v{v}).", ids()),
+            (Outcome::Allow, _) => format!("Allowed by rule {}", ids()),
             (_, Reason::Forbidden) => {
-                let matched = first.map_or(String::new(), |r| {
+                let matched = self.first_rule().map_or(String::new(), |r| {
                     format!(
                         ": `{}` matches `{}`",
                         resource_short(&req.resource),
                         r.resource
                     )
                 });
-                format!(
-                    "Denied by rule {}{matched}. The action did NOT happen. Do not retry; {} (policy v{v}).",
-                    ids(),
-                    advice("ask a human to change the policy if it is needed")
-                )
+                format!("Denied by rule {}{matched}", ids())
             }
-            (_, Reason::NoPermit) => match first {
+            (_, Reason::NoPermit) => match self.first_rule() {
                 Some(r) => format!(
-                    "Denied: rule `{}` permits {what} only {}, which does not hold now. The action did NOT happen. Do not retry as is; {} (policy v{v}).",
+                    "Denied: rule `{}` permits {what} only {}, which does not hold now",
                     r.id,
-                    r.conditions.describe(),
-                    advice("meet the condition or ask a human")
+                    r.conditions.describe()
                 ),
-                None => format!(
-                    "Denied: no rule permits {what} (default deny). The action did NOT happen. Do not retry; ask what you may do under this resource, or ask a human for access (policy v{v})."
-                ),
+                None => format!("Denied: no rule permits {what} (default deny)"),
             },
             (_, Reason::UnknownAction) => format!(
-                "Denied: action `{}` is not declared in the policy schema. The action did NOT happen. Do not retry (policy v{v}).",
+                "Denied: action `{}` is not declared in the policy schema",
                 req.action
             ),
-            (_, Reason::Unreadable) => format!(
-                "Denied: the policy store could not be read, so no rule can be trusted. The action did NOT happen. Retry once the store is readable, or ask a human to check it (policy v{v})."
-            ),
+            (_, Reason::Unreadable) => {
+                "Denied: the policy store could not be read, so no rule can be trusted".to_owned()
+            }
             (_, Reason::UnknownResource) => format!(
-                "Denied: the policy cannot judge resource `{}`. The action did NOT happen (policy v{v}).",
+                "Denied: the policy cannot judge resource `{}`",
                 resource_short(&req.resource)
             ),
-            (_, Reason::QuotaExhausted { retry_at }) => format!(
-                "Denied by rule {}: its quota is used up for this window. The action did NOT happen. Retry after {retry_at} ms since the epoch, or ask a human (policy v{v}).",
-                ids()
-            ),
-            (_, Reason::Token(e)) => format!(
-                "Denied: {e}. The action did NOT happen. Do not retry with this token; ask the agent that gave it for a new one (policy v{v})."
-            ),
-            (Outcome::NeedsApproval, _) => {
-                let from = self.approvers().join(" or ");
-                let req_id = self.approval.as_ref().map_or(String::new(), |id| {
-                    format!(" Approval request `{id}` is filed; retry with it once granted.")
-                });
+            (_, Reason::QuotaExhausted { .. }) => {
                 format!(
-                    "Needs approval: rule {} permits {what} once {from} approves. The action did NOT happen yet.{req_id} (policy v{v}).",
+                    "Denied by rule {}: its quota is used up for this window",
                     ids()
                 )
             }
-            (_, _) => format!("Denied {what} (policy v{v})."),
+            (_, Reason::Token(e)) => format!("Denied: {e}"),
+            (Outcome::NeedsApproval, _) => {
+                let filed = self.approval.as_ref().map_or(String::new(), |id| {
+                    format!("; approval request `{id}` is filed")
+                });
+                format!(
+                    "Needs approval: rule {} permits {what} once {} approves{filed}",
+                    ids(),
+                    self.approvers().join(" or ")
+                )
+            }
+            (_, _) => format!("Denied {what}"),
+        };
+        format!("{reason} (policy v{v})")
+    }
+
+    /// What to do next after a refusal, in a few words an LLM can act on (the rule's own
+    /// advice when it has one); empty for an allow.
+    pub fn next_step(&self) -> String {
+        let advice = |default: &str| {
+            self.first_rule()
+                .and_then(|r| r.advice.clone())
+                .unwrap_or_else(|| default.to_owned())
+        };
+        match (&self.outcome, &self.reason) {
+            (Outcome::Allow, _) => String::new(),
+            (_, Reason::Forbidden) => {
+                format!(
+                    "do not retry; {}",
+                    advice("ask a human to change the policy if it is needed")
+                )
+            }
+            (_, Reason::NoPermit) if self.first_rule().is_some() => {
+                format!(
+                    "do not retry as is; {}",
+                    advice("meet the condition or ask a human")
+                )
+            }
+            (_, Reason::NoPermit) => "do not retry; ask what you may do under this resource, or \
+                                     ask a human for access"
+                .to_owned(),
+            (_, Reason::UnknownAction) => "do not retry; use an action the schema declares".into(),
+            (_, Reason::Unreadable) => {
+                "retry once the store is readable, or ask a human to check it".into()
+            }
+            (_, Reason::UnknownResource) => "name the resource another way, or ask a human".into(),
+            (_, Reason::QuotaExhausted { retry_at }) => {
+                format!("retry after {retry_at} ms since the epoch, or ask a human")
+            }
+            (_, Reason::Token(_)) => {
+                "do not retry with this token; ask the agent that gave it for a new one".into()
+            }
+            (Outcome::NeedsApproval, _) if self.approval.is_some() => {
+                "retry with the approval once it is granted; do not retry before".into()
+            }
+            (Outcome::NeedsApproval, _) => format!(
+                "request approval from {}, then retry with it once granted",
+                self.approvers().join(" or ")
+            ),
+            (_, _) => "ask a human whether it should be allowed".into(),
         }
+    }
+
+    /// The rule that decided first, if any.
+    fn first_rule(&self) -> Option<&Rule> {
+        self.hits
+            .as_slice()
+            .first()
+            .and_then(|i| self.rules.rule(*i))
     }
 
     /// The decision in core's terms, with its explanation rendered unless it is an allow.
@@ -286,8 +334,9 @@ impl Decision {
             explanation: if self.outcome == Outcome::Allow {
                 String::new()
             } else {
-                self.explain(req)
+                self.reason_for(req)
             },
+            next: self.next_step(),
             spend: self.spend.clone(),
         }
     }

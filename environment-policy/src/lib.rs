@@ -27,9 +27,12 @@
 //! [`Policy::attenuate_token`] or [`Policy::delegate`]; let humans decide with
 //! [`Policy::grant`] and [`Policy::reject`].
 //!
-//! Checks read only memory: the compiled rules are indexed by principal, action and top-level
+//! Checks read memory: the compiled rules are indexed by principal, action and top-level
 //! directory, and group membership is a precomputed closure, so a check costs a few lookups and
-//! glob matches and does not allocate. The store is written when something changes.
+//! glob matches and does not allocate. The store is written when something changes, and read
+//! live: each check (or each batch of an action's keys, through core's `decide_all`) first looks
+//! at the store's data version and reloads when another process changed it, so a rule revoked
+//! anywhere applies to the next request.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -67,8 +70,9 @@
 //! assert_eq!(denied.outcome(), Outcome::Deny);
 //! assert_eq!(denied.rule_ids().collect::<Vec<_>>(), ["secrets-readonly"]);
 //! assert!(denied.explain(&request("secrets/key.pem")).starts_with(
-//!     "Denied by rule `secrets-readonly`: `secrets/key.pem` matches `secrets/**`."
+//!     "Denied by rule `secrets-readonly`: `secrets/key.pem` matches `secrets/**`"
 //! ));
+//! assert_eq!(denied.next_step(), "do not retry; ask a human with role maintainer");
 //! # Ok::<(), environment_policy::PolicyError>(())
 //! ```
 #![warn(missing_docs)]

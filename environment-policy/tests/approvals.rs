@@ -221,7 +221,7 @@ fn explanations_name_the_rule_the_match_and_what_to_do() {
     assert_eq!(
         d.explain(&r),
         format!(
-            "Denied by rule `secrets-readonly`: `secrets/key.pem` matches `secrets/**`. The action did NOT happen. Do not retry; ask a human with role maintainer (policy v{}).",
+            "Denied by rule `secrets-readonly`: `secrets/key.pem` matches `secrets/**` (policy v{}). Next: do not retry; ask a human with role maintainer.",
             p.version()
         )
     );

@@ -414,6 +414,7 @@ impl environment_core::Authorizer for Refusing {
             verdict: environment_core::Verdict::Deny,
             rules: vec!["test:refusing".into()],
             policy_version: 1,
+            next: String::new(),
             explanation: "not now".into(),
             spend: Vec::new(),
         }))

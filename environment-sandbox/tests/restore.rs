@@ -543,6 +543,7 @@ impl environment_core::Authorizer for NoIntruder {
                 verdict: environment_core::Verdict::Deny,
                 rules: vec!["test:no-intruder".into()],
                 policy_version: 1,
+                next: String::new(),
                 explanation: "intruders may not roll back".into(),
                 spend: Vec::new(),
             }

@@ -38,6 +38,7 @@ impl Authorizer for NoExec {
                 verdict: Verdict::Deny,
                 rules: vec!["test:no-exec".into()],
                 policy_version: 1,
+                next: String::new(),
                 explanation: "running programs is not allowed here".into(),
                 spend: Vec::new(),
             }
@@ -60,6 +61,7 @@ impl Authorizer for NoRecord {
                     verdict: Verdict::Deny,
                     rules: vec!["test:no-record".into()],
                     policy_version: 1,
+                    next: String::new(),
                     explanation: "objects are read-only here".into(),
                     spend: Vec::new(),
                 }
