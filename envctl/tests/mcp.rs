@@ -450,6 +450,11 @@ async fn tools_go_through_a_supervisor_socket() {
     // What does not exist did not happen.
     refused(&client, "read_file", json!({"path": "no/such.txt"})).await;
     refused(&client, "show", json!({"version": "no-such-version"})).await;
+    // Nothing was refused, and the answer says it in the same words as locally.
+    assert_eq!(
+        ok(&client, "refused", json!({})).await,
+        "No change was refused."
+    );
     client.cancel().await.unwrap();
 
     let killed = Command::new("kill")
@@ -642,7 +647,13 @@ resource = { path = "src/**" }
         json!({"command": ["sh", "-c", "echo s > src/new.rs; echo t > top.txt; echo p > approved/plan.md"]}),
     )
     .await;
+    let listed = ok(&client, "refused", json!({})).await;
     client.cancel().await.unwrap();
+    assert!(
+        listed.contains("agent:mcp write top.txt (deny")
+            && listed.contains("agent:mcp write approved/plan.md (needs approval"),
+        "{listed}"
+    );
     assert!(said.contains("2 change(s) were NOT recorded"), "{said}");
     assert!(
         said.contains("top.txt") && said.contains("approved/plan.md"),
@@ -794,6 +805,7 @@ async fn tools_are_annotated_and_binary_files_read_as_base64() {
         "list_files",
         "policy_explain",
         "what_may_i_do",
+        "refused",
     ];
     for t in &tools {
         let a = t

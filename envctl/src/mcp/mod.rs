@@ -65,6 +65,30 @@ pub(crate) fn file_text(path: &str, size: u64, text: Option<&str>, base64: Optio
     }
 }
 
+/// The refused changes for the model, from their JSON form (the same locally and through a
+/// supervisor): one line each.
+pub(crate) fn refused_text(refused: &[serde_json::Value]) -> String {
+    if refused.is_empty() {
+        return "No change was refused.".to_owned();
+    }
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    refused
+        .iter()
+        .map(|r| {
+            format!(
+                "#{} {} {} {} ({}: {})",
+                r["id"],
+                text(&r["actor"]),
+                text(&r["change"]),
+                text(&r["path"]),
+                text(&r["verdict"]),
+                text(&r["reason"])
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The text of a failed call: that it did not execute, why, and what to do next.
 fn for_model(tool: &str, f: &Failure) -> String {
     if f.partial {
@@ -257,6 +281,12 @@ fn answer_text(method: &str, answer: &serde_json::Value) -> String {
     }
     let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
     match method {
+        "refused" => refused_text(
+            answer["refused"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        ),
         "file.read" => file_text(
             answer["path"].as_str().unwrap_or_default(),
             answer["size"].as_u64().unwrap_or_default(),

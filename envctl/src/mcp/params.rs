@@ -16,6 +16,14 @@ pub struct HistoryParams {
     pub limit: Option<usize>,
 }
 
+/// `refused`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefusedParams {
+    /// At most this many, newest first (default 30, at most 1000).
+    pub limit: Option<usize>,
+}
+
 /// A version.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -127,6 +127,24 @@ impl EnvServer {
         .await
     }
 
+    /// The refused changes.
+    #[tool(
+        description = "List the changes refused on the workspace, newest first: what a command or an agent changed that its actor may not change, put back to its state before and kept with the decision (the path, write or delete, who, why).",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn refused(
+        &self,
+        Parameters(p): Parameters<RefusedParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let limit = p.limit.unwrap_or(30).clamp(1, 1000);
+        self.routed("refused", "refused", json!({"limit": limit}), move |s| {
+            let refused = s.env.refused(&s.actor, MAIN, limit)?;
+            let listed: Vec<_> = refused.iter().map(|r| r.to_json()).collect();
+            Ok(super::refused_text(&listed))
+        })
+        .await
+    }
+
     /// One operation.
     #[tool(
         description = "Show one operation of the history (by op id prefix, mark, branch or HEAD~N): actor, intent, flags and the paths it changed.",

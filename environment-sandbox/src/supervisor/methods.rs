@@ -44,6 +44,8 @@ use super::{files, permissions, queue, versions};
 pub enum Method {
     /// The branch's history, key nodes first.
     History,
+    /// The changes refused on the branch, newest first.
+    Refused,
     /// One operation's record.
     Show,
     /// What changed between two versions.
@@ -116,6 +118,7 @@ impl Method {
     /// Every method, in schema order.
     pub const ALL: &'static [Method] = &[
         Method::History,
+        Method::Refused,
         Method::Show,
         Method::Diff,
         Method::Mark,
@@ -155,6 +158,7 @@ impl Method {
     pub fn name(self) -> &'static str {
         match self {
             Method::History => "history",
+            Method::Refused => "refused",
             Method::Show => "show",
             Method::Diff => "diff",
             Method::Mark => "mark",
@@ -247,6 +251,7 @@ pub(crate) fn call(
     };
     match m {
         Method::History => versions::history(&gate, parse(p)?),
+        Method::Refused => versions::refused(&gate, parse(p)?),
         Method::Show => versions::show(&gate, parse(p)?),
         Method::Diff => versions::diff(&gate, parse(p)?),
         Method::Mark => versions::mark(&gate, parse(p)?),

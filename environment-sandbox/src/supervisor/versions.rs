@@ -3,7 +3,7 @@
 
 use environment_core::{
     Action, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind, Key, KeyChange, KeyPrefix,
-    Namespace, OpId, Resource,
+    Namespace, OpId, RefusedChange, Resource,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -25,6 +25,37 @@ pub(super) struct HistoryParams {
 }
 
 const MAX_HISTORY: usize = 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RefusedParams {
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// The changes refused on the workspace's branch, newest first (read as its history is).
+pub(super) fn refused(g: &Gate<'_>, p: RefusedParams) -> Result<Value, RpcError> {
+    let limit = p.limit.unwrap_or(50);
+    if limit == 0 || limit > MAX_HISTORY {
+        return Err(RpcError::invalid_params(format!(
+            "`limit` must be 1..={MAX_HISTORY}"
+        )));
+    }
+    g.allow_rechecked(
+        Action::Read,
+        Resource::Branch(g.branch().to_owned()),
+        Some("history"),
+    )?;
+    let refused = g
+        .shared()
+        .env
+        .refused(g.actor(), g.branch(), limit)
+        .map_err(env_error)?;
+    Ok(json!({
+        "branch": g.branch(),
+        "refused": refused.iter().map(RefusedChange::to_json).collect::<Vec<_>>(),
+    }))
+}
 
 pub(super) fn history(g: &Gate<'_>, p: HistoryParams) -> Result<Value, RpcError> {
     let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
