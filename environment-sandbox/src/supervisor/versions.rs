@@ -33,9 +33,10 @@ pub(super) struct RefusedParams {
     limit: Option<usize>,
 }
 
-/// The changes refused on the workspace's branch, newest first (read as its history is).
-pub(super) fn refused(g: &Gate<'_>, p: RefusedParams) -> Result<Value, RpcError> {
-    let limit = p.limit.unwrap_or(50);
+/// A read of `branch`'s history of at most `limit` entries (default 50): the limit checked,
+/// the read authorized (core asks again).
+fn history_read(g: &Gate<'_>, branch: &str, limit: Option<usize>) -> Result<usize, RpcError> {
+    let limit = limit.unwrap_or(50);
     if limit == 0 || limit > MAX_HISTORY {
         return Err(RpcError::invalid_params(format!(
             "`limit` must be 1..={MAX_HISTORY}"
@@ -43,9 +44,15 @@ pub(super) fn refused(g: &Gate<'_>, p: RefusedParams) -> Result<Value, RpcError>
     }
     g.allow_rechecked(
         Action::Read,
-        Resource::Branch(g.branch().to_owned()),
+        Resource::Branch(branch.to_owned()),
         Some("history"),
     )?;
+    Ok(limit)
+}
+
+/// The changes refused on the workspace's branch, newest first (read as its history is).
+pub(super) fn refused(g: &Gate<'_>, p: RefusedParams) -> Result<Value, RpcError> {
+    let limit = history_read(g, g.branch(), p.limit)?;
     let refused = g
         .shared()
         .env
@@ -59,17 +66,7 @@ pub(super) fn refused(g: &Gate<'_>, p: RefusedParams) -> Result<Value, RpcError>
 
 pub(super) fn history(g: &Gate<'_>, p: HistoryParams) -> Result<Value, RpcError> {
     let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
-    let limit = p.limit.unwrap_or(50);
-    if limit == 0 || limit > MAX_HISTORY {
-        return Err(RpcError::invalid_params(format!(
-            "`limit` must be 1..={MAX_HISTORY}"
-        )));
-    }
-    g.allow_rechecked(
-        Action::Read,
-        Resource::Branch(branch.clone()),
-        Some("history"),
-    )?;
+    let limit = history_read(g, &branch, p.limit)?;
     let entries = g
         .shared()
         .env
