@@ -380,6 +380,7 @@ async fn a_denied_call_changes_nothing() {
 async fn tools_go_through_a_supervisor_socket() {
     let ws = workspace();
     let dir = ws.path();
+    assert!(!dir.join(".environment/bus.db").exists(), "no queue yet");
     let socket = dir.join(".environment/run/control.sock");
     let mut run = Command::new(BIN)
         .arg("-C")
@@ -450,6 +451,13 @@ async fn tools_go_through_a_supervisor_socket() {
     // What does not exist did not happen.
     refused(&client, "read_file", json!({"path": "no/such.txt"})).await;
     refused(&client, "show", json!({"version": "no-such-version"})).await;
+    // The queue works through the socket though none existed before the run began.
+    ok(
+        &client,
+        "queue_publish",
+        json!({"topic": "task.created", "payload": "through the socket"}),
+    )
+    .await;
     // Nothing was refused, and the answer says it in the same words as locally.
     assert_eq!(
         ok(&client, "refused", json!({})).await,

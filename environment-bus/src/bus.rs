@@ -233,6 +233,30 @@ impl Bus {
         self.submit(move |ctx| ops::publish(ctx, &m, window))
     }
 
+    /// [`Bus::publish`], creating the topic first when it does not exist, in the same
+    /// transaction: a message refused (too large, say) leaves no topic behind.
+    pub fn publish_creating(
+        &self,
+        topic: &str,
+        payload: impl Into<Vec<u8>>,
+        options: PublishOptions,
+    ) -> Pending<Published> {
+        let m = NewMessage {
+            topic: topic.to_owned(),
+            payload: payload.into(),
+            options,
+        };
+        if let Err(e) = ops::check_message(&m, &self.inner.config.limits) {
+            return Pending::done(Err(e));
+        }
+        let window = ops::ms(self.inner.config.dedup_window);
+        self.submit(move |ctx| {
+            ctx.names.clear();
+            ops::create_topic(ctx.conn, &m.topic)?;
+            ops::publish(ctx, &m, window)
+        })
+    }
+
     /// Publishes many messages in one transaction: all or none.
     pub fn publish_batch(&self, messages: Vec<NewMessage>) -> Pending<Vec<Published>> {
         let limits = &self.inner.config.limits;

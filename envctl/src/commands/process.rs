@@ -446,9 +446,9 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
             noise: Some(crate::workspace::rootfs_noise()),
         });
     }
-    if ws.home.join(crate::workspace::BUS_FILE).exists() {
-        config.bus = Some(ws.open_bus()?);
-    }
+    // The queue is there for the agent whether or not anyone used it before the run, as it is
+    // without a supervisor (opening it creates it).
+    config.bus = Some(ws.open_bus()?);
     let supervisor = Supervisor::open(config)?;
     if let Some(tracker) = supervisor.tracker() {
         let shell = Shell::new(place.launcher.clone(), tracker, None)?;

@@ -65,16 +65,7 @@ pub fn publish(
     if let Some(d) = dedup {
         opts = opts.dedup_id(d);
     }
-    // Checked before the topic is created, so a refused message leaves nothing behind.
-    if payload.len() > bus.config().limits.max_payload_bytes {
-        return Err(environment_bus::BusError::PayloadTooLarge {
-            size: payload.len(),
-            limit: bus.config().limits.max_payload_bytes,
-        }
-        .into());
-    }
-    bus.create_topic(topic).wait()?;
-    let p = bus.publish(topic, payload, opts).wait()?;
+    let p = bus.publish_creating(topic, payload, opts).wait()?;
     Ok(json!({"topic": topic, "message": p.id.0, "duplicate": p.duplicate}))
 }
 

@@ -49,7 +49,7 @@ pub(super) fn publish(g: &Gate<'_>, p: PublishParams) -> Result<Value, RpcError>
     opts.dedup_id = p.dedup_id;
     opts.delay = p.delay_ms.map(Duration::from_millis);
     let published = bus
-        .publish(&p.topic, p.payload.into_bytes(), opts)
+        .publish_creating(&p.topic, p.payload.into_bytes(), opts)
         .wait()
         .map_err(bus_error)?;
     Ok(json!({ "id": published.id.0, "duplicate": published.duplicate }))
