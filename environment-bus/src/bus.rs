@@ -221,16 +221,7 @@ impl Bus {
         payload: impl Into<Vec<u8>>,
         options: PublishOptions,
     ) -> Pending<Published> {
-        let m = NewMessage {
-            topic: topic.to_owned(),
-            payload: payload.into(),
-            options,
-        };
-        if let Err(e) = ops::check_message(&m, &self.inner.config.limits) {
-            return Pending::done(Err(e));
-        }
-        let window = ops::ms(self.inner.config.dedup_window);
-        self.submit(move |ctx| ops::publish(ctx, &m, window))
+        self.publish_to(topic, payload.into(), options, false)
     }
 
     /// [`Bus::publish`], creating the topic first when it does not exist, in the same
@@ -241,9 +232,19 @@ impl Bus {
         payload: impl Into<Vec<u8>>,
         options: PublishOptions,
     ) -> Pending<Published> {
+        self.publish_to(topic, payload.into(), options, true)
+    }
+
+    fn publish_to(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        options: PublishOptions,
+        create: bool,
+    ) -> Pending<Published> {
         let m = NewMessage {
             topic: topic.to_owned(),
-            payload: payload.into(),
+            payload,
             options,
         };
         if let Err(e) = ops::check_message(&m, &self.inner.config.limits) {
@@ -251,8 +252,10 @@ impl Bus {
         }
         let window = ops::ms(self.inner.config.dedup_window);
         self.submit(move |ctx| {
-            ctx.names.clear();
-            ops::create_topic(ctx.conn, &m.topic)?;
+            if create {
+                ctx.names.clear();
+                ops::create_topic(ctx.conn, &m.topic)?;
+            }
             ops::publish(ctx, &m, window)
         })
     }
