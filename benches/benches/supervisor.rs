@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use environment_core::ActorId;
-use environment_sandbox::supervisor::{RollbackMode, Supervisor, SupervisorConfig};
-use environment_sandbox::{ControlClient, Unconfined};
+use environment_sandbox::Unconfined;
+use environment_supervisor::ControlClient;
+use environment_supervisor::{RollbackMode, Supervisor, SupervisorConfig};
 
 fn open(dir: &Path) -> Supervisor {
     let work = dir.join("work");

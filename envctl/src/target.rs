@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use environment_core::{ActorId, Credentials};
-use environment_sandbox::{ControlClient, ControlError};
+use environment_supervisor::{ControlClient, ControlError};
 use serde_json::Value;
 
 use crate::failure::{ExitCode, Failure, Outcome};
@@ -130,7 +130,7 @@ impl Remote {
 
 /// A supervisor's refusal in envctl's terms: the exit code follows the JSON-RPC error code.
 pub fn control_failure(addr: &SupervisorAddr, e: ControlError) -> Failure {
-    use environment_sandbox::supervisor::rpc;
+    use environment_supervisor::rpc;
     let for_agent = e.for_agent();
     let mut f = match &e {
         ControlError::Rpc {

@@ -127,7 +127,8 @@ impl SandboxError {
         }
     }
 
-    pub(crate) fn io(
+    /// The error of an I/O operation `op` on `path`, for `map_err`.
+    pub fn io(
         op: &'static str,
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(std::io::Error) -> SandboxError {

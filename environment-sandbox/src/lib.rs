@@ -45,7 +45,6 @@
 #![warn(missing_docs)]
 
 pub mod capture;
-pub mod control;
 pub mod error;
 mod feed;
 pub mod fork;
@@ -59,11 +58,9 @@ pub mod restore;
 pub mod retention;
 pub mod shell;
 pub mod statcache;
-pub mod supervisor;
 pub mod tracker;
 pub mod watch;
 
-pub use control::{ControlClient, ControlError};
 pub use error::{Result, SandboxError};
 pub use fork::{Candidate, ForkConfig, Forks, Pick, Tournament, TournamentReport, WorkingTree};
 pub use isolate::{
@@ -76,5 +73,4 @@ pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
 pub use retention::{RetentionPolicy, ThinReport};
 pub use shell::Shell;
-pub use supervisor::{ControlLimits, Supervisor, SupervisorConfig, TrackedRoot};
 pub use tracker::{CaptureHold, Tracker, TrackerConfig};

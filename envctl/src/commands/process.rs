@@ -15,12 +15,12 @@ use std::time::Duration;
 use environment_core::{
     Action, ActorId, EnvError, ExecOutcome, ExecRequest, Exit, Resource, ShellExec,
 };
-use environment_sandbox::supervisor::{AgentSpec, ShellHandles};
 use environment_sandbox::{
     Bind, Candidate, CgroupLimits, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec,
-    Launcher, Pick, SandboxError, Shell, Supervisor, SupervisorConfig, Tournament, TrackedRoot,
-    Unconfined, WorkingTree, Workspace as SandboxWorkspace,
+    Launcher, Pick, SandboxError, Shell, Tournament, Unconfined, WorkingTree,
+    Workspace as SandboxWorkspace,
 };
+use environment_supervisor::{AgentSpec, ShellHandles, Supervisor, SupervisorConfig, TrackedRoot};
 use serde_json::json;
 
 use crate::cli::{ExecArgs, Isolation, Network, PickArg, RunArgs, SandboxArgs, TournamentArgs};

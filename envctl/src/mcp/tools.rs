@@ -355,7 +355,7 @@ impl EnvServer {
                     .hint("list a directory with list_files"));
             }
             let bytes = s.env.content(&value)?;
-            let (text, base64) = environment_sandbox::supervisor::bytes_json(&bytes);
+            let (text, base64) = environment_supervisor::bytes_json(&bytes);
             Ok(super::file_text(
                 &key.display_path(),
                 bytes.len() as u64,

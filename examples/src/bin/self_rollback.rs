@@ -12,8 +12,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use environment_core::{ActorId, HistoryOptions};
-use environment_sandbox::supervisor::{AgentSpec, Supervisor, SupervisorConfig};
-use environment_sandbox::{Bind, ControlClient, Isolation, IsolationSpec, Launcher, Unconfined};
+use environment_sandbox::{Bind, Isolation, IsolationSpec, Launcher, Unconfined};
+use environment_supervisor::ControlClient;
+use environment_supervisor::{AgentSpec, Supervisor, SupervisorConfig};
 
 /// Set for the agent process.
 const AGENT: &str = "SELF_ROLLBACK_AGENT";

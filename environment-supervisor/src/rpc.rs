@@ -11,7 +11,7 @@ use environment_policy::PolicyError;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::error::SandboxError;
+use environment_sandbox::error::SandboxError;
 
 /// The longest accepted message (one line), in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;

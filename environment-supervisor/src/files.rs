@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::commands::bytes_json;
 use super::gate::{Gate, resolve};
 use super::rpc::{NOT_FOUND, RpcError, env_error, sandbox_error};
-use crate::error::SandboxError;
+use environment_sandbox::error::SandboxError;
 
 /// At most this many entries are listed.
 const MAX_LISTED: usize = 10_000;

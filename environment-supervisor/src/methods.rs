@@ -202,7 +202,7 @@ impl Method {
 }
 
 /// The published schema of the control socket (OpenRPC-style JSON).
-pub const SCHEMA: &str = include_str!("../../schema/control.json");
+pub const SCHEMA: &str = include_str!("../schema/control.json");
 
 /// Runs one call: parameters, authorization, then the method.
 pub(crate) fn call(

@@ -2,9 +2,9 @@
 //! for command-line tools.
 //!
 //! ```no_run
-//! use environment_sandbox::ControlClient;
+//! use environment_supervisor::ControlClient;
 //!
-//! # fn main() -> Result<(), environment_sandbox::ControlError> {
+//! # fn main() -> Result<(), environment_supervisor::ControlError> {
 //! // Inside the sandbox: the socket's path is in ENVIRONMENT_SOCKET.
 //! let mut control = ControlClient::from_env()?;
 //! control.mark("before-refactor")?;
@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::supervisor::{SOCKET_VAR, TOKEN_VAR};
+use crate::{SOCKET_VAR, TOKEN_VAR};
 
 /// What a call on the control socket can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,7 @@ pub enum ControlError {
     /// The supervisor answered with an error.
     #[error("{message} (code {code})")]
     Rpc {
-        /// One of the codes of [`crate::supervisor::rpc`].
+        /// One of the codes of [`crate::rpc`].
         code: i64,
         /// A short description.
         message: String,

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::gate::{Gate, resolve};
 use super::rpc::{RpcError, env_error, sandbox_error};
 use super::state::{Counters, lock};
-use crate::restore::RestoreStep;
+use environment_sandbox::restore::RestoreStep;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -13,7 +13,7 @@ use rustix::process::{Pid, PidfdFlags, Signal};
 use serde::Serialize;
 
 use super::state::{Shared, lock};
-use crate::error::{Result, SandboxError};
+use environment_sandbox::error::{Result, SandboxError};
 
 /// The variable through which the agent finds the control socket.
 pub const SOCKET_VAR: &str = "ENVIRONMENT_SOCKET";

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use super::methods;
 use super::rpc::{self, INVALID_REQUEST, MAX_MESSAGE_BYTES, PARSE_ERROR, RpcError};
 use super::state::Shared;
-use crate::error::{Result, SandboxError};
+use environment_sandbox::error::{Result, SandboxError};
 
 /// How long a stopping server waits for requests in flight.
 const HANDLER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);

@@ -5,6 +5,8 @@
 //! unprivileged uid.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+// The sandbox's test helpers (trees on disk and in views, running as an unprivileged uid).
+#[path = "../../environment-sandbox/tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;
@@ -23,11 +25,12 @@ use environment_core::{
 };
 use environment_policy::{GrantScope, Policy, TokenLimits};
 use environment_sandbox::isolate::{Bind, IsolationSpec};
-use environment_sandbox::supervisor::rpc;
-use environment_sandbox::supervisor::{
+use environment_sandbox::{Isolation, Unconfined};
+use environment_supervisor::ControlClient;
+use environment_supervisor::rpc;
+use environment_supervisor::{
     AgentSpec, Method, RollbackMode, SCHEMA, ShellHandles, Supervisor, SupervisorConfig,
 };
-use environment_sandbox::{ControlClient, Isolation, Unconfined};
 use serde_json::{Value, json};
 
 /// Set in a re-executed copy of this binary: which agent to be.
@@ -351,7 +354,7 @@ fn full_history(env: &LocalEnvironment) -> Vec<String> {
     .collect()
 }
 
-fn denied(e: environment_sandbox::ControlError) -> Value {
+fn denied(e: environment_supervisor::ControlError) -> Value {
     assert_eq!(e.code(), Some(rpc::DENIED), "{e:?}");
     let text = e.for_agent();
     assert!(
@@ -359,7 +362,7 @@ fn denied(e: environment_sandbox::ControlError) -> Value {
         "the agent-facing text says first that nothing happened: {text}"
     );
     match e {
-        environment_sandbox::ControlError::Rpc { data, .. } => data,
+        environment_supervisor::ControlError::Rpc { data, .. } => data,
         other => panic!("{other:?}"),
     }
 }
@@ -1428,7 +1431,7 @@ fn every_tracked_root_scenario(dir: &Path) {
     write(&rootfs, "etc/passwd", b"root:x:0:0::/root:/bin/sh\n");
     write(&rootfs, "bin/tool", b"#!/bin/sh\necho tool\n");
     let mut cfg = config(&work, &home);
-    cfg.extra_roots.push(environment_sandbox::TrackedRoot {
+    cfg.extra_roots.push(environment_supervisor::TrackedRoot {
         path: rootfs.clone(),
         key_prefix: b"rootfs".to_vec(),
         noise: None,

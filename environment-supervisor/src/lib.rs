@@ -15,7 +15,7 @@
 //! Commands go through the socket too: `exec` runs one in the sandbox as a recorded operation
 //! (output stored, changed files captured and attributed to it), `process.*` keeps background
 //! processes, `pty.*` terminal sessions that survive a reconnect — the sandbox's
-//! [`Shell`](crate::Shell), run through the same launcher as the agent, unless
+//! [`Shell`](environment_sandbox::Shell), run through the same launcher as the agent, unless
 //! [`SupervisorConfig::shell`] is off or [`Supervisor::attach_shell`] replaces it.
 //!
 //! **Self-rollback**: the agent calls `restore` on the socket; the workspace is restored while
@@ -27,7 +27,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use environment_core::ActorId;
-//! use environment_sandbox::supervisor::{AgentSpec, Supervisor, SupervisorConfig};
+//! use environment_supervisor::{AgentSpec, Supervisor, SupervisorConfig};
 //! use environment_sandbox::Unconfined;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,6 +46,7 @@
 
 mod agent;
 mod commands;
+pub mod control;
 mod files;
 mod gate;
 pub mod methods;
@@ -72,13 +73,14 @@ use serde::Serialize;
 
 pub use agent::{AgentExit, AgentSpec, SOCKET_VAR, TOKEN_VAR};
 pub use commands::bytes_json;
+pub use control::{ControlClient, ControlError};
 pub use methods::{Method, SCHEMA};
 
-use crate::error::{Result, SandboxError};
-use crate::launch::Launcher;
-use crate::noise::NoiseRules;
-use crate::tracker::{Tracker, TrackerConfig};
 use agent::{Agent, Launch};
+use environment_sandbox::error::{Result, SandboxError};
+use environment_sandbox::launch::Launcher;
+use environment_sandbox::noise::NoiseRules;
+use environment_sandbox::tracker::{Tracker, TrackerConfig};
 pub use server::ControlLimits;
 use server::Server;
 use state::{Counters, Shared, lock};
@@ -107,7 +109,7 @@ pub struct SupervisorConfig {
     /// The socket's path; `<home>/run/control.sock` by default.
     pub socket: Option<PathBuf>,
     /// Where the agent sees the socket, when a launcher mounts its directory elsewhere; the host
-    /// path by default. With [`Isolation`](crate::Isolation), add a [`Bind`](crate::Bind) of
+    /// path by default. With [`Isolation`](environment_sandbox::Isolation), add a [`Bind`](environment_sandbox::Bind) of
     /// [`SupervisorConfig::socket_path`]'s directory (writable) to its spec, at a path under a
     /// directory the sandbox mounts itself (e.g. `/tmp/environment-control`), and name the
     /// socket there.
@@ -122,10 +124,10 @@ pub struct SupervisorConfig {
     pub max_wait: Duration,
     /// The branch the workspace is captured to.
     pub branch: String,
-    /// A workspace monitor's socket ([`crate::monitor`]): the trackers start from what it saw
+    /// A workspace monitor's socket ([`environment_sandbox::monitor`]): the trackers start from what it saw
     /// instead of rescanning the trees.
     pub monitor: Option<PathBuf>,
-    /// Offer the sandbox's [`Shell`](crate::Shell) on the socket (`exec`, `process.*`,
+    /// Offer the sandbox's [`Shell`](environment_sandbox::Shell) on the socket (`exec`, `process.*`,
     /// `pty.*`), running commands through the launcher as the agent. On by default;
     /// [`Supervisor::attach_shell`] replaces it.
     pub shell: bool,
@@ -345,7 +347,7 @@ impl Supervisor {
         };
         // The supervisor's own files must survive a rollback of the workspace: outside it, or
         // in a part of it that is never captured (and so never restored).
-        let noise = crate::noise::Noise::new(&workspace, &config.noise)?;
+        let noise = environment_sandbox::noise::Noise::new(&workspace, &config.noise)?;
         for (what, p) in [("home", &home), ("socket", &socket_dir)] {
             if let Ok(rel) = p.strip_prefix(&workspace)
                 && (rel.as_os_str().is_empty() || !noise.is_ignored(rel, true))
@@ -414,7 +416,7 @@ impl Supervisor {
         }
         let first = env.head(&config.branch)?;
         let shell = if config.shell {
-            let shell = Arc::new(crate::shell::Shell::new(
+            let shell = Arc::new(environment_sandbox::shell::Shell::new(
                 config.launcher.clone(),
                 tracker.clone(),
                 config.secrets.clone(),
@@ -512,7 +514,7 @@ impl Supervisor {
     /// Exposes shell capabilities on the socket (`exec`, `process.*`, `pty.*`); a method whose
     /// capability is absent answers `UNAVAILABLE`. Replaces what was attached before. The
     /// socket's gate only evaluates the `execute` request (spending no quota): a shell must
-    /// authorize it itself when it starts the program, as the sandbox's [`Shell`](crate::Shell)
+    /// authorize it itself when it starts the program, as the sandbox's [`Shell`](environment_sandbox::Shell)
     /// does.
     pub fn attach_shell(&self, handles: ShellHandles) {
         *self.shared.shell.write().unwrap_or_else(|p| p.into_inner()) = handles;
@@ -570,8 +572,8 @@ impl Supervisor {
         };
         Counters::bump(&self.shared.counters.rollbacks);
         let (writes, removals) = plan.steps.iter().fold((0, 0), |(w, r), s| match s {
-            crate::restore::RestoreStep::Write(_) => (w + 1, r),
-            crate::restore::RestoreStep::Remove(_) => (w, r + 1),
+            environment_sandbox::restore::RestoreStep::Write(_) => (w + 1, r),
+            environment_sandbox::restore::RestoreStep::Remove(_) => (w, r + 1),
         });
         Ok(Rollback {
             version: self.shared.env.head(&self.shared.branch)?.to_string(),

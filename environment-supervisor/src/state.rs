@@ -11,10 +11,10 @@ use environment_core::{
 };
 use environment_policy::Policy;
 
-use crate::error::{Result, SandboxError};
-use crate::launch::Launcher;
-use crate::restore::RestorePlan;
-use crate::tracker::Tracker;
+use environment_sandbox::error::{Result, SandboxError};
+use environment_sandbox::launch::Launcher;
+use environment_sandbox::restore::RestorePlan;
+use environment_sandbox::tracker::Tracker;
 
 /// Counters for the closing summary.
 #[derive(Default)]
