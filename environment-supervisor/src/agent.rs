@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, PidfdFlags, Signal};
 use serde::Serialize;
 
-use super::state::{Shared, lock};
 use environment_sandbox::error::{Result, SandboxError};
+use environment_workspace::{Workspace, lock};
 
 /// The variable through which the agent finds the control socket.
 pub const SOCKET_VAR: &str = "ENVIRONMENT_SOCKET";
@@ -108,7 +108,7 @@ impl Agent {
     /// Starts the agent (it must not be running).
     pub fn spawn(
         self: &Arc<Self>,
-        shared: &Arc<Shared>,
+        shared: &Arc<Workspace>,
         launch: &Launch,
         spec: AgentSpec,
     ) -> Result<u32> {
@@ -126,7 +126,7 @@ impl Agent {
     fn start(
         self: &Arc<Self>,
         st: &mut State,
-        shared: &Arc<Shared>,
+        shared: &Arc<Workspace>,
         launch: &Launch,
     ) -> Result<u32> {
         let Some(spec) = st.spec.clone() else {
@@ -192,7 +192,7 @@ impl Agent {
         Ok(pid)
     }
 
-    fn reap(&self, mut child: Child, generation: u64, shared: &Shared) {
+    fn reap(&self, mut child: Child, generation: u64, shared: &Workspace) {
         let status = child.wait();
         {
             let mut st = lock(&self.state);
@@ -288,7 +288,7 @@ impl Agent {
     /// The agent's `wait` does not return across the restart.
     pub fn restart<R>(
         self: &Arc<Self>,
-        shared: &Arc<Shared>,
+        shared: &Arc<Workspace>,
         launch: &Launch,
         grace: Duration,
         between: impl FnOnce() -> Result<R>,

@@ -45,22 +45,14 @@
 //! ```
 
 mod agent;
-mod commands;
 pub mod control;
-mod files;
-mod gate;
 pub mod methods;
-mod permissions;
-mod queue;
 pub mod rpc;
 mod server;
-mod state;
-mod versions;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use environment_bus::Bus;
@@ -72,7 +64,6 @@ use environment_policy::Policy;
 use serde::Serialize;
 
 pub use agent::{AgentExit, AgentSpec, SOCKET_VAR, TOKEN_VAR};
-pub use commands::bytes_json;
 pub use control::{ControlClient, ControlError};
 pub use methods::{Method, SCHEMA};
 
@@ -81,11 +72,11 @@ use environment_sandbox::error::{Result, SandboxError};
 use environment_sandbox::launch::Launcher;
 use environment_sandbox::noise::NoiseRules;
 use environment_sandbox::tracker::{Tracker, TrackerConfig};
+use environment_workspace::{Counters, Parts, Workspace, lock};
 pub use server::ControlLimits;
 use server::Server;
-use state::{Counters, Shared, lock};
 
-pub use state::ShellHandles;
+pub use environment_workspace::{ShellHandles, bytes_json};
 
 /// How a supervisor is set up.
 #[derive(Clone)]
@@ -293,7 +284,7 @@ pub struct Summary {
 
 /// Runs an agent with its changes captured, its requests answered and authorized.
 pub struct Supervisor {
-    shared: Arc<Shared>,
+    shared: Arc<Workspace>,
     agent: Arc<Agent>,
     server: Server,
     launch: Launch,
@@ -429,11 +420,11 @@ impl Supervisor {
         } else {
             ShellHandles::default()
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Workspace::new(Parts {
             env,
-            tracker: RwLock::new(Some(tracker)),
-            extra: RwLock::new(extra),
-            shell: RwLock::new(shell),
+            tracker,
+            extra,
+            shell,
             authorizer,
             policy: config.policy.clone(),
             bus: config.bus.clone(),
@@ -441,10 +432,7 @@ impl Supervisor {
             actor: config.actor.clone(),
             default_token: config.token.clone(),
             branch: config.branch.clone(),
-            receipts: Mutex::new(HashMap::new()),
-            counters: Counters::default(),
-            agent_pid: Mutex::new(None),
-        });
+        }));
         let server = Server::start(&socket, shared.clone(), config_limits)?;
         let socket_inside = config
             .socket_inside
@@ -468,6 +456,12 @@ impl Supervisor {
     /// The environment.
     pub fn env(&self) -> &LocalEnvironment {
         &self.shared.env
+    }
+
+    /// The workspace service the socket puts on the wire: its use cases, called in process
+    /// exactly as the socket calls them.
+    pub fn workspace(&self) -> &Arc<Workspace> {
+        &self.shared
     }
 
     /// The control socket's path on the host.
@@ -552,7 +546,7 @@ impl Supervisor {
             resource: environment_core::Resource::Branch(self.shared.branch.clone()),
             context,
         };
-        let decision = gate::decide(&self.shared, &request, true);
+        let decision = self.shared.authorizer.decide(&request);
         if !decision.is_allowed() {
             return Err(EnvError::NotAllowed(Box::new(decision)).into());
         }

@@ -5,13 +5,10 @@
 //! than [`MAX_MESSAGE_BYTES`] is refused with an invalid-request error and skipped; the
 //! connection survives it, as it survives malformed JSON and unknown methods.
 
-use environment_bus::BusError;
-use environment_core::{EnvError, ErrorKind, ForAgent, Verdict};
-use environment_policy::PolicyError;
+use environment_core::ErrorKind;
+use environment_workspace::ServiceError;
 use serde::Serialize;
-use serde_json::{Map, Value, json};
-
-use environment_sandbox::error::SandboxError;
+use serde_json::{Map, Value};
 
 /// The longest accepted message (one line), in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -69,10 +66,6 @@ fn kind_of(code: i64) -> ErrorKind {
     }
 }
 
-/// The words that open every error's agent-facing text when the method did not run at all.
-pub(crate) const NOT_DONE: &str =
-    "The action was NOT performed: nothing changed, and it must not be reported as done.";
-
 /// A JSON-RPC error object. Its `data` is always an object with at least `for_agent`: the text
 /// to put in a language model's context, which states first that the action did not happen.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -81,34 +74,17 @@ pub struct RpcError {
     pub code: i64,
     /// A short description.
     pub message: String,
-    /// `{"for_agent": "...", ...}` with details that depend on the code.
+    /// `{"for_agent": "...", "kind": "...", ...}` with details that depend on the code.
     pub data: Value,
 }
 
 impl RpcError {
-    /// An error with the standard agent-facing text built from `message` and `next`.
+    /// An error of the wire itself (a line that is not JSON, not a request), with the standard
+    /// agent-facing text.
     pub(crate) fn new(code: i64, message: impl Into<String>, next: &str) -> RpcError {
-        let message = message.into();
-        let for_agent = format!("{NOT_DONE} Reason: {message}. Next: {next}");
-        RpcError::rendered(code, message, for_agent)
-    }
-
-    /// An error whose agent-facing text was rendered elsewhere (core's `ForAgent`).
-    pub(crate) fn rendered(code: i64, message: impl Into<String>, for_agent: String) -> RpcError {
-        RpcError::of_kind(kind_of(code), code, message, for_agent)
-    }
-
-    /// An error of `kind`, with its code.
-    pub(crate) fn classified(kind: ErrorKind, message: String, for_agent: String) -> RpcError {
-        RpcError::of_kind(kind, code_of(kind), message, for_agent)
-    }
-
-    fn of_kind(kind: ErrorKind, code: i64, message: impl Into<String>, for_agent: String) -> Self {
-        RpcError {
-            code,
-            message: message.into(),
-            data: serde_json::json!({ "for_agent": for_agent, "kind": kind }),
-        }
+        let mut e: RpcError = ServiceError::new(kind_of(code), message, next).into();
+        e.code = code;
+        e
     }
 
     /// The kind of error, as its `data` names it (or as its code implies).
@@ -116,33 +92,20 @@ impl RpcError {
         kind_of_error(self.code, &self.data)
     }
 
-    /// Adds a field to `data`.
-    pub(crate) fn with(mut self, key: &str, value: Value) -> RpcError {
-        if let Value::Object(m) = &mut self.data {
-            m.insert(key.to_owned(), value);
-        }
-        self
-    }
-
-    pub(crate) fn invalid_params(detail: impl std::fmt::Display) -> RpcError {
-        RpcError::new(
-            INVALID_PARAMS,
-            format!("invalid params: {detail}"),
-            "fix the parameters as the schema describes them and send the request again.",
-        )
-    }
-
-    pub(crate) fn unavailable(what: &str) -> RpcError {
-        RpcError::new(
-            UNAVAILABLE,
-            format!("{what} is not configured on this supervisor"),
-            "use another method; this one is not available here.",
-        )
-    }
-
     /// The agent-facing text.
     pub fn for_agent(&self) -> Option<&str> {
         self.data.get("for_agent").and_then(Value::as_str)
+    }
+}
+
+/// A use case's error on the wire: its kind's code, its message and its details.
+impl From<ServiceError> for RpcError {
+    fn from(e: ServiceError) -> RpcError {
+        RpcError {
+            code: code_of(e.kind()),
+            message: e.message,
+            data: e.data,
+        }
     }
 }
 
@@ -193,7 +156,7 @@ pub(crate) fn parse_call(v: Value) -> Result<Call, (Value, RpcError)> {
         Some(_) => {
             return Err((
                 answer_id,
-                RpcError::invalid_params("`params` must be an object (named parameters)"),
+                ServiceError::invalid("`params` must be an object (named parameters)").into(),
             ));
         }
     };
@@ -208,62 +171,4 @@ pub(crate) fn success(id: Value, result: Value) -> Value {
 /// An error response line (without the newline).
 pub(crate) fn failure(id: Value, error: &RpcError) -> Value {
     serde_json::json!({ "jsonrpc": "2.0", "id": id, "error": error })
-}
-
-/// Renders core's errors with their documented codes.
-pub(crate) fn env_error(e: EnvError) -> RpcError {
-    let mut err = RpcError::classified(e.kind(), e.to_string(), e.for_agent());
-    if let EnvError::NotAllowed(d) = &e {
-        let (verdict, approval) = match &d.verdict {
-            Verdict::Allow => ("allow", None),
-            Verdict::NeedsApproval { request, .. } => ("needs_approval", request.clone()),
-            _ => ("deny", None),
-        };
-        err = err
-            .with("verdict", json!(verdict))
-            .with("rules", json!(d.rules))
-            .with("policy_version", json!(d.policy_version));
-        if let Some(a) = approval {
-            err = err.with("approval", json!(a));
-        }
-    }
-    err
-}
-
-pub(crate) fn sandbox_error(e: SandboxError) -> RpcError {
-    match e {
-        SandboxError::Env(e) => env_error(e),
-        other => RpcError::classified(other.kind(), other.to_string(), other.for_agent()),
-    }
-}
-
-pub(crate) fn bus_error(e: BusError) -> RpcError {
-    let kind = e.kind();
-    let next = match kind {
-        ErrorKind::Conflict => "claim again; this lease is no longer yours.",
-        ErrorKind::Denied => "settle only the receipts your own claims handed you.",
-        ErrorKind::Invalid | ErrorKind::NotFound => {
-            "fix the topic, group, receipt or sizes and retry."
-        }
-        _ => "report the error to a human if it persists.",
-    };
-    let message = e.to_string();
-    let for_agent = format!("{NOT_DONE} Reason: {message}. Next: {next}");
-    RpcError::classified(kind, message, for_agent)
-}
-
-pub(crate) fn policy_error(e: PolicyError) -> RpcError {
-    let kind = e.kind();
-    let next = match &e {
-        PolicyError::NoApprovalNeeded(_) => {
-            "act directly if it is allowed; if it is denied, an approval cannot help."
-        }
-        _ if matches!(kind, ErrorKind::Invalid | ErrorKind::NotFound) => {
-            "fix the request and retry."
-        }
-        _ => "report the error to a human if it persists.",
-    };
-    let message = e.to_string();
-    let for_agent = format!("{NOT_DONE} Reason: {message}. Next: {next}");
-    RpcError::classified(kind, message, for_agent)
 }

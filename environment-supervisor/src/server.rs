@@ -12,10 +12,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
-use super::methods;
-use super::rpc::{self, INVALID_REQUEST, MAX_MESSAGE_BYTES, PARSE_ERROR, RpcError};
-use super::state::Shared;
+use super::rpc::{
+    self, INVALID_REQUEST, MAX_MESSAGE_BYTES, METHOD_NOT_FOUND, PARSE_ERROR, RpcError,
+};
 use environment_sandbox::error::{Result, SandboxError};
+use environment_workspace::Workspace;
+use environment_workspace::{Counters, Method};
 
 /// How long a stopping server waits for requests in flight.
 const HANDLER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -82,7 +84,7 @@ fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener> {
 }
 
 impl Server {
-    pub fn start(path: &Path, shared: Arc<Shared>, limits: ControlLimits) -> Result<Server> {
+    pub fn start(path: &Path, shared: Arc<Workspace>, limits: ControlLimits) -> Result<Server> {
         let listener = bind(path)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -131,7 +133,7 @@ impl Drop for Server {
 
 async fn accept_loop(
     listener: UnixListener,
-    shared: Arc<Shared>,
+    shared: Arc<Workspace>,
     mut stopped: watch::Receiver<bool>,
     limits: ControlLimits,
 ) {
@@ -215,7 +217,7 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> std::io::Re
 
 async fn connection(
     stream: UnixStream,
-    shared: Arc<Shared>,
+    shared: Arc<Workspace>,
     mut stopped: watch::Receiver<bool>,
     idle: std::time::Duration,
 ) {
@@ -266,7 +268,7 @@ async fn connection(
 
 /// Handles one line: a request, a notification or a batch. `None` when nothing is to be sent
 /// back (notifications only, or a blank line).
-pub(crate) fn handle_message(shared: &Shared, bytes: &[u8]) -> Option<Value> {
+pub(crate) fn handle_message(shared: &Workspace, bytes: &[u8]) -> Option<Value> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return None;
     }
@@ -303,12 +305,23 @@ pub(crate) fn handle_message(shared: &Shared, bytes: &[u8]) -> Option<Value> {
     }
 }
 
-fn handle_one(shared: &Shared, v: Value) -> Option<Value> {
+fn handle_one(shared: &Workspace, v: Value) -> Option<Value> {
     let call = match rpc::parse_call(v) {
         Ok(c) => c,
         Err((id, e)) => return Some(rpc::failure(id, &e)),
     };
-    let outcome = methods::call(shared, &call.method, call.params);
+    let outcome = match Method::from_name(&call.method) {
+        Some(m) => shared.call(m, call.params).map_err(RpcError::from),
+        None => {
+            Counters::bump(&shared.counters.requests);
+            let shown: String = call.method.chars().take(100).collect();
+            Err(RpcError::new(
+                METHOD_NOT_FOUND,
+                format!("method not found: {shown:?}"),
+                "call one of the methods the control schema lists.",
+            ))
+        }
+    };
     let id = call.id?;
     Some(match outcome {
         Ok(result) => rpc::success(id, result),

@@ -1,35 +1,36 @@
-//! The gate every request on the socket passes: the access request a method is checked as, put
-//! to the policy port as the connection's actor, with the request's token and approval.
+//! A session: the workspace's actor with what one request presents (a capability token, a
+//! granted approval). It builds the access request a use case is checked as and puts it to
+//! the policy port.
 
 use environment_core::{
     AccessRequest, Action, AttrValue, Context, Decision, EnvError, OpId, Resource,
 };
 
-use super::rpc::{RpcError, env_error};
-use super::state::{Counters, Shared};
+use super::error::ServiceError;
+use super::workspace::{Counters, Workspace};
 
-/// Authorizes the requests of one call as the connection's actor.
-pub(super) struct Gate<'a> {
-    shared: &'a Shared,
+/// Authorizes the requests of one call as the workspace's actor.
+pub(super) struct Session<'a> {
+    shared: &'a Workspace,
     token: Option<String>,
     /// A granted approval presented with the request.
     approval: Option<String>,
 }
 
-impl<'a> Gate<'a> {
+impl<'a> Session<'a> {
     pub(super) fn new(
-        shared: &'a Shared,
+        shared: &'a Workspace,
         token: Option<String>,
         approval: Option<String>,
-    ) -> Gate<'a> {
-        Gate {
+    ) -> Session<'a> {
+        Session {
             shared,
             token,
             approval,
         }
     }
 
-    pub(super) fn shared(&self) -> &'a Shared {
+    pub(super) fn shared(&self) -> &'a Workspace {
         self.shared
     }
 
@@ -74,12 +75,12 @@ impl<'a> Gate<'a> {
         action: Action,
         resource: Resource,
         operation: Option<&str>,
-    ) -> Result<(), RpcError> {
+    ) -> Result<(), ServiceError> {
         self.decide(action, resource, operation, false)
     }
 
-    /// [`Gate::allow`] for a request that core (or the shell) asks again, identically, when it
-    /// performs the operation: the gate then only evaluates, so a quota is spent once, by the
+    /// [`Session::allow`] for a request that core (or the shell) asks again, identically, when it
+    /// performs the operation: the session then only evaluates, so a quota is spent once, by the
     /// check that goes with the work. A token or an approval is spent here, since the second
     /// check does not carry them.
     pub(super) fn allow_rechecked(
@@ -87,7 +88,7 @@ impl<'a> Gate<'a> {
         action: Action,
         resource: Resource,
         operation: Option<&str>,
-    ) -> Result<(), RpcError> {
+    ) -> Result<(), ServiceError> {
         self.decide(action, resource, operation, true)
     }
 
@@ -97,7 +98,7 @@ impl<'a> Gate<'a> {
         resource: Resource,
         operation: Option<&str>,
         rechecked: bool,
-    ) -> Result<(), RpcError> {
+    ) -> Result<(), ServiceError> {
         let req = self.request(action, resource, operation);
         let dry_run = rechecked && self.token.is_none() && self.approval.is_none();
         let decision = decide(self.shared, &req, dry_run);
@@ -105,7 +106,7 @@ impl<'a> Gate<'a> {
             return Ok(());
         }
         Counters::bump(&self.shared.counters.denied);
-        Err(env_error(EnvError::NotAllowed(Box::new(decision))))
+        Err(EnvError::NotAllowed(Box::new(decision)).into())
     }
 
     pub(super) fn branch(&self) -> &str {
@@ -115,7 +116,7 @@ impl<'a> Gate<'a> {
 
 /// Decides `req` through the policy port: spending what an allow consumes, or — with
 /// `dry_run` — only deciding, for a request the operation itself will decide again and spend.
-pub(super) fn decide(shared: &Shared, req: &AccessRequest, dry_run: bool) -> Decision {
+pub(super) fn decide(shared: &Workspace, req: &AccessRequest, dry_run: bool) -> Decision {
     if dry_run {
         shared.authorizer.decide(req)
     } else {
@@ -124,6 +125,6 @@ pub(super) fn decide(shared: &Shared, req: &AccessRequest, dry_run: bool) -> Dec
 }
 
 /// The version a spec names (an id, a prefix, a mark, a branch, `…~N`).
-pub(super) fn resolve(shared: &Shared, spec: &str) -> Result<OpId, RpcError> {
-    shared.env.resolve(spec).map_err(env_error)
+pub(super) fn resolve(shared: &Workspace, spec: &str) -> Result<OpId, ServiceError> {
+    shared.env.resolve(spec).map_err(ServiceError::from)
 }

@@ -1,7 +1,7 @@
-//! The shell methods of the control socket: recorded commands (`exec`), background processes
+//! The shell's use cases: recorded commands (`exec`), background processes
 //! (`process.*`) and terminal sessions (`pty.*`), each calling the shell capability the
-//! supervisor was given. The agent never names the actor a command runs as: it is the
-//! connection's.
+//! workspace was given. The caller never names the actor a command runs as: it is the
+//! workspace's.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,20 +15,21 @@ use environment_core::{
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::gate::Gate;
-use super::rpc::env_error;
-use super::rpc::{INTERNAL_ERROR, RpcError};
+use super::error::ServiceError;
+use super::session::Session;
 
-/// Runs a shell future from a handler (which runs on the runtime's blocking pool).
-fn run<F: Future>(f: F) -> Result<F::Output, RpcError> {
-    let handle = tokio::runtime::Handle::try_current().map_err(|e| {
-        RpcError::new(
-            INTERNAL_ERROR,
-            format!("no runtime for the shell: {e}"),
-            "report the error to a human.",
-        )
-    })?;
-    Ok(handle.block_on(f))
+/// Runs a shell future to its end: on the caller's runtime when it is called from one's
+/// blocking pool (the control socket's handlers), else on a runtime of its own for this call (a
+/// caller in process). The shell's futures only wait on its blocking pool, and its background
+/// readers are threads, so nothing of a call outlives that runtime.
+fn run<F: Future>(f: F) -> Result<F::Output, ServiceError> {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        return Ok(handle.block_on(f));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| ServiceError::internal(format!("no runtime for the shell: {e}")))?;
+    Ok(runtime.block_on(f))
 }
 
 /// The parts of a command the agent chooses.
@@ -47,11 +48,11 @@ pub(super) struct CommandParams {
 }
 
 impl CommandParams {
-    /// The command as the connection's actor runs it, after the gate let it through as an
+    /// The command as the workspace's actor runs it, after the session let it through as an
     /// `execute` of the program with its arguments.
-    fn authorize(self, g: &Gate<'_>, operation: &str) -> Result<CommandSpec, RpcError> {
+    fn authorize(self, g: &Session<'_>, operation: &str) -> Result<CommandSpec, ServiceError> {
         let Some((program, args)) = self.argv.split_first() else {
-            return Err(RpcError::invalid_params("`argv` is empty"));
+            return Err(ServiceError::invalid("`argv` is empty"));
         };
         // The shell asks the same again when it starts the program.
         g.allow_rechecked(
@@ -71,11 +72,11 @@ impl CommandParams {
     }
 }
 
-fn unavailable<T>(what: &str) -> impl FnOnce() -> Result<T, RpcError> + '_ {
-    move || Err(RpcError::unavailable(what))
+fn unavailable<T>(what: &str) -> impl FnOnce() -> Result<T, ServiceError> + '_ {
+    move || Err(ServiceError::unavailable(what))
 }
 
-/// Bytes as the socket gives them: as text when they are UTF-8, else as base64 (standard
+/// Bytes as the service answers them: as text when they are UTF-8, else as base64 (standard
 /// alphabet, padded); exactly one of the two is set.
 pub fn bytes_json(bytes: &[u8]) -> (Option<String>, Option<String>) {
     match std::str::from_utf8(bytes) {
@@ -98,16 +99,15 @@ fn exit_json(e: Option<Exit>) -> Value {
 pub(super) fn split<T: serde::de::DeserializeOwned>(
     mut params: Map<String, Value>,
     extra: &[&str],
-) -> Result<(CommandParams, T), RpcError> {
+) -> Result<(CommandParams, T), ServiceError> {
     let mut own = Map::new();
     for k in extra {
         if let Some(v) = params.remove(*k) {
             own.insert((*k).to_owned(), v);
         }
     }
-    let command =
-        serde_json::from_value(Value::Object(params)).map_err(RpcError::invalid_params)?;
-    let own = serde_json::from_value(Value::Object(own)).map_err(RpcError::invalid_params)?;
+    let command = serde_json::from_value(Value::Object(params)).map_err(ServiceError::invalid)?;
+    let own = serde_json::from_value(Value::Object(own)).map_err(ServiceError::invalid)?;
     Ok((command, own))
 }
 
@@ -125,7 +125,11 @@ pub(super) struct ExecParams {
 /// The fields of `exec` beyond the command's.
 pub(super) const EXEC_FIELDS: &[&str] = &["stdin", "timeout_ms", "output_limit"];
 
-pub(super) fn exec(g: &Gate<'_>, c: CommandParams, p: ExecParams) -> Result<Value, RpcError> {
+pub(super) fn exec(
+    g: &Session<'_>,
+    c: CommandParams,
+    p: ExecParams,
+) -> Result<Value, ServiceError> {
     let Some(shell) = g.shared().shell().exec else {
         return unavailable("command execution")();
     };
@@ -139,7 +143,7 @@ pub(super) fn exec(g: &Gate<'_>, c: CommandParams, p: ExecParams) -> Result<Valu
     if let Some(limit) = p.output_limit {
         request.output_limit = limit;
     }
-    let outcome = run(shell.exec(request))?.map_err(env_error)?;
+    let outcome = run(shell.exec(request))?.map_err(ServiceError::from)?;
     let stream = |s: &StoredOutput| {
         // The stored bytes (at most the output limit), so the agent need not ask again.
         let stored = g.shared().env.blobs().get(&s.blob).unwrap_or_default();
@@ -168,18 +172,18 @@ pub(super) fn exec(g: &Gate<'_>, c: CommandParams, p: ExecParams) -> Result<Valu
 // ---- background processes ------------------------------------------------------------------
 
 fn processes(
-    g: &Gate<'_>,
-) -> Result<std::sync::Arc<dyn environment_core::BackgroundProcesses>, RpcError> {
+    g: &Session<'_>,
+) -> Result<std::sync::Arc<dyn environment_core::BackgroundProcesses>, ServiceError> {
     g.shared()
         .shell()
         .processes
-        .ok_or_else(|| RpcError::unavailable("background processes"))
+        .ok_or_else(|| ServiceError::unavailable("background processes"))
 }
 
-pub(super) fn spawn(g: &Gate<'_>, c: CommandParams) -> Result<Value, RpcError> {
+pub(super) fn spawn(g: &Session<'_>, c: CommandParams) -> Result<Value, ServiceError> {
     let procs = processes(g)?;
     let command = c.authorize(g, "spawn")?;
-    let id = run(procs.spawn(SpawnRequest { command }))?.map_err(env_error)?;
+    let id = run(procs.spawn(SpawnRequest { command }))?.map_err(ServiceError::from)?;
     Ok(json!({ "id": id.0 }))
 }
 
@@ -216,47 +220,50 @@ fn info_json(i: &ProcessInfo) -> Value {
 
 const MAX_READ: u64 = 1 << 20;
 
-pub(super) fn process_read(g: &Gate<'_>, p: ProcessParams) -> Result<Value, RpcError> {
+pub(super) fn process_read(g: &Session<'_>, p: ProcessParams) -> Result<Value, ServiceError> {
     let procs = processes(g)?;
     g.allow(Action::Read, Resource::Environment, Some("process.read"))?;
     let max = p.max.unwrap_or(64 << 10).clamp(1, MAX_READ);
-    let chunk = run(procs.read(ProcessId(p.id), p.offset.unwrap_or(0), max))?.map_err(env_error)?;
+    let chunk = run(procs.read(ProcessId(p.id), p.offset.unwrap_or(0), max))?
+        .map_err(ServiceError::from)?;
     Ok(chunk_json(&chunk))
 }
 
-pub(super) fn process_wait(g: &Gate<'_>, p: ProcessParams) -> Result<Value, RpcError> {
+pub(super) fn process_wait(g: &Session<'_>, p: ProcessParams) -> Result<Value, ServiceError> {
     let procs = processes(g)?;
     g.allow(Action::Read, Resource::Environment, Some("process.wait"))?;
     // Bounded: a connection is answered in order, so an endless wait would block it.
     let timeout = Duration::from_millis(p.timeout_ms.unwrap_or(30_000).min(600_000));
-    let exit = run(procs.wait(ProcessId(p.id), Some(timeout)))?.map_err(env_error)?;
+    let exit = run(procs.wait(ProcessId(p.id), Some(timeout)))?.map_err(ServiceError::from)?;
     Ok(json!({ "exit": exit_json(exit), "ended": exit.is_some() }))
 }
 
-pub(super) fn process_signal(g: &Gate<'_>, p: ProcessParams) -> Result<Value, RpcError> {
+pub(super) fn process_signal(g: &Session<'_>, p: ProcessParams) -> Result<Value, ServiceError> {
     let procs = processes(g)?;
     let Some(signal) = p.signal else {
-        return Err(RpcError::invalid_params("`signal` is required"));
+        return Err(ServiceError::invalid("`signal` is required"));
     };
     g.allow(Action::Write, Resource::Environment, Some("process.signal"))?;
-    run(procs.signal(ProcessId(p.id), signal))?.map_err(env_error)?;
+    run(procs.signal(ProcessId(p.id), signal))?.map_err(ServiceError::from)?;
     Ok(json!({ "id": p.id, "signalled": true }))
 }
 
-pub(super) fn process_list(g: &Gate<'_>) -> Result<Value, RpcError> {
+pub(super) fn process_list(g: &Session<'_>) -> Result<Value, ServiceError> {
     let procs = processes(g)?;
     g.allow(Action::Read, Resource::Environment, Some("process.list"))?;
-    let list = run(procs.list())?.map_err(env_error)?;
+    let list = run(procs.list())?.map_err(ServiceError::from)?;
     Ok(json!({ "processes": list.iter().map(info_json).collect::<Vec<_>>() }))
 }
 
 // ---- terminal sessions ---------------------------------------------------------------------
 
-fn ptys(g: &Gate<'_>) -> Result<std::sync::Arc<dyn environment_core::PtySessions>, RpcError> {
+fn ptys(
+    g: &Session<'_>,
+) -> Result<std::sync::Arc<dyn environment_core::PtySessions>, ServiceError> {
     g.shared()
         .shell()
         .pty
-        .ok_or_else(|| RpcError::unavailable("terminal sessions"))
+        .ok_or_else(|| ServiceError::unavailable("terminal sessions"))
 }
 
 /// The fields of `pty.open` beyond the command's.
@@ -274,10 +281,10 @@ pub(super) struct PtyOpenParams {
 }
 
 pub(super) fn pty_open(
-    g: &Gate<'_>,
+    g: &Session<'_>,
     c: CommandParams,
     p: PtyOpenParams,
-) -> Result<Value, RpcError> {
+) -> Result<Value, ServiceError> {
     let pty = ptys(g)?;
     let command = c.authorize(g, "pty")?;
     let id = run(pty.open(PtyRequest {
@@ -286,7 +293,7 @@ pub(super) fn pty_open(
         cols: p.cols.unwrap_or(80),
         idle_timeout_ms: p.idle_timeout_ms,
     }))?
-    .map_err(env_error)?;
+    .map_err(ServiceError::from)?;
     Ok(json!({ "id": id.0 }))
 }
 
@@ -338,11 +345,11 @@ pub(super) enum PtyOp {
 
 /// One `pty.*` method on an open session; `method` is its wire name.
 pub(super) fn pty_call(
-    g: &Gate<'_>,
+    g: &Session<'_>,
     op: PtyOp,
     method: &str,
     p: PtyParams,
-) -> Result<Value, RpcError> {
+) -> Result<Value, ServiceError> {
     let pty = ptys(g)?;
     let id = SessionId(p.id);
     let action = match op {
@@ -353,35 +360,35 @@ pub(super) fn pty_call(
     let out = match op {
         PtyOp::Write => {
             let Some(data) = p.data else {
-                return Err(RpcError::invalid_params("`data` is required"));
+                return Err(ServiceError::invalid("`data` is required"));
             };
-            run(pty.write(id, data.as_bytes()))?.map_err(env_error)?;
+            run(pty.write(id, data.as_bytes()))?.map_err(ServiceError::from)?;
             json!({ "id": p.id, "written": data.len() })
         }
-        PtyOp::Read => pty_output_json(&run(pty.read(id))?.map_err(env_error)?),
-        PtyOp::Attach => pty_output_json(&run(pty.attach(id))?.map_err(env_error)?),
+        PtyOp::Read => pty_output_json(&run(pty.read(id))?.map_err(ServiceError::from)?),
+        PtyOp::Attach => pty_output_json(&run(pty.attach(id))?.map_err(ServiceError::from)?),
         PtyOp::Resize => {
             let (Some(rows), Some(cols)) = (p.rows, p.cols) else {
-                return Err(RpcError::invalid_params("`rows` and `cols` are required"));
+                return Err(ServiceError::invalid("`rows` and `cols` are required"));
             };
-            run(pty.resize(id, rows, cols))?.map_err(env_error)?;
+            run(pty.resize(id, rows, cols))?.map_err(ServiceError::from)?;
             json!({ "id": p.id, "rows": rows, "cols": cols })
         }
         PtyOp::Detach => {
-            run(pty.detach(id))?.map_err(env_error)?;
+            run(pty.detach(id))?.map_err(ServiceError::from)?;
             json!({ "id": p.id, "attached": false })
         }
         PtyOp::Close => {
-            let exit = run(pty.close(id))?.map_err(env_error)?;
+            let exit = run(pty.close(id))?.map_err(ServiceError::from)?;
             json!({ "id": p.id, "exit": exit_json(exit) })
         }
     };
     Ok(out)
 }
 
-pub(super) fn pty_list(g: &Gate<'_>) -> Result<Value, RpcError> {
+pub(super) fn pty_list(g: &Session<'_>) -> Result<Value, ServiceError> {
     let pty = ptys(g)?;
     g.allow(Action::Read, Resource::Environment, Some("pty.list"))?;
-    let list = run(pty.list())?.map_err(env_error)?;
+    let list = run(pty.list())?.map_err(ServiceError::from)?;
     Ok(json!({ "sessions": list.iter().map(session_json).collect::<Vec<_>>() }))
 }

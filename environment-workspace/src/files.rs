@@ -1,5 +1,5 @@
 //! The methods on workspace files: read, list and write, at the head (after capturing what
-//! changed) or, for reading, at any version. A write is an operation of the socket's actor,
+//! changed) or, for reading, at any version. A write is an operation of the workspace's actor,
 //! written into the tree like a merge.
 
 use environment_core::{Action, EntryKind, Intent, Key, KeyPrefix, Namespace, OpId, Resource};
@@ -7,27 +7,28 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::commands::bytes_json;
-use super::gate::{Gate, resolve};
-use super::rpc::{NOT_FOUND, RpcError, env_error, sandbox_error};
+use super::error::ServiceError;
+use super::session::{Session, resolve};
+use environment_core::ErrorKind;
 use environment_sandbox::error::SandboxError;
 
 /// At most this many entries are listed.
 const MAX_LISTED: usize = 10_000;
 
-fn fs_key(path: &str) -> Result<Key, RpcError> {
+fn fs_key(path: &str) -> Result<Key, ServiceError> {
     Key::fs(path.trim_start_matches("./"))
-        .map_err(|e| RpcError::invalid_params(format!("{path:?} is not a workspace path: {e}")))
+        .map_err(|e| ServiceError::invalid(format!("{path:?} is not a workspace path: {e}")))
 }
 
 /// The version to read: the one named, else the head after a capture of what changed.
-fn version(g: &Gate<'_>, spec: Option<&str>) -> Result<OpId, RpcError> {
+fn version(g: &Session<'_>, spec: Option<&str>) -> Result<OpId, ServiceError> {
     match spec {
         Some(v) => resolve(g.shared(), v),
         None => {
             g.shared()
                 .capture("capture before a read")
-                .map_err(sandbox_error)?;
-            g.shared().env.head(g.branch()).map_err(env_error)
+                .map_err(ServiceError::from)?;
+            g.shared().env.head(g.branch()).map_err(ServiceError::from)
         }
     }
 }
@@ -40,7 +41,7 @@ pub(super) struct ReadParams {
     version: Option<String>,
 }
 
-pub(super) fn read(g: &Gate<'_>, p: ReadParams) -> Result<Value, RpcError> {
+pub(super) fn read(g: &Session<'_>, p: ReadParams) -> Result<Value, ServiceError> {
     let key = fs_key(&p.path)?;
     // Core checks the same again when it reads.
     g.allow_rechecked(Action::Read, Resource::Key(key.clone()), Some("read"))?;
@@ -48,16 +49,16 @@ pub(super) fn read(g: &Gate<'_>, p: ReadParams) -> Result<Value, RpcError> {
     let env = &g.shared().env;
     let value = env
         .read(&g.shared().actor, &key, &v)
-        .map_err(env_error)?
+        .map_err(ServiceError::from)?
         .filter(|value| value.meta.kind == EntryKind::File)
         .ok_or_else(|| {
-            RpcError::new(
-                NOT_FOUND,
+            ServiceError::new(
+                ErrorKind::NotFound,
                 format!("there is no file {} at version {}", p.path, v.short()),
                 "list the files with file.list.",
             )
         })?;
-    let bytes = env.content(&value).map_err(env_error)?;
+    let bytes = env.content(&value).map_err(ServiceError::from)?;
     let (text, base64) = bytes_json(&bytes);
     Ok(json!({
         "path": key.display_path(),
@@ -78,11 +79,11 @@ pub(super) struct ListParams {
     version: Option<String>,
 }
 
-pub(super) fn list(g: &Gate<'_>, p: ListParams) -> Result<Value, RpcError> {
+pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Value, ServiceError> {
     let prefix = match p.prefix.as_deref().map(|d| d.trim_matches('/')) {
         None | Some("") | Some(".") => KeyPrefix::all(Namespace::Fs),
         Some(d) => KeyPrefix::new(Namespace::Fs, d)
-            .map_err(|e| RpcError::invalid_params(format!("{d:?} is not a workspace path: {e}")))?,
+            .map_err(|e| ServiceError::invalid(format!("{d:?} is not a workspace path: {e}")))?,
     };
     g.allow_rechecked(Action::Read, Resource::Prefix(prefix.clone()), Some("list"))?;
     let v = version(g, p.version.as_deref())?;
@@ -90,7 +91,7 @@ pub(super) fn list(g: &Gate<'_>, p: ListParams) -> Result<Value, RpcError> {
         .shared()
         .env
         .list(&g.shared().actor, &prefix, &v)
-        .map_err(env_error)?;
+        .map_err(ServiceError::from)?;
     let total = entries.len();
     let listed: Vec<Value> = entries
         .iter()
@@ -115,7 +116,7 @@ pub(super) struct WriteParams {
     intent: Option<String>,
 }
 
-pub(super) fn write(g: &Gate<'_>, p: WriteParams) -> Result<Value, RpcError> {
+pub(super) fn write(g: &Session<'_>, p: WriteParams) -> Result<Value, ServiceError> {
     let key = fs_key(&p.path)?;
     // Core checks the same again when it records the write.
     g.allow_rechecked(Action::Write, Resource::Key(key.clone()), Some("write"))?;
@@ -125,8 +126,8 @@ pub(super) fn write(g: &Gate<'_>, p: WriteParams) -> Result<Value, RpcError> {
     let obs = shared
         .with_tracker(|t| t.write_file(&shared.actor, &rel, p.content.into_bytes(), intent))
         .map_err(|e| match e {
-            SandboxError::NotWritable { .. } => RpcError::invalid_params(e),
-            other => sandbox_error(other),
+            SandboxError::NotWritable { .. } => ServiceError::invalid(e),
+            other => ServiceError::from(other),
         })?;
     Ok(json!({ "path": rel, "version": obs.version.to_string() }))
 }

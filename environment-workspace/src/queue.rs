@@ -1,4 +1,4 @@
-//! The queue methods: publish, claim, ack, nack — the bus, through the socket's gate. The
+//! The queue methods: publish, claim, ack, nack — the bus, through the session's authorization. The
 //! publisher header is the connection's actor, and settling is authorized on the consumer group
 //! a receipt was claimed from, not on what the caller says.
 
@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use environment_bus::{Headers, PublishOptions, Receipt};
-use environment_core::{Action, Resource};
+use environment_core::{Action, ErrorKind, Resource};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::gate::Gate;
-use super::rpc::{RpcError, bus_error};
-use super::state::{Claimed, lock};
+use super::error::ServiceError;
+use super::session::Session;
+use super::workspace::{Claimed, lock};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,18 +29,18 @@ pub(super) struct PublishParams {
     correlation_id: Option<String>,
 }
 
-pub(super) fn bus<'a>(g: &'a Gate<'_>) -> Result<&'a environment_bus::Bus, RpcError> {
+pub(super) fn bus<'a>(g: &'a Session<'_>) -> Result<&'a environment_bus::Bus, ServiceError> {
     g.shared()
         .bus
         .as_ref()
-        .ok_or_else(|| RpcError::unavailable("the queue"))
+        .ok_or_else(|| ServiceError::unavailable("the queue"))
 }
 
-pub(super) fn publish(g: &Gate<'_>, p: PublishParams) -> Result<Value, RpcError> {
+pub(super) fn publish(g: &Session<'_>, p: PublishParams) -> Result<Value, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Publish, Resource::Topic(p.topic.clone()), None)?;
     let mut opts = PublishOptions::default().headers(Headers {
-        // Who published is the supervisor's to say, not the caller's.
+        // Who published is the workspace's to say, not the caller's.
         actor: Some(g.shared().actor.to_string()),
         correlation_id: p.correlation_id,
         causing_op: None,
@@ -51,7 +51,7 @@ pub(super) fn publish(g: &Gate<'_>, p: PublishParams) -> Result<Value, RpcError>
     let published = bus
         .publish_creating(&p.topic, p.payload.into_bytes(), opts)
         .wait()
-        .map_err(bus_error)?;
+        .map_err(ServiceError::from)?;
     Ok(json!({ "id": published.id.0, "duplicate": published.duplicate }))
 }
 
@@ -67,7 +67,7 @@ pub(super) struct ClaimParams {
     lease_ms: Option<u64>,
 }
 
-pub(super) fn claim(g: &Gate<'_>, p: ClaimParams) -> Result<Value, RpcError> {
+pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Value, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
     let consumer = p.consumer.unwrap_or_else(|| g.shared().actor.to_string());
@@ -79,7 +79,7 @@ pub(super) fn claim(g: &Gate<'_>, p: ClaimParams) -> Result<Value, RpcError> {
             Duration::from_millis(p.lease_ms.unwrap_or(30_000)),
         )
         .wait()
-        .map_err(bus_error)?;
+        .map_err(ServiceError::from)?;
     let mut receipts = lock(&g.shared().receipts);
     let out: Vec<Value> = leases
         .iter()
@@ -125,20 +125,23 @@ pub(super) struct SettleParams {
     error: Option<String>,
 }
 
-pub(super) fn settle(g: &Gate<'_>, p: SettleParams, ack: bool) -> Result<Value, RpcError> {
+pub(super) fn settle(g: &Session<'_>, p: SettleParams, ack: bool) -> Result<Value, ServiceError> {
     let bus = bus(g)?;
     if ack && (p.delay_ms.is_some() || p.error.is_some()) {
-        return Err(RpcError::invalid_params(
+        return Err(ServiceError::invalid(
             "`delay_ms` and `error` are for queue.nack",
         ));
     }
     let Some(claimed) = lock(&g.shared().receipts).get(&p.receipt).cloned() else {
-        return Err(RpcError::invalid_params(
-            "unknown receipt: it was not handed out by queue.claim on this supervisor",
+        return Err(ServiceError::new(
+            ErrorKind::NotFound,
+            "unknown receipt: it was not handed out by queue.claim in this workspace, or it was \
+             settled already",
+            "settle the receipts your own claims hand you, once each.",
         ));
     };
     g.allow(Action::Consume, Resource::Topic(claimed.group), None)?;
-    let receipt: Receipt = p.receipt.parse().map_err(bus_error)?;
+    let receipt: Receipt = p.receipt.parse().map_err(ServiceError::from)?;
     let pending = if ack {
         bus.ack_as(&claimed.consumer, &receipt)
     } else {
@@ -149,7 +152,7 @@ pub(super) fn settle(g: &Gate<'_>, p: SettleParams, ack: bool) -> Result<Value, 
             p.error.as_deref(),
         )
     };
-    pending.wait().map_err(bus_error)?;
+    pending.wait().map_err(ServiceError::from)?;
     lock(&g.shared().receipts).remove(&p.receipt);
     Ok(json!({ "receipt": p.receipt, "settled": if ack { "ack" } else { "nack" } }))
 }

@@ -1,4 +1,6 @@
-//! What the supervisor's request handlers, its agent waiter and its owner share.
+//! An open workspace: the environment, the trackers of its trees, the shell, the policy and the
+//! queue, shared by every session on it (the supervisor's socket, its agent waiter and its
+//! owner among them).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,26 +13,30 @@ use environment_core::{
 };
 use environment_policy::Policy;
 
-use environment_sandbox::error::{Result, SandboxError};
 use environment_sandbox::launch::Launcher;
 use environment_sandbox::restore::RestorePlan;
 use environment_sandbox::tracker::Tracker;
+use environment_sandbox::{Result, SandboxError};
 
-/// Counters for the closing summary.
-#[derive(Default)]
-pub(crate) struct Counters {
+/// What the workspace answered, for a closing summary.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Restores and undos done.
     pub rollbacks: AtomicU64,
+    /// Use cases called.
     pub requests: AtomicU64,
+    /// Requests the policy refused.
     pub denied: AtomicU64,
 }
 
 impl Counters {
+    /// Counts one more.
     pub fn bump(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// The shell capabilities the supervisor exposes on its socket; each is optional.
+/// The shell capabilities the workspace offers (`exec`, `process.*`, `pty.*`); each is optional.
 #[derive(Clone, Default)]
 pub struct ShellHandles {
     /// Recorded commands (`exec`).
@@ -51,8 +57,35 @@ impl std::fmt::Debug for ShellHandles {
     }
 }
 
-/// The state behind the control socket.
-pub(crate) struct Shared {
+/// What a workspace is opened with.
+pub struct Parts {
+    /// The environment.
+    pub env: LocalEnvironment,
+    /// The tracker of the workspace tree.
+    pub tracker: Arc<Tracker>,
+    /// The trackers of the further roots (a managed rootfs), restored with the workspace.
+    pub extra: Vec<Arc<Tracker>>,
+    /// The shell capabilities offered.
+    pub shell: ShellHandles,
+    /// Decides every request (and every operation of the environment).
+    pub authorizer: Arc<dyn Authorizer>,
+    /// The policy behind the `policy.*` and `approval.*` use cases.
+    pub policy: Option<Arc<Policy>>,
+    /// The queue behind `queue.*`.
+    pub bus: Option<Bus>,
+    /// How commands are confined.
+    pub launcher: Arc<dyn Launcher>,
+    /// Whom requests act as.
+    pub actor: ActorId,
+    /// The capability token presented with every request that presents none.
+    pub default_token: Option<String>,
+    /// The branch the workspace is captured to.
+    pub branch: String,
+}
+
+/// An open workspace, shared by the sessions on it.
+pub struct Workspace {
+    /// The environment.
     pub env: LocalEnvironment,
     /// `None` once shut down. Shared with the shell, whose commands take their own captures.
     pub tracker: RwLock<Option<Arc<Tracker>>>,
@@ -60,37 +93,66 @@ pub(crate) struct Shared {
     pub extra: RwLock<Vec<Arc<Tracker>>>,
     /// The shell capabilities behind `exec`, `process.*` and `pty.*`, once attached.
     pub shell: RwLock<ShellHandles>,
+    /// Decides every request.
     pub authorizer: Arc<dyn Authorizer>,
+    /// The policy, for the use cases that describe it.
     pub policy: Option<Arc<Policy>>,
+    /// The queue.
     pub bus: Option<Bus>,
+    /// How commands are confined.
     pub launcher: Arc<dyn Launcher>,
-    /// Whom requests on the socket act as.
+    /// Whom requests act as.
     pub actor: ActorId,
     /// Applied to every request that presents none, so the agent cannot shed its limits by
     /// omitting the token it was given.
     pub default_token: Option<String>,
+    /// The branch the workspace is captured to.
     pub branch: String,
-    /// Receipts handed out through the socket, with their group and consumer: settling is
-    /// authorized on the group the receipt was claimed from, and done as its claimer.
-    pub receipts: Mutex<HashMap<String, Claimed>>,
+    /// Receipts handed out, with their group and consumer: settling is authorized on the group
+    /// the receipt was claimed from, and done as its claimer.
+    pub(crate) receipts: Mutex<HashMap<String, Claimed>>,
+    /// What was answered.
     pub counters: Counters,
     /// The running agent's pid, for `status`.
     pub agent_pid: Mutex<Option<u32>>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks `m`, carrying on after a panic of another holder (the data stays usable).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Shared {
-    /// Runs `f` on the tracker, unless the supervisor has shut down. A read lock is held
+impl Workspace {
+    /// Opens a workspace on its parts.
+    pub fn new(p: Parts) -> Workspace {
+        Workspace {
+            env: p.env,
+            tracker: RwLock::new(Some(p.tracker)),
+            extra: RwLock::new(p.extra),
+            shell: RwLock::new(p.shell),
+            authorizer: p.authorizer,
+            policy: p.policy,
+            bus: p.bus,
+            launcher: p.launcher,
+            actor: p.actor,
+            default_token: p.default_token,
+            branch: p.branch,
+            receipts: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+            agent_pid: Mutex::new(None),
+        }
+    }
+}
+
+impl Workspace {
+    /// Runs `f` on the tracker, unless the workspace has shut down. A read lock is held
     /// meanwhile, so shutdown waits for work in flight.
     pub fn with_tracker<R>(&self, f: impl FnOnce(&Tracker) -> Result<R>) -> Result<R> {
         let guard = self.tracker.read().unwrap_or_else(|p| p.into_inner());
         match guard.as_deref() {
             Some(t) => f(t),
             None => Err(SandboxError::Supervisor(
-                "the supervisor is shutting down".into(),
+                "the workspace is shutting down".into(),
             )),
         }
     }
@@ -143,14 +205,14 @@ impl Shared {
     }
 }
 
-impl Shared {
+impl Workspace {
     /// The attached shell capabilities.
     pub fn shell(&self) -> ShellHandles {
         self.shell.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
-/// Who claimed a receipt this supervisor handed out, and from which group: settling is
+/// Who claimed a receipt this workspace handed out, and from which group: settling is
 /// authorized on the group and done as that consumer.
 #[derive(Clone, Debug)]
 pub(crate) struct Claimed {

@@ -6,8 +6,8 @@ use environment_policy::ApprovalState;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::gate::Gate;
-use super::rpc::{RpcError, env_error, policy_error};
+use super::error::ServiceError;
+use super::session::Session;
 
 /// A resource as the policy methods name it: exactly one field set.
 #[derive(Deserialize, Default)]
@@ -27,8 +27,8 @@ pub(super) struct ResourceParam {
 }
 
 impl ResourceParam {
-    fn resource(self) -> Result<Resource, RpcError> {
-        let key = |e| env_error(EnvError::Key(e));
+    fn resource(self) -> Result<Resource, ServiceError> {
+        let key = |e| ServiceError::from(EnvError::Key(e));
         let set = [
             self.path.is_some(),
             self.prefix.is_some(),
@@ -41,7 +41,7 @@ impl ResourceParam {
             self.environment == Some(true),
         ];
         if set.iter().filter(|b| **b).count() != 1 {
-            return Err(RpcError::invalid_params(
+            return Err(ServiceError::invalid(
                 "`resource` names exactly one of path, prefix, object, branch, topic, program (+ args), service, secret, environment",
             ));
         }
@@ -70,9 +70,9 @@ impl ResourceParam {
     }
 }
 
-pub(super) fn action_of(name: &str) -> Result<Action, RpcError> {
+pub(super) fn action_of(name: &str) -> Result<Action, ServiceError> {
     if name.is_empty() {
-        return Err(RpcError::invalid_params("`action` is empty"));
+        return Err(ServiceError::invalid("`action` is empty"));
     }
     Ok(Action::named(name))
 }
@@ -86,14 +86,16 @@ pub(super) struct ExplainParams {
     operation: Option<String>,
 }
 
-pub(super) fn policy<'a>(g: &'a Gate<'_>) -> Result<&'a environment_policy::Policy, RpcError> {
+pub(super) fn policy<'a>(
+    g: &'a Session<'_>,
+) -> Result<&'a environment_policy::Policy, ServiceError> {
     g.shared()
         .policy
         .as_deref()
-        .ok_or_else(|| RpcError::unavailable("a policy"))
+        .ok_or_else(|| ServiceError::unavailable("a policy"))
 }
 
-pub(super) fn explain(g: &Gate<'_>, p: ExplainParams) -> Result<Value, RpcError> {
+pub(super) fn explain(g: &Session<'_>, p: ExplainParams) -> Result<Value, ServiceError> {
     let policy = policy(g)?;
     g.allow(Action::Read, Resource::Environment, Some("policy.explain"))?;
     let req = g.request(
@@ -119,7 +121,7 @@ pub(super) struct WhatMayParams {
     resource: ResourceParam,
 }
 
-pub(super) fn what_may(g: &Gate<'_>, p: WhatMayParams) -> Result<Value, RpcError> {
+pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Value, ServiceError> {
     let policy = policy(g)?;
     g.allow(
         Action::Read,
@@ -148,7 +150,7 @@ pub(super) struct ApprovalParams {
     operation: Option<String>,
 }
 
-pub(super) fn approval_request(g: &Gate<'_>, p: ApprovalParams) -> Result<Value, RpcError> {
+pub(super) fn approval_request(g: &Session<'_>, p: ApprovalParams) -> Result<Value, ServiceError> {
     let policy = policy(g)?;
     g.allow(
         Action::Write,
@@ -160,7 +162,7 @@ pub(super) fn approval_request(g: &Gate<'_>, p: ApprovalParams) -> Result<Value,
         p.resource.resource()?,
         p.operation.as_deref(),
     );
-    let a = policy.request_approval(&req).map_err(policy_error)?;
+    let a = policy.request_approval(&req).map_err(ServiceError::from)?;
     Ok(json!({
         "id": a.id,
         "state": match a.state {

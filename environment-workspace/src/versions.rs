@@ -8,9 +8,9 @@ use environment_core::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::gate::{Gate, resolve};
-use super::rpc::{RpcError, env_error, sandbox_error};
-use super::state::{Counters, lock};
+use super::error::ServiceError;
+use super::session::{Session, resolve};
+use super::workspace::{Counters, lock};
 use environment_sandbox::restore::RestoreStep;
 
 #[derive(Deserialize)]
@@ -35,10 +35,14 @@ pub(super) struct RefusedParams {
 
 /// A read of `branch`'s history of at most `limit` entries (default 50): the limit checked,
 /// the read authorized (core asks again).
-fn history_read(g: &Gate<'_>, branch: &str, limit: Option<usize>) -> Result<usize, RpcError> {
+fn history_read(
+    g: &Session<'_>,
+    branch: &str,
+    limit: Option<usize>,
+) -> Result<usize, ServiceError> {
     let limit = limit.unwrap_or(50);
     if limit == 0 || limit > MAX_HISTORY {
-        return Err(RpcError::invalid_params(format!(
+        return Err(ServiceError::invalid(format!(
             "`limit` must be 1..={MAX_HISTORY}"
         )));
     }
@@ -51,20 +55,20 @@ fn history_read(g: &Gate<'_>, branch: &str, limit: Option<usize>) -> Result<usiz
 }
 
 /// The changes refused on the workspace's branch, newest first (read as its history is).
-pub(super) fn refused(g: &Gate<'_>, p: RefusedParams) -> Result<Value, RpcError> {
+pub(super) fn refused(g: &Session<'_>, p: RefusedParams) -> Result<Value, ServiceError> {
     let limit = history_read(g, g.branch(), p.limit)?;
     let refused = g
         .shared()
         .env
         .refused(g.actor(), g.branch(), limit)
-        .map_err(env_error)?;
+        .map_err(ServiceError::from)?;
     Ok(json!({
         "branch": g.branch(),
         "refused": refused.iter().map(RefusedChange::to_json).collect::<Vec<_>>(),
     }))
 }
 
-pub(super) fn history(g: &Gate<'_>, p: HistoryParams) -> Result<Value, RpcError> {
+pub(super) fn history(g: &Session<'_>, p: HistoryParams) -> Result<Value, ServiceError> {
     let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
     let limit = history_read(g, &branch, p.limit)?;
     let entries = g
@@ -75,8 +79,8 @@ pub(super) fn history(g: &Gate<'_>, p: HistoryParams) -> Result<Value, RpcError>
             &branch,
             &HistoryOptions { all: p.all, limit },
         )
-        .map_err(env_error)?;
-    let head = g.shared().env.head(&branch).map_err(env_error)?;
+        .map_err(ServiceError::from)?;
+    let head = g.shared().env.head(&branch).map_err(ServiceError::from)?;
     Ok(json!({
         "branch": branch,
         "head": head.to_string(),
@@ -90,16 +94,20 @@ pub(super) struct ShowParams {
     version: String,
 }
 
-pub(super) fn show(g: &Gate<'_>, p: ShowParams) -> Result<Value, RpcError> {
+pub(super) fn show(g: &Session<'_>, p: ShowParams) -> Result<Value, ServiceError> {
     let id = resolve(g.shared(), &p.version)?;
-    let op = g.shared().env.op(&id).map_err(env_error)?;
+    let op = g.shared().env.op(&id).map_err(ServiceError::from)?;
     // Core asks the same when it shows the operation (the changes are a diff, asked there).
     g.allow_rechecked(
         Action::Read,
         Resource::Branch(op.branch.clone()),
         Some("show"),
     )?;
-    let shown = g.shared().env.show(g.actor(), &id).map_err(env_error)?;
+    let shown = g
+        .shared()
+        .env
+        .show(g.actor(), &id)
+        .map_err(ServiceError::from)?;
     let mut j = shown.op.to_json();
     j["marks"] = json!(shown.marks);
     if let Some(changes) = &shown.changes {
@@ -122,16 +130,20 @@ pub(super) struct DiffParams {
 
 const MAX_LISTED: usize = 1000;
 
-pub(super) fn diff(g: &Gate<'_>, p: DiffParams) -> Result<Value, RpcError> {
+pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Value, ServiceError> {
     let from = resolve(g.shared(), &p.from)?;
     let to = match &p.to {
         Some(t) => resolve(g.shared(), t)?,
-        None => g.shared().env.head(g.branch()).map_err(env_error)?,
+        None => g
+            .shared()
+            .env
+            .head(g.branch())
+            .map_err(ServiceError::from)?,
     };
     let prefix = match &p.prefix {
         Some(s) if !s.is_empty() => Some(
             KeyPrefix::new(Namespace::Fs, s.as_bytes().to_vec())
-                .map_err(|e| env_error(EnvError::Key(e)))?,
+                .map_err(|e| ServiceError::from(EnvError::Key(e)))?,
         ),
         _ => None,
     };
@@ -145,7 +157,7 @@ pub(super) fn diff(g: &Gate<'_>, p: DiffParams) -> Result<Value, RpcError> {
         .shared()
         .env
         .diff(&g.shared().actor, &from, &to, prefix.as_ref())
-        .map_err(env_error)?;
+        .map_err(ServiceError::from)?;
     Ok(json!({
         "from": from.to_string(),
         "to": to.to_string(),
@@ -185,7 +197,7 @@ pub(super) struct MarkParams {
     version: Option<String>,
 }
 
-pub(super) fn mark(g: &Gate<'_>, p: MarkParams) -> Result<Value, RpcError> {
+pub(super) fn mark(g: &Session<'_>, p: MarkParams) -> Result<Value, ServiceError> {
     g.allow_rechecked(Action::Write, Resource::Environment, Some("mark"))?;
     let version = match &p.version {
         Some(v) => resolve(g.shared(), v)?,
@@ -193,14 +205,17 @@ pub(super) fn mark(g: &Gate<'_>, p: MarkParams) -> Result<Value, RpcError> {
             // The mark names what is on disk now, not the last debounced capture.
             g.shared()
                 .capture("capture before a mark")
-                .map_err(sandbox_error)?;
-            g.shared().env.head(g.branch()).map_err(env_error)?
+                .map_err(ServiceError::from)?;
+            g.shared()
+                .env
+                .head(g.branch())
+                .map_err(ServiceError::from)?
         }
     };
     g.shared()
         .env
         .mark(&g.shared().actor, &p.name, &version)
-        .map_err(env_error)?;
+        .map_err(ServiceError::from)?;
     Ok(json!({ "name": p.name, "version": version.to_string() }))
 }
 
@@ -230,7 +245,7 @@ pub(super) fn steps_json(steps: &[RestoreStep]) -> Value {
     })
 }
 
-pub(super) fn restore(g: &Gate<'_>, p: RestoreParams) -> Result<Value, RpcError> {
+pub(super) fn restore(g: &Session<'_>, p: RestoreParams) -> Result<Value, ServiceError> {
     let action = if p.dry_run {
         Action::Read
     } else {
@@ -251,14 +266,14 @@ pub(super) fn restore(g: &Gate<'_>, p: RestoreParams) -> Result<Value, RpcError>
 }
 
 pub(super) fn restore_to(
-    g: &Gate<'_>,
+    g: &Session<'_>,
     target: OpId,
     dry_run: bool,
     intent: Intent,
-) -> Result<Value, RpcError> {
+) -> Result<Value, ServiceError> {
     let shared = g.shared();
     if dry_run {
-        let plan = shared.plan_restore(&target).map_err(sandbox_error)?;
+        let plan = shared.plan_restore(&target).map_err(ServiceError::from)?;
         return Ok(json!({
             "dry_run": true,
             "from": plan.from.to_string(),
@@ -268,9 +283,9 @@ pub(super) fn restore_to(
     }
     let plan = shared
         .restore(&shared.actor, &target, intent)
-        .map_err(sandbox_error)?;
+        .map_err(ServiceError::from)?;
     Counters::bump(&shared.counters.rollbacks);
-    let head = shared.env.head(g.branch()).map_err(env_error)?;
+    let head = shared.env.head(g.branch()).map_err(ServiceError::from)?;
     Ok(json!({
         "dry_run": false,
         "version": head.to_string(),
@@ -289,7 +304,7 @@ pub(super) enum Way {
 
 /// Undoes the last operation not undone yet, or redoes the last undo not redone yet, in every
 /// tracked tree: core says what to restore, the restore writes it.
-pub(super) fn step(g: &Gate<'_>, way: Way) -> Result<Value, RpcError> {
+pub(super) fn step(g: &Session<'_>, way: Way) -> Result<Value, ServiceError> {
     // A restore of the live tree, so it is authorized as one (core checks the same).
     g.allow_rechecked(
         Action::Write,
@@ -298,13 +313,13 @@ pub(super) fn step(g: &Gate<'_>, way: Way) -> Result<Value, RpcError> {
     )?;
     g.shared()
         .capture("capture before an undo or a redo")
-        .map_err(sandbox_error)?;
+        .map_err(ServiceError::from)?;
     let env = &g.shared().env;
     let step = match way {
         Way::Undo => env.undo_step(g.actor(), g.branch()),
         Way::Redo => env.redo_step(g.actor(), g.branch()),
     }
-    .map_err(env_error)?;
+    .map_err(ServiceError::from)?;
     restore_to(g, step.target, false, step.intent)
 }
 
@@ -315,7 +330,7 @@ pub(super) struct MergeParams {
 }
 
 /// Merges a branch into the workspace's and writes the result into every tracked tree.
-pub(super) fn merge(g: &Gate<'_>, p: MergeParams) -> Result<Value, RpcError> {
+pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Value, ServiceError> {
     // Core checks the same again when it records the merge.
     g.allow_rechecked(
         Action::Write,
@@ -325,17 +340,19 @@ pub(super) fn merge(g: &Gate<'_>, p: MergeParams) -> Result<Value, RpcError> {
     let shared = g.shared();
     // Automatic captures wait while the head moves under the tree; what changed before is
     // captured first, so the tree and the head agree on where the merge starts.
-    let _hold = shared.with_tracker(|t| t.hold()).map_err(sandbox_error)?;
+    let _hold = shared
+        .with_tracker(|t| t.hold())
+        .map_err(ServiceError::from)?;
     shared
         .capture("capture before a merge")
-        .map_err(sandbox_error)?;
-    let before = shared.env.head(g.branch()).map_err(env_error)?;
+        .map_err(ServiceError::from)?;
+    let before = shared.env.head(g.branch()).map_err(ServiceError::from)?;
     let intent = Intent::new(IntentKind::Merge, format!("merge {}", p.source));
     let outcome = shared
         .env
         .merge(&shared.actor, &p.source, g.branch(), intent)
-        .map_err(env_error)?;
-    let plan = shared.sync_from(&before).map_err(sandbox_error)?;
+        .map_err(ServiceError::from)?;
+    let plan = shared.sync_from(&before).map_err(ServiceError::from)?;
     Ok(json!({
         "version": outcome.version.to_string(),
         "noop": outcome.noop,
@@ -344,17 +361,17 @@ pub(super) fn merge(g: &Gate<'_>, p: MergeParams) -> Result<Value, RpcError> {
     }))
 }
 
-pub(super) fn status(g: &Gate<'_>) -> Result<Value, RpcError> {
+pub(super) fn status(g: &Session<'_>) -> Result<Value, ServiceError> {
     g.allow(
         Action::Read,
         Resource::Branch(g.branch().to_owned()),
         Some("status"),
     )?;
     let s = g.shared();
-    let head = s.env.head(g.branch()).map_err(env_error)?;
+    let head = s.env.head(g.branch()).map_err(ServiceError::from)?;
     let captures = s
         .with_tracker(|t| Ok(t.captures()))
-        .map_err(sandbox_error)?;
+        .map_err(ServiceError::from)?;
     Ok(json!({
         "actor": s.actor.as_str(),
         "branch": g.branch(),
@@ -369,9 +386,13 @@ pub(super) fn status(g: &Gate<'_>) -> Result<Value, RpcError> {
     }))
 }
 
-pub(super) fn gc(g: &Gate<'_>) -> Result<Value, RpcError> {
+pub(super) fn gc(g: &Session<'_>) -> Result<Value, ServiceError> {
     g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
-    let r = g.shared().env.gc(&g.shared().actor).map_err(env_error)?;
+    let r = g
+        .shared()
+        .env
+        .gc(&g.shared().actor)
+        .map_err(ServiceError::from)?;
     Ok(json!({
         "kept": r.kept,
         "removed": r.removed,

@@ -1,0 +1,467 @@
+//! The workspace service answers the same through every door: one set of test bodies runs
+//! every use case in process (`Workspace::call`) and through the supervisor's control socket,
+//! on two workspaces made alike, and the two transcripts (answers with their ids and paths
+//! normalized, or error kinds with what they did to the disk and the log) must be equal. Each
+//! body also checks its outcomes on disk and in the log, so a door that agrees with the other
+//! on a wrong answer still fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+// The sandbox's test helpers (trees on disk and in views, running as an unprivileged uid).
+#[path = "../../environment-sandbox/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{always, both, disk, no_skip, view, write};
+use environment_bus::{Bus, BusConfig, GroupOptions};
+use environment_core::{ActorId, ErrorKind, LocalEnvironment, Options, SystemClock};
+use environment_policy::Policy;
+use environment_sandbox::Unconfined;
+use environment_supervisor::{ControlClient, ControlError, Supervisor, SupervisorConfig, rpc};
+use environment_workspace::{Method, ServiceError};
+use serde_json::{Value, json};
+
+fn agent() -> ActorId {
+    ActorId::new("agent:coder").unwrap()
+}
+
+/// The agent may do anything but write under `secrets/`, and publishing to `deploy` needs a
+/// human's approval.
+const RULES: &str = r#"
+[[rule]]
+id = "supervisor-captures"
+effect = "permit"
+principal = "service:supervisor"
+actions = ["read", "write", "delete"]
+resource = "*"
+
+[[rule]]
+id = "agent-works"
+effect = "permit"
+principal = "agent:coder"
+actions = ["read", "write", "delete", "execute"]
+resource = "*"
+
+[[rule]]
+id = "agent-tasks"
+effect = "permit"
+principal = "agent:coder"
+actions = ["publish", "consume"]
+resource = { topic = "tasks" }
+
+[[rule]]
+id = "operator-works"
+effect = "permit"
+principal = "human:operator"
+actions = ["read", "write", "delete"]
+resource = "*"
+
+[[rule]]
+id = "no-secrets"
+effect = "forbid"
+principal = "agent:coder"
+actions = ["write", "delete"]
+resource = { path = "secrets/**" }
+
+[[rule]]
+id = "deploys-need-approval"
+effect = "permit"
+principal = "agent:coder"
+actions = ["publish"]
+resource = { topic = "deploy" }
+approval_from = ["human:operator"]
+"#;
+
+/// A governed supervisor over a small workspace, with a queue.
+fn open(dir: &Path) -> (Supervisor, PathBuf, PathBuf) {
+    let work = dir.join("work");
+    let home = dir.join("home");
+    std::fs::create_dir_all(&work).unwrap();
+    write(&work, "src/main.rs", b"fn main() {}\n");
+    write(&work, "config.toml", b"debug = false\n");
+    write(&work, "secrets/token", b"s3cr3t\n");
+    let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
+    policy.load_rules(RULES).unwrap();
+    let mut c = SupervisorConfig::new(&home, &work, Arc::new(Unconfined::new(&work)), agent());
+    c.quiet_period = Duration::from_millis(50);
+    c.max_wait = Duration::from_millis(500);
+    c.policy = Some(policy);
+    std::fs::create_dir_all(&home).unwrap();
+    let bus = Bus::open(home.join("bus.db"), BusConfig::default()).unwrap();
+    bus.create_topic("tasks").wait().unwrap();
+    bus.create_group("tasks", &["tasks"], GroupOptions::default())
+        .wait()
+        .unwrap();
+    c.bus = Some(bus);
+    (Supervisor::open(c).unwrap(), work, home)
+}
+
+/// What a door answered: the result, or the error's kind and details.
+type Answer = Result<Value, (ErrorKind, Value)>;
+
+/// A way to call the workspace service.
+trait Door {
+    fn call(&mut self, method: &str, params: Value) -> Answer;
+}
+
+/// In process: the service's own entry point.
+struct InProcess(Arc<environment_workspace::Workspace>);
+
+impl Door for InProcess {
+    fn call(&mut self, method: &str, params: Value) -> Answer {
+        let Value::Object(params) = params else {
+            panic!("params are an object")
+        };
+        let m = Method::from_name(method).unwrap();
+        self.0
+            .call(m, params)
+            .map_err(|e: ServiceError| (e.kind(), e.data))
+    }
+}
+
+/// Through the control socket.
+struct Socket(ControlClient);
+
+impl Door for Socket {
+    fn call(&mut self, method: &str, params: Value) -> Answer {
+        self.0.call(method, params).map_err(|e| match e {
+            ControlError::Rpc { code, data, .. } => (rpc::kind_of_error(code, &data), data),
+            other => panic!("the socket failed: {other}"),
+        })
+    }
+}
+
+/// One use case's outcome in the transcript: the answer with everything that differs between
+/// two workspaces made alike (ids, versions, times, paths of the temporary directory) blanked.
+fn normalized(v: &Value, dir: &Path) -> Value {
+    match v {
+        Value::String(s) => {
+            let s = s.replace(&dir.display().to_string(), "<dir>");
+            let hexish = s.len() >= 12 && s.chars().all(|c| c.is_ascii_hexdigit());
+            Value::String(if hexish { "<id>".into() } else { blank_ids(&s) })
+        }
+        Value::Array(items) => Value::Array(items.iter().map(|i| normalized(i, dir)).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let blank = k.ends_with("_ms")
+                        || matches!(
+                            k.as_str(),
+                            "time"
+                                | "at"
+                                | "started"
+                                | "ended"
+                                | "duration_ms"
+                                | "id"
+                                | "receipt"
+                                | "pid"
+                                | "agent_pid"
+                                | "policy_version"
+                                | "lease_until_ms"
+                                | "created"
+                                | "requests"
+                                | "first_time"
+                        );
+                    let v = if blank && !v.is_null() {
+                        json!("<varies>")
+                    } else {
+                        normalized(v, dir)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Blanks the runs of 12 or more hex digits in a text (ids quoted in messages).
+fn blank_ids(s: &str) -> String {
+    let mut out = String::new();
+    let mut run = String::new();
+    for c in s.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_hexdigit() {
+            run.push(c);
+            continue;
+        }
+        if run.len() >= 12 {
+            out.push_str("<id>");
+        } else {
+            out.push_str(&run);
+        }
+        run.clear();
+        out.push(c);
+    }
+    out.pop();
+    out
+}
+
+/// Records each call's normalized outcome.
+struct Transcript<'a> {
+    door: &'a mut dyn Door,
+    dir: PathBuf,
+    lines: Vec<(String, Value)>,
+}
+
+impl Transcript<'_> {
+    fn call(&mut self, method: &str, params: Value) -> Answer {
+        let answer = self.door.call(method, params.clone());
+        let shown = match &answer {
+            Ok(v) => json!({ "ok": normalized(v, &self.dir) }),
+            Err((kind, data)) => json!({ "error": kind, "data": normalized(data, &self.dir) }),
+        };
+        self.lines.push((format!("{method} {params}"), shown));
+        answer
+    }
+
+    fn ok(&mut self, method: &str, params: Value) -> Value {
+        self.call(method, params.clone())
+            .unwrap_or_else(|e| panic!("{method} {params}: {e:?}"))
+    }
+
+    fn refused(&mut self, method: &str, params: Value, kind: ErrorKind) {
+        match self.call(method, params.clone()) {
+            Err((k, _)) => assert_eq!(k, kind, "{method} {params}"),
+            Ok(v) => panic!("{method} {params} was not refused: {v}"),
+        }
+    }
+}
+
+/// Every use case, with its outcomes checked on disk and in the log.
+fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
+    let first = env.head("main").unwrap();
+
+    // Files: read, list, write; a write is the agent's operation and lands on disk.
+    write(work, "config.toml", b"debug = true\n");
+    let read = t.ok("file.read", json!({ "path": "config.toml" }));
+    assert_eq!(read["text"], "debug = true\n");
+    t.ok("file.list", json!({ "prefix": "src" }));
+    let written = t.ok(
+        "file.write",
+        json!({ "path": "docs/notes.md", "content": "hello\n" }),
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("docs/notes.md")).unwrap(),
+        "hello\n"
+    );
+    let op = env.op(&env.head("main").unwrap()).unwrap();
+    assert_eq!(written["version"], op.id.to_string());
+    assert_eq!(op.actor, agent());
+
+    // A refusal changes nothing, on disk or in the log.
+    let head = env.head("main").unwrap();
+    t.refused(
+        "file.write",
+        json!({ "path": "secrets/token", "content": "leaked\n" }),
+        ErrorKind::Denied,
+    );
+    t.refused(
+        "file.write",
+        json!({ "path": "../outside", "content": "x" }),
+        ErrorKind::Invalid,
+    );
+    t.refused(
+        "file.read",
+        json!({ "path": "config.toml", "dryRun": true }),
+        ErrorKind::Invalid,
+    );
+    t.refused(
+        "file.read",
+        json!({ "path": "no/such" }),
+        ErrorKind::NotFound,
+    );
+    t.refused(
+        "show",
+        json!({ "version": "0000000000000" }),
+        ErrorKind::NotFound,
+    );
+    assert_eq!(env.head("main").unwrap(), head);
+    assert_eq!(
+        std::fs::read_to_string(work.join("secrets/token")).unwrap(),
+        "s3cr3t\n"
+    );
+
+    // Versions: history, show, diff, marks, status, refused.
+    t.ok("history", json!({ "limit": 10 }));
+    t.ok("show", json!({ "version": head.to_string() }));
+    let diff = t.ok("diff", json!({ "from": first.to_string() }));
+    assert!(diff.to_string().contains("docs/notes.md"), "{diff}");
+    t.ok("mark", json!({ "name": "good" }));
+    t.refused("mark", json!({ "name": "good" }), ErrorKind::Conflict);
+    t.ok("status", json!({}));
+    t.ok("refused", json!({}));
+
+    // Restore (previewed, then done), undo and redo, each checked on disk.
+    std::fs::remove_file(work.join("config.toml")).unwrap();
+    let plan = t.ok("restore", json!({ "version": "good", "dry_run": true }));
+    assert!(
+        !work.join("config.toml").exists(),
+        "a preview writes nothing: {plan}"
+    );
+    t.ok("restore", json!({ "version": "good" }));
+    assert_eq!(
+        std::fs::read_to_string(work.join("config.toml")).unwrap(),
+        "debug = true\n"
+    );
+    t.ok("undo", json!({}));
+    assert!(!work.join("config.toml").exists());
+    t.ok("redo", json!({}));
+    assert!(work.join("config.toml").exists());
+
+    // Merge a branch made by someone else.
+    let base = env.head("main").unwrap();
+    env.create_branch(&agent(), "feature", &base).unwrap();
+    let other = ActorId::new("human:operator").unwrap();
+    env.act_blocking(
+        environment_core::ActRequest::new(
+            other,
+            environment_core::Intent::new(environment_core::IntentKind::Edit, "add a file"),
+        )
+        .on("feature")
+        .put(
+            environment_core::Key::fs("feature.txt").unwrap(),
+            environment_core::Value::file(b"from the branch\n".to_vec()),
+        ),
+    )
+    .unwrap();
+    t.ok("merge", json!({ "source": "feature" }));
+    assert_eq!(
+        std::fs::read_to_string(work.join("feature.txt")).unwrap(),
+        "from the branch\n"
+    );
+
+    // The queue: publish, claim, ack, nack; a publish that needs an approval changes nothing.
+    t.ok(
+        "queue.publish",
+        json!({ "topic": "tasks", "payload": "one" }),
+    );
+    t.ok(
+        "queue.publish",
+        json!({ "topic": "tasks", "payload": "two" }),
+    );
+    let claimed = t.ok("queue.claim", json!({ "group": "tasks", "max": 1 }));
+    let receipt = claimed["leases"][0]["receipt"].as_str().unwrap().to_owned();
+    t.ok("queue.ack", json!({ "receipt": receipt }));
+    t.refused(
+        "queue.ack",
+        json!({ "receipt": receipt }),
+        ErrorKind::NotFound,
+    );
+    let claimed = t.ok("queue.claim", json!({ "group": "tasks", "max": 1 }));
+    let receipt = claimed["leases"][0]["receipt"].as_str().unwrap().to_owned();
+    t.ok(
+        "queue.nack",
+        json!({ "receipt": receipt, "delay_ms": 60000 }),
+    );
+    t.refused(
+        "queue.publish",
+        json!({ "topic": "deploy", "payload": "now" }),
+        ErrorKind::NeedsApproval,
+    );
+
+    // The policy: explain, what may I do, request an approval.
+    t.ok(
+        "policy.explain",
+        json!({ "action": "write", "resource": { "path": "secrets/token" } }),
+    );
+    t.ok(
+        "policy.what_may_i_do",
+        json!({ "resource": { "prefix": "src" } }),
+    );
+    t.ok(
+        "approval.request",
+        json!({ "action": "publish", "resource": { "topic": "deploy" } }),
+    );
+
+    // Commands: a recorded exec, a background process.
+    let ran = t.ok(
+        "exec",
+        json!({ "argv": ["sh", "-c", "echo built > out.txt; echo done"] }),
+    );
+    assert_eq!(ran["exit"], json!({ "code": 0 }), "{ran}");
+    assert_eq!(
+        std::fs::read_to_string(work.join("out.txt")).unwrap(),
+        "built\n"
+    );
+    let spawned = t.ok("process.spawn", json!({ "argv": ["sh", "-c", "echo bg"] }));
+    let id = spawned["id"].as_u64().unwrap();
+    t.ok("process.wait", json!({ "id": id, "timeout_ms": 10000 }));
+    t.ok("process.read", json!({ "id": id }));
+    t.ok("process.list", json!({}));
+    t.refused(
+        "process.signal",
+        json!({ "id": 999_999, "signal": "terminate" }),
+        ErrorKind::NotFound,
+    );
+    t.ok("pty.list", json!({}));
+
+    // Upkeep.
+    t.ok("gc", json!({}));
+}
+
+/// Runs the body through `door` on a fresh workspace under `dir`, then checks the stores.
+fn run(dir: &Path, through_socket: bool) -> Vec<(String, Value)> {
+    let (sup, work, home) = open(dir);
+    let env = sup.env().clone();
+    let mut door: Box<dyn Door> = if through_socket {
+        Box::new(Socket(ControlClient::connect(sup.socket_path()).unwrap()))
+    } else {
+        Box::new(InProcess(sup.workspace().clone()))
+    };
+    let mut t = Transcript {
+        door: &mut *door,
+        dir: dir.to_owned(),
+        lines: Vec::new(),
+    };
+    body(&mut t, &env, &work);
+    let lines = t.lines;
+    drop(door);
+    sup.shutdown().unwrap();
+    let env = LocalEnvironment::open(&home, Options::default()).unwrap();
+    env.verify_deep(&ActorId::system()).unwrap();
+    assert_eq!(
+        view(&env, &env.head("main").unwrap()),
+        disk(&work, &no_skip),
+        "the head holds exactly what is on disk"
+    );
+    lines
+}
+
+fn every_use_case_answers_the_same_scenario(dir: &Path) {
+    let in_process = run(&dir.join("in-process"), false);
+    let socket = run(&dir.join("socket"), true);
+    assert_eq!(in_process.len(), socket.len());
+    let methods: std::collections::BTreeSet<&str> = in_process
+        .iter()
+        .map(|(call, _)| call.split(' ').next().unwrap())
+        .collect();
+    for m in Method::ALL {
+        // The terminal sessions are exercised by the shell's own tests; the rest are here.
+        if m.name().starts_with("pty.") && m.name() != "pty.list" {
+            continue;
+        }
+        assert!(methods.contains(m.name()), "{} is not exercised", m.name());
+    }
+    let differ: Vec<String> = in_process
+        .iter()
+        .zip(&socket)
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((call, a), (_, b))| format!("{call}:\n  in process: {a}\n  socket:     {b}"))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "in process and through the socket differ:\n{}",
+        differ.join("\n")
+    );
+}
+
+#[test]
+fn every_use_case_answers_the_same_in_process_and_through_the_socket() {
+    both(
+        "every_use_case_answers_the_same_in_process_and_through_the_socket",
+        always,
+        every_use_case_answers_the_same_scenario,
+    );
+}

@@ -1,0 +1,316 @@
+//! The use cases of the workspace service: each method's parameters, the access request it is
+//! authorized as, and what it does. Every door calls them by name (the control socket puts
+//! them on the wire under the same names).
+//!
+//! Every request is authorized through the `Authorizer` port as the connection's actor (with the
+//! request's capability token, or the one the agent was given) *before* anything happens; a
+//! refusal changes nothing. The mapping onto access requests follows core's own (so a rule
+//! written for core's checks also governs every door):
+//!
+//! | method | action | resource | `operation` |
+//! |---|---|---|---|
+//! | `history`, `status` | read | branch | method name |
+//! | `show` | read | the op's branch | `show` |
+//! | `diff` | read | the `fs` prefix, or the environment | — |
+//! | `mark` | write | environment | `mark` |
+//! | `restore`, `undo` | write | branch | `restore` |
+//! | `restore` with `dry_run` | read | branch | `restore` |
+//! | `exec`, `process.spawn`, `pty.open` | execute | program + args | `exec`, `spawn`, `pty` |
+//! | `process.read`, `.wait`, `.list`; `pty.read`, `.attach`, `.list` | read | environment | method name |
+//! | `process.signal`; `pty.write`, `.resize`, `.detach`, `.close` | write | environment | method name |
+//! | `queue.publish` | publish | topic | — |
+//! | `queue.claim`, `queue.ack`, `queue.nack` | consume | topic named as the consumer group | — |
+//! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name |
+//! | `approval.request` | write | environment | `approval.request` |
+//! | `gc` | delete | environment | `gc` |
+//!
+//! Every method also takes `token` (a capability token) and `approval` (the id of a granted
+//! approval), which go into the request's context. Core re-checks the operations it performs
+//! itself (history, mark, restore, gc…) as the same actor without them: an approval or a token
+//! can narrow those, not widen them past the actor's own rules.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::commands::{self, PtyOp};
+use super::error::ServiceError;
+use super::session::Session;
+use super::workspace::{Counters, Workspace};
+use super::{files, permissions, queue, versions};
+
+/// The use cases, under the names every door calls them by (the control socket's schema lists
+/// them in this order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Method {
+    /// The branch's history, key nodes first.
+    History,
+    /// The changes refused on the branch, newest first.
+    Refused,
+    /// One operation's record.
+    Show,
+    /// What changed between two versions.
+    Diff,
+    /// Names a version.
+    Mark,
+    /// Restores the workspace to a version (self-rollback); `dry_run` previews.
+    Restore,
+    /// Undoes the last operation not undone yet (sequential, see `LocalEnvironment::undo_step`).
+    Undo,
+    /// Redoes the last undo not redone yet.
+    Redo,
+    /// Merges a branch into the workspace's branch and writes the result into the tree.
+    Merge,
+    /// The workspace's state: the branch, its head, the sandbox, the running agent.
+    Status,
+    /// Reads a workspace file (at the head, or at a version).
+    FileRead,
+    /// Lists workspace files (at the head, or at a version).
+    FileList,
+    /// Writes a whole workspace file, recorded as one operation.
+    FileWrite,
+    /// Publishes a message to a queue topic.
+    QueuePublish,
+    /// Leases messages of a consumer group.
+    QueueClaim,
+    /// Acknowledges a lease.
+    QueueAck,
+    /// Gives a lease back for a later retry.
+    QueueNack,
+    /// Explains the policy's decision on a request.
+    PolicyExplain,
+    /// Lists what the caller may do under a resource.
+    PolicyWhatMayIDo,
+    /// Files an approval request for an action that needs one.
+    ApprovalRequest,
+    /// Deletes unreferenced blobs (normally refused to agents).
+    Gc,
+    /// Runs a command to its end as a recorded operation.
+    Exec,
+    /// Starts a background process.
+    ProcessSpawn,
+    /// Reads a background process's output from an offset.
+    ProcessRead,
+    /// Waits (bounded) for a background process to end.
+    ProcessWait,
+    /// Signals a background process and everything it started.
+    ProcessSignal,
+    /// Lists the background processes.
+    ProcessList,
+    /// Opens a terminal session.
+    PtyOpen,
+    /// Types into a terminal session.
+    PtyWrite,
+    /// Reads a terminal session's output since the last read.
+    PtyRead,
+    /// Resizes a terminal session.
+    PtyResize,
+    /// Detaches from a terminal session (it keeps running).
+    PtyDetach,
+    /// Re-attaches to a terminal session, with the output since the last read.
+    PtyAttach,
+    /// Closes a terminal session.
+    PtyClose,
+    /// Lists the terminal sessions.
+    PtyList,
+}
+
+impl Method {
+    /// Every method, in schema order.
+    pub const ALL: &'static [Method] = &[
+        Method::History,
+        Method::Refused,
+        Method::Show,
+        Method::Diff,
+        Method::Mark,
+        Method::Restore,
+        Method::Undo,
+        Method::Redo,
+        Method::Merge,
+        Method::Status,
+        Method::FileRead,
+        Method::FileList,
+        Method::FileWrite,
+        Method::QueuePublish,
+        Method::QueueClaim,
+        Method::QueueAck,
+        Method::QueueNack,
+        Method::PolicyExplain,
+        Method::PolicyWhatMayIDo,
+        Method::ApprovalRequest,
+        Method::Gc,
+        Method::Exec,
+        Method::ProcessSpawn,
+        Method::ProcessRead,
+        Method::ProcessWait,
+        Method::ProcessSignal,
+        Method::ProcessList,
+        Method::PtyOpen,
+        Method::PtyWrite,
+        Method::PtyRead,
+        Method::PtyResize,
+        Method::PtyDetach,
+        Method::PtyAttach,
+        Method::PtyClose,
+        Method::PtyList,
+    ];
+
+    /// The method's name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::History => "history",
+            Method::Refused => "refused",
+            Method::Show => "show",
+            Method::Diff => "diff",
+            Method::Mark => "mark",
+            Method::Restore => "restore",
+            Method::Undo => "undo",
+            Method::Redo => "redo",
+            Method::Merge => "merge",
+            Method::Status => "status",
+            Method::FileRead => "file.read",
+            Method::FileList => "file.list",
+            Method::FileWrite => "file.write",
+            Method::QueuePublish => "queue.publish",
+            Method::QueueClaim => "queue.claim",
+            Method::QueueAck => "queue.ack",
+            Method::QueueNack => "queue.nack",
+            Method::PolicyExplain => "policy.explain",
+            Method::PolicyWhatMayIDo => "policy.what_may_i_do",
+            Method::ApprovalRequest => "approval.request",
+            Method::Gc => "gc",
+            Method::Exec => "exec",
+            Method::ProcessSpawn => "process.spawn",
+            Method::ProcessRead => "process.read",
+            Method::ProcessWait => "process.wait",
+            Method::ProcessSignal => "process.signal",
+            Method::ProcessList => "process.list",
+            Method::PtyOpen => "pty.open",
+            Method::PtyWrite => "pty.write",
+            Method::PtyRead => "pty.read",
+            Method::PtyResize => "pty.resize",
+            Method::PtyDetach => "pty.detach",
+            Method::PtyAttach => "pty.attach",
+            Method::PtyClose => "pty.close",
+            Method::PtyList => "pty.list",
+        }
+    }
+
+    /// The method with this wire name.
+    pub fn from_name(name: &str) -> Option<Method> {
+        Method::ALL.iter().copied().find(|m| m.name() == name)
+    }
+}
+
+impl Workspace {
+    /// Runs one use case for the workspace's actor: its parameters (named, unknown ones
+    /// refused), its authorization, then the work. `token` and `approval` among `params` are
+    /// presented with the request; without a token, the workspace's default one is.
+    pub fn call(&self, m: Method, params: Map<String, Value>) -> Result<Value, ServiceError> {
+        call(self, m, params)
+    }
+}
+
+fn call(
+    shared: &Workspace,
+    m: Method,
+    mut params: Map<String, Value>,
+) -> Result<Value, ServiceError> {
+    Counters::bump(&shared.counters.requests);
+    let token = match params.remove("token") {
+        None | Some(Value::Null) => shared.default_token.clone(),
+        Some(Value::String(t)) => Some(t),
+        Some(_) => return Err(ServiceError::invalid("`token` must be a string")),
+    };
+    let approval = match params.remove("approval") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(a)) => Some(a),
+        Some(_) => return Err(ServiceError::invalid("`approval` must be a string")),
+    };
+    let session = Session::new(shared, token, approval);
+    match m {
+        Method::Exec => {
+            let (c, own) = commands::split(params, commands::EXEC_FIELDS)?;
+            return commands::exec(&session, c, own);
+        }
+        Method::ProcessSpawn => {
+            let (c, Empty {}) = commands::split(params, &[])?;
+            return commands::spawn(&session, c);
+        }
+        Method::PtyOpen => {
+            let (c, own) = commands::split(params, commands::PTY_OPEN_FIELDS)?;
+            return commands::pty_open(&session, c, own);
+        }
+        _ => {}
+    }
+    let p = Value::Object(params);
+    let pty = |op| -> Result<Value, ServiceError> {
+        commands::pty_call(&session, op, m.name(), parse(p.clone())?)
+    };
+    match m {
+        Method::History => versions::history(&session, parse(p)?),
+        Method::Refused => versions::refused(&session, parse(p)?),
+        Method::Show => versions::show(&session, parse(p)?),
+        Method::Diff => versions::diff(&session, parse(p)?),
+        Method::Mark => versions::mark(&session, parse(p)?),
+        Method::Restore => versions::restore(&session, parse(p)?),
+        Method::Undo => {
+            let _: Empty = parse(p)?;
+            versions::step(&session, versions::Way::Undo)
+        }
+        Method::Redo => {
+            let _: Empty = parse(p)?;
+            versions::step(&session, versions::Way::Redo)
+        }
+        Method::Merge => versions::merge(&session, parse(p)?),
+        Method::FileRead => files::read(&session, parse(p)?),
+        Method::FileList => files::list(&session, parse(p)?),
+        Method::FileWrite => files::write(&session, parse(p)?),
+        Method::Status => {
+            let _: Empty = parse(p)?;
+            versions::status(&session)
+        }
+        Method::QueuePublish => queue::publish(&session, parse(p)?),
+        Method::QueueClaim => queue::claim(&session, parse(p)?),
+        Method::QueueAck => queue::settle(&session, parse(p)?, true),
+        Method::QueueNack => queue::settle(&session, parse(p)?, false),
+        Method::PolicyExplain => permissions::explain(&session, parse(p)?),
+        Method::PolicyWhatMayIDo => permissions::what_may(&session, parse(p)?),
+        Method::ApprovalRequest => permissions::approval_request(&session, parse(p)?),
+        Method::Gc => {
+            let _: Empty = parse(p)?;
+            versions::gc(&session)
+        }
+        Method::ProcessRead => commands::process_read(&session, parse(p)?),
+        Method::ProcessWait => commands::process_wait(&session, parse(p)?),
+        Method::ProcessSignal => commands::process_signal(&session, parse(p)?),
+        Method::ProcessList => {
+            let _: Empty = parse(p)?;
+            commands::process_list(&session)
+        }
+        Method::PtyWrite => pty(PtyOp::Write),
+        Method::PtyRead => pty(PtyOp::Read),
+        Method::PtyResize => pty(PtyOp::Resize),
+        Method::PtyDetach => pty(PtyOp::Detach),
+        Method::PtyAttach => pty(PtyOp::Attach),
+        Method::PtyClose => pty(PtyOp::Close),
+        Method::PtyList => {
+            let _: Empty = parse(p)?;
+            commands::pty_list(&session)
+        }
+        // Dispatched above, with their command parameters taken apart.
+        Method::Exec | Method::ProcessSpawn | Method::PtyOpen => {
+            Err(ServiceError::internal("dispatch error"))
+        }
+    }
+}
+
+fn parse<T: DeserializeOwned>(v: Value) -> Result<T, ServiceError> {
+    serde_json::from_value(v).map_err(ServiceError::invalid)
+}
+
+/// Authorizes requests as the connection's actor.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Empty {}
