@@ -391,6 +391,29 @@ async fn background(dir: &Path) {
             .unwrap(),
         Some(Exit::Code(4))
     );
+    // A wait that saw the exit answers once the output is in the log: a read right after it
+    // sees all of it, up to the end, a descendant's writes after the parent's exit included.
+    let done = procs.read(quick, 0, 100).await.unwrap();
+    assert_eq!((done.bytes.as_slice(), done.eof), (&b"done\n"[..], true));
+    let late = procs
+        .spawn(SpawnRequest::new(
+            agent(),
+            ["sh", "-c", "(sleep 0.3; echo late) & echo early"],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        procs
+            .wait(late, Some(Duration::from_secs(10)))
+            .await
+            .unwrap(),
+        Some(Exit::Code(0))
+    );
+    let out = procs.read(late, 0, 100).await.unwrap();
+    assert_eq!(
+        (out.bytes.as_slice(), out.eof),
+        (&b"early\nlate\n"[..], true)
+    );
     procs.signal(id, Signal::Terminate).await.unwrap();
     assert_eq!(
         procs.wait(id, Some(Duration::from_secs(10))).await.unwrap(),

@@ -85,8 +85,10 @@ fn open(dir: &Path) -> (Supervisor, PathBuf, PathBuf) {
     let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
     policy.load_rules(RULES).unwrap();
     let mut c = SupervisorConfig::new(&home, &work, Arc::new(Unconfined::new(&work)), agent());
-    c.quiet_period = Duration::from_millis(50);
-    c.max_wait = Duration::from_millis(500);
+    // Captures happen at the use cases' own barriers only, never on a timer that the two runs
+    // would see fire at different moments.
+    c.quiet_period = Duration::from_secs(600);
+    c.max_wait = Duration::from_secs(1200);
     c.policy = Some(policy);
     std::fs::create_dir_all(&home).unwrap();
     let bus = Bus::open(home.join("bus.db"), BusConfig::default()).unwrap();

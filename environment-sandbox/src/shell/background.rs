@@ -25,6 +25,9 @@ use super::{Inner, Prepared, Shell, actor_of, blocking, exec_error, lock, now_ms
 /// The most bytes one read returns, whatever is asked.
 const MAX_READ: u64 = 4 << 20;
 
+/// How long a wait that saw the exit still waits for the output pipe to reach its end.
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
+
 #[derive(Default)]
 struct State {
     exit: Option<Exit>,
@@ -113,12 +116,26 @@ impl Process {
         })
     }
 
+    /// Waits for its exit and, for at most [`OUTPUT_GRACE`] after it, for its output to reach
+    /// the log: a read after a wait that saw the exit sees what the process wrote (a descendant
+    /// still holding the pipe open does not hold the answer longer than the grace).
     fn wait(&self, timeout: Option<Duration>) -> Option<Exit> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = lock(&self.state);
+        let mut exited_at: Option<Instant> = None;
         loop {
             if state.exit.is_some() {
-                return state.exit;
+                let at = *exited_at.get_or_insert_with(Instant::now);
+                let grace_left = OUTPUT_GRACE.saturating_sub(at.elapsed());
+                if state.output_done || grace_left.is_zero() {
+                    return state.exit;
+                }
+                state = self
+                    .changed
+                    .wait_timeout(state, grace_left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                continue;
             }
             state = match deadline {
                 None => self.changed.wait(state).unwrap_or_else(|p| p.into_inner()),
