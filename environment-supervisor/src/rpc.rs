@@ -98,11 +98,14 @@ impl RpcError {
     }
 }
 
-/// A use case's error on the wire: its kind's code, its message and its details.
+/// A use case's error on the wire: its kind's code, its message, and its details with the kind
+/// named (`data.kind`).
 impl From<ServiceError> for RpcError {
     fn from(e: ServiceError) -> RpcError {
+        let kind = e.kind();
+        let e = e.with("kind", serde_json::json!(kind));
         RpcError {
-            code: code_of(e.kind()),
+            code: code_of(kind),
             message: e.message,
             data: e.data,
         }

@@ -129,7 +129,12 @@ struct Socket(ControlClient);
 impl Door for Socket {
     fn call(&mut self, method: &str, params: Value) -> Answer {
         self.0.call(method, params).map_err(|e| match e {
-            ControlError::Rpc { code, data, .. } => (rpc::kind_of_error(code, &data), data),
+            ControlError::Rpc { code, mut data, .. } => {
+                let kind = rpc::kind_of_error(code, &data);
+                // The wire names the kind in the details too; it is compared as the kind.
+                data.as_object_mut().unwrap().remove("kind");
+                (kind, data)
+            }
             other => panic!("the socket failed: {other}"),
         })
     }

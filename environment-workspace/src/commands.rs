@@ -72,10 +72,6 @@ impl CommandParams {
     }
 }
 
-fn unavailable<T>(what: &str) -> impl FnOnce() -> Result<T, ServiceError> + '_ {
-    move || Err(ServiceError::unavailable(what))
-}
-
 /// Bytes as the service answers them: as text when they are UTF-8, else as base64 (standard
 /// alphabet, padded); exactly one of the two is set.
 pub fn bytes_json(bytes: &[u8]) -> (Option<String>, Option<String>) {
@@ -130,9 +126,11 @@ pub(super) fn exec(
     c: CommandParams,
     p: ExecParams,
 ) -> Result<Value, ServiceError> {
-    let Some(shell) = g.shared().shell().exec else {
-        return unavailable("command execution")();
-    };
+    let shell = g
+        .shared()
+        .shell()
+        .exec
+        .ok_or_else(|| ServiceError::unavailable("command execution"))?;
     let command = c.authorize(g, "exec")?;
     let mut request = ExecRequest {
         command,

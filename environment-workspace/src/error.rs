@@ -16,14 +16,14 @@ pub const NOT_DONE: &str =
     "The action was NOT performed: nothing changed, and it must not be reported as done.";
 
 /// What a use case of the service failed with. Its `data` is always an object with at least
-/// `for_agent` (the text to put in a language model's context, which states first that the
-/// action did not happen) and `kind`.
+/// `for_agent`: the text to put in a language model's context, which states first that the
+/// action did not happen.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServiceError {
     kind: ErrorKind,
     /// A short description.
     pub message: String,
-    /// `{"for_agent": "...", "kind": "...", ...}` with details that depend on the kind.
+    /// `{"for_agent": "...", ...}` with details that depend on the kind.
     pub data: Value,
 }
 
@@ -48,7 +48,7 @@ impl ServiceError {
         ServiceError {
             kind,
             message: message.into(),
-            data: json!({ "for_agent": for_agent, "kind": kind }),
+            data: json!({ "for_agent": for_agent }),
         }
     }
 

@@ -2,14 +2,15 @@
 //! changed) or, for reading, at any version. A write is an operation of the workspace's actor,
 //! written into the tree like a merge.
 
-use environment_core::{Action, EntryKind, Intent, Key, KeyPrefix, Namespace, OpId, Resource};
+use environment_core::{
+    Action, EntryKind, ErrorKind, Intent, Key, KeyPrefix, Namespace, OpId, Resource,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::commands::bytes_json;
 use super::error::ServiceError;
 use super::session::{Session, resolve};
-use environment_core::ErrorKind;
 use environment_sandbox::error::SandboxError;
 
 /// At most this many entries are listed.

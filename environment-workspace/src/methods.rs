@@ -207,6 +207,43 @@ impl Workspace {
     /// Runs one use case for the workspace's actor: its parameters (named, unknown ones
     /// refused), its authorization, then the work. `token` and `approval` among `params` are
     /// presented with the request; without a token, the workspace's default one is.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use environment_core::{ActorId, AllowAll, ErrorKind, LocalEnvironment, MAIN, Options};
+    /// use environment_sandbox::{Tracker, TrackerConfig, Unconfined};
+    /// use environment_workspace::{Method, Parts, ShellHandles, Workspace};
+    /// use serde_json::json;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (tree, home) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    /// let env = LocalEnvironment::open(home.path(), Options::default())?;
+    /// let watcher = ActorId::new("service:watcher")?;
+    /// let tracker = Tracker::open(env.clone(), TrackerConfig::new(tree.path(), watcher))?;
+    /// let workspace = Workspace::new(Parts {
+    ///     env,
+    ///     tracker: Arc::new(tracker),
+    ///     extra: Vec::new(),
+    ///     shell: ShellHandles::default(),
+    ///     authorizer: Arc::new(AllowAll),
+    ///     policy: None,
+    ///     bus: None,
+    ///     launcher: Arc::new(Unconfined::new(tree.path())),
+    ///     actor: ActorId::new("agent:coder")?,
+    ///     default_token: None,
+    ///     branch: MAIN.to_owned(),
+    /// });
+    /// let args = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    ///
+    /// workspace.call(Method::FileWrite, args(json!({ "path": "notes.md", "content": "hi\n" })))?;
+    /// assert_eq!(std::fs::read_to_string(tree.path().join("notes.md"))?, "hi\n");
+    ///
+    /// // An argument the use case does not take is refused, and nothing happens.
+    /// let dry = workspace.call(Method::Undo, args(json!({ "dryRun": true })));
+    /// assert_eq!(dry.unwrap_err().kind(), ErrorKind::Invalid);
+    /// assert!(tree.path().join("notes.md").exists());
+    /// # Ok(()) }
+    /// ```
     pub fn call(&self, m: Method, params: Map<String, Value>) -> Result<Value, ServiceError> {
         call(self, m, params)
     }

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use base64::Engine as _;
 use environment_bus::{Headers, PublishOptions, Receipt};
 use environment_core::{Action, ErrorKind, Resource};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::commands::bytes_json;
 use super::error::ServiceError;
 use super::session::Session;
 use super::workspace::{Claimed, lock};
@@ -90,13 +90,7 @@ pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Value, ServiceErr
                 consumer: consumer.clone(),
             };
             receipts.insert(receipt.clone(), claimed);
-            let (payload, base64) = match std::str::from_utf8(&l.message.payload) {
-                Ok(s) => (Some(s.to_owned()), None),
-                Err(_) => (
-                    None,
-                    Some(base64::engine::general_purpose::STANDARD.encode(&l.message.payload)),
-                ),
-            };
+            let (payload, base64) = bytes_json(&l.message.payload);
             json!({
                 "receipt": receipt,
                 "group": l.group,

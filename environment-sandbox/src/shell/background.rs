@@ -25,12 +25,14 @@ use super::{Inner, Prepared, Shell, actor_of, blocking, exec_error, lock, now_ms
 /// The most bytes one read returns, whatever is asked.
 const MAX_READ: u64 = 4 << 20;
 
-/// How long a wait that saw the exit still waits for the output pipe to reach its end.
+/// How long after the exit a wait still waits for the output pipe to reach its end.
 const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct State {
     exit: Option<Exit>,
+    /// When the exit was seen (reaped).
+    exited_at: Option<Instant>,
     /// Bytes in the log (what readers may see).
     output_len: u64,
     /// The output pipe reached its end: nothing more will be written to the log.
@@ -122,33 +124,23 @@ impl Process {
     fn wait(&self, timeout: Option<Duration>) -> Option<Exit> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = lock(&self.state);
-        let mut exited_at: Option<Instant> = None;
         loop {
-            if state.exit.is_some() {
-                let at = *exited_at.get_or_insert_with(Instant::now);
-                let grace_left = OUTPUT_GRACE.saturating_sub(at.elapsed());
-                if state.output_done || grace_left.is_zero() {
-                    return state.exit;
-                }
-                state = self
-                    .changed
-                    .wait_timeout(state, grace_left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-                continue;
-            }
-            state = match deadline {
-                None => self.changed.wait(state).unwrap_or_else(|p| p.into_inner()),
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
+            let until = match state.exited_at {
+                Some(_) if state.output_done => return state.exit,
+                Some(at) => Some(at + OUTPUT_GRACE),
+                None => deadline,
+            };
+            let left = until.map(|u| u.saturating_duration_since(Instant::now()));
+            state = match left {
+                // The timeout (no exit yet) or the grace (the exit without all its output).
+                Some(left) if left.is_zero() => return state.exit,
+                Some(left) => {
                     self.changed
                         .wait_timeout(state, left)
                         .unwrap_or_else(|p| p.into_inner())
                         .0
                 }
+                None => self.changed.wait(state).unwrap_or_else(|p| p.into_inner()),
             };
         }
     }
@@ -190,6 +182,7 @@ fn reap(process: Arc<Process>, mut child: Child) {
         Ok(status) => exit_of(status),
         Err(_) => Exit::Code(-1),
     });
+    state.exited_at = Some(Instant::now());
     drop(state);
     process.changed.notify_all();
 }
