@@ -187,6 +187,15 @@ impl From<EnvError> for Failure {
     }
 }
 
+/// The workspace service's refusal: its kind gives the exit code, its text is kept for a model.
+impl From<environment_workspace::ServiceError> for Failure {
+    fn from(e: environment_workspace::ServiceError) -> Failure {
+        let mut f = Failure::new(e.kind().into(), e.message.clone());
+        f.for_agent = e.for_agent().map(str::to_owned);
+        f
+    }
+}
+
 impl From<SandboxError> for Failure {
     fn from(e: SandboxError) -> Failure {
         match e {

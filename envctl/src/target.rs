@@ -117,10 +117,12 @@ impl Remote {
         })
     }
 
-    /// Calls `method` with `params` (an object), presenting the approval if one was given.
+    /// Calls `method` with `params` (an object), presenting this invocation's approval unless
+    /// the call presents one of its own.
     pub fn call(&mut self, method: &str, mut params: Value) -> Outcome<Value> {
         if let (Some(a), Value::Object(m)) = (&self.approval, &mut params) {
-            m.insert("approval".into(), Value::String(a.clone()));
+            m.entry("approval")
+                .or_insert_with(|| Value::String(a.clone()));
         }
         self.client
             .call(method, params)

@@ -15,7 +15,8 @@ use environment_core::{
     MAIN, Options, Resource, Spend, SystemClock,
 };
 use environment_policy::Policy;
-use environment_sandbox::{NoiseRules, Tracker, TrackerConfig};
+use environment_sandbox::{Launcher, NoiseRules, Shell, Tracker, TrackerConfig};
+use environment_workspace as service;
 
 use crate::failure::{Failure, Outcome};
 use crate::progress::Progress;
@@ -204,6 +205,8 @@ pub struct Session {
     pub policy: Option<Arc<Policy>>,
     /// Who this command acts as.
     pub actor: ActorId,
+    /// Core's authorizer: the policy, the witness aside.
+    authorizer: Arc<dyn Authorizer>,
     tracker: Option<Tracker>,
     /// The managed rootfs's tracker, when there is one: restored with the workspace.
     rootfs: Option<Tracker>,
@@ -217,10 +220,11 @@ impl Session {
         } else {
             None
         };
+        let authorizer: Arc<dyn Authorizer> = Arc::new(Gate {
+            policy: policy.clone(),
+        });
         let options = Options {
-            authorizer: Arc::new(Gate {
-                policy: policy.clone(),
-            }),
+            authorizer: authorizer.clone(),
             ..Options::default()
         };
         let mut env = LocalEnvironment::open(&ws.home, options)?;
@@ -232,6 +236,7 @@ impl Session {
             env,
             policy,
             actor,
+            authorizer,
             tracker: None,
             rootfs: None,
         })
@@ -383,18 +388,40 @@ impl Session {
         Ok(())
     }
 
+    /// This session as the workspace service: the same stores, trees and policy, the queue
+    /// (created when missing), and a shell whose commands `launcher` confines. Every call first
+    /// captures what changed in the trees since the last one, as the witness's.
+    pub fn into_service(mut self, launcher: Arc<dyn Launcher>) -> Outcome<service::Workspace> {
+        let tracker = Arc::new(
+            self.tracker
+                .take()
+                .ok_or_else(|| Failure::other("the workspace is not tracked in this command"))?,
+        );
+        let extra = self.rootfs.take().map(Arc::new).into_iter().collect();
+        let shell = Arc::new(Shell::new(launcher.clone(), tracker.clone(), None)?);
+        Ok(service::Workspace::new(service::Parts {
+            env: self.env.clone(),
+            tracker,
+            extra,
+            shell: service::ShellHandles {
+                exec: Some(shell.clone()),
+                processes: Some(shell.clone()),
+                pty: Some(shell),
+            },
+            authorizer: self.authorizer.clone(),
+            policy: self.policy.clone(),
+            bus: Some(self.ws.open_bus()?),
+            launcher,
+            actor: self.actor.clone(),
+            default_token: self.ws.credentials.token.clone(),
+            branch: MAIN.to_owned(),
+            capture_each_call: true,
+        }))
+    }
+
     /// Puts a tracker back.
     pub fn set_tracker(&mut self, t: Tracker) {
         self.tracker = Some(t);
-    }
-
-    /// Captures what changed in the tree since the last capture (by whoever changed it).
-    pub fn capture_found(&self, why: &str) -> Outcome<()> {
-        self.tracker()?.capture_now(
-            environment_core::Intent::new(environment_core::IntentKind::Capture, why),
-            environment_core::OpFlags::AUTO_CAPTURE,
-        )?;
-        Ok(())
     }
 
     /// The head of main: the version the tree holds.

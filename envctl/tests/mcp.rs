@@ -78,11 +78,37 @@ fn text(r: &CallToolResult) -> String {
         .join("\n")
 }
 
-/// A successful call's text.
+/// A successful call's text, once its structured content is checked against the output
+/// schema the tool publishes.
 async fn ok(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> String {
     let r = call(client, tool, args).await;
     assert_ne!(r.is_error, Some(true), "{tool} failed: {}", text(&r));
+    conforms(client, tool, &r).await;
     text(&r)
+}
+
+/// Checks that `r` carries structured content and that it is valid under `tool`'s output
+/// schema, as a client that validates (the spec asks it to) would.
+async fn conforms(client: &RunningService<RoleClient, ()>, tool: &str, r: &CallToolResult) {
+    let tools = client.list_all_tools().await.unwrap();
+    let listed = tools.iter().find(|t| t.name == tool).unwrap();
+    let schema = Value::Object(
+        listed
+            .output_schema
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(|| panic!("{tool} publishes no output schema")),
+    );
+    let content = r
+        .structured_content
+        .as_ref()
+        .unwrap_or_else(|| panic!("{tool} answered without structured content"));
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(content)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{tool}: {errors:?}\n{content:#}");
 }
 
 /// A failed call's text, checked to say first that nothing happened.
@@ -374,6 +400,63 @@ async fn a_denied_call_changes_nothing() {
     let approvals =
         String::from_utf8(envctl(dir, &["policy", "approvals", "--json"]).stdout).unwrap();
     assert!(approvals.contains("approved/plan.md"), "{approvals}");
+
+    // Once a human grants it, the agent sees so and presents it with the one call it is for.
+    let client = connect(dir).await;
+    let asked = call(
+        &client,
+        "request_approval",
+        json!({"action": "write", "resource": "path:approved/plan.md"}),
+    )
+    .await;
+    let id = asked.structured_content.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        ok(&client, "approval_status", json!({"id": id}))
+            .await
+            .contains("pending")
+    );
+    let without = json!({"path": "approved/plan.md", "content": "plan\n"});
+    refused(&client, "write_file", without.clone()).await;
+    envctl(
+        dir,
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "approvals",
+            "grant",
+            &id,
+        ],
+    );
+    let granted = call(&client, "approval_status", json!({"id": id})).await;
+    assert_eq!(granted.structured_content.unwrap()["state"], "granted");
+    let mut with = without.clone();
+    with["approval"] = json!(id);
+    // A write the approval lets through but that fails for another reason spends nothing.
+    std::fs::create_dir_all(dir.join("approved/plan.md")).unwrap();
+    refused(&client, "write_file", with.clone()).await;
+    std::fs::remove_dir(dir.join("approved/plan.md")).unwrap();
+    let status = call(&client, "approval_status", json!({"id": id})).await;
+    assert_eq!(status.structured_content.unwrap()["uses_left"], 1);
+    ok(&client, "write_file", with.clone()).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("approved/plan.md")).unwrap(),
+        "plan\n"
+    );
+    // Granted once, used once.
+    with["content"] = json!("again\n");
+    refused(&client, "write_file", with).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("approved/plan.md")).unwrap(),
+        "plan\n"
+    );
+    // Another actor's request is not this one's to read.
+    let other = call(&client, "approval_status", json!({"id": "apr-not-yours"})).await;
+    assert_eq!(other.is_error, Some(true));
+    client.cancel().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -814,6 +897,10 @@ async fn tools_are_annotated_and_binary_files_read_as_base64() {
         "policy_explain",
         "what_may_i_do",
         "refused",
+        "status",
+        "marks",
+        "branches",
+        "approval_status",
     ];
     for t in &tools {
         let a = t

@@ -36,7 +36,8 @@ pub enum ApprovalState {
 }
 
 impl ApprovalState {
-    pub(crate) fn name(&self) -> &'static str {
+    /// Its name: pending, granted, used up or rejected.
+    pub fn name(&self) -> &'static str {
         match self {
             ApprovalState::Pending => "pending",
             ApprovalState::Granted { uses_left: 0, .. } => "used up",

@@ -99,6 +99,12 @@ pub enum SandboxError {
         /// Why.
         reason: &'static str,
     },
+    /// A path to delete holds nothing; nothing changed.
+    #[error("{path}: there is no such file")]
+    Missing {
+        /// The path, relative to the root.
+        path: String,
+    },
     /// The stat cache failed.
     #[error("stat cache: {0}")]
     Cache(#[from] rusqlite::Error),
@@ -123,6 +129,7 @@ impl SandboxError {
             | SandboxError::Cgroup { .. }
             | SandboxError::Monitor { .. }
             | SandboxError::SeedUnreadable { .. } => ErrorKind::Unavailable,
+            SandboxError::Missing { .. } => ErrorKind::NotFound,
             _ => ErrorKind::Internal,
         }
     }

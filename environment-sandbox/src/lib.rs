@@ -73,4 +73,4 @@ pub use noise::{Class, Noise, NoiseRules};
 pub use restore::{RestorePlan, RestoreStep};
 pub use retention::{RetentionPolicy, ThinReport};
 pub use shell::Shell;
-pub use tracker::{CaptureHold, Tracker, TrackerConfig};
+pub use tracker::{CaptureHold, Presenting, Tracker, TrackerConfig};

@@ -15,8 +15,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use environment_core::{
-    ActRequest, ActorId, Change, EntryKind, Intent, IntentKind, LocalEnvironment, MAIN,
-    Observation, OpFlags, OpId, Value,
+    ActRequest, ActorId, Change, Credentials, EntryKind, Intent, IntentKind, Key, LocalEnvironment,
+    MAIN, Observation, OpFlags, OpId, Value,
 };
 
 use crate::capture::{Captured, Capturer, KeyMap};
@@ -505,48 +505,83 @@ impl Tracker {
         content: Vec<u8>,
         intent_: Intent,
     ) -> Result<Observation> {
+        self.edit_file(actor, rel, Some(content), intent_, None)
+    }
+
+    /// Deletes a file or a symlink as one operation of `actor` on the branch, then from the
+    /// tree, as [`Tracker::write_file`] writes one. A path that holds nothing is
+    /// [`SandboxError::Missing`]; a directory, or a path the noise rules ignore, is
+    /// [`SandboxError::NotWritable`]; either way nothing changes.
+    pub fn delete_file(&self, actor: &ActorId, rel: &str, intent_: Intent) -> Result<Observation> {
+        self.edit_file(actor, rel, None, intent_, None)
+    }
+
+    /// This tracker's operations of an actor decided with `credentials` (a capability token, a
+    /// granted approval) presented, as one request presents them: the environment decides and
+    /// spends them with the operation, so a refused one spends nothing.
+    pub fn presenting(&self, credentials: Credentials) -> Presenting<'_> {
+        Presenting {
+            tracker: self,
+            credentials,
+        }
+    }
+
+    /// Records `content` (or, with `None`, the removal) at `rel`, then makes the tree agree.
+    fn edit_file(
+        &self,
+        actor: &ActorId,
+        rel: &str,
+        content: Option<Vec<u8>>,
+        intent_: Intent,
+        presented: Option<&Credentials>,
+    ) -> Result<Observation> {
         let refused = |reason| SandboxError::NotWritable {
             path: rel.to_owned(),
             reason,
         };
         let _hold = self.hold()?;
-        let capturer = self.captured("capture before a write")?;
+        let capturer = self.captured("capture before an edit")?;
         let key = capturer.keys.key(rel.as_bytes())?;
         if capturer.noise.is_ignored(std::path::Path::new(rel), false) {
             return Err(refused(
                 "a path the workspace ignores (caches, editor files, the environment's own)",
             ));
         }
-        let env = capturer.env.clone();
+        let env = presenting(&capturer.env, presented);
         let before = capturer.head()?;
         drop(capturer);
-        let mode = match env.read_unchecked(&key, &before)? {
-            Some(v) if v.meta.kind == EntryKind::File => v.meta.mode,
-            Some(_) => return Err(refused("exists and is not a regular file")),
-            None => 0o644,
-        };
-        let mut req = ActRequest::new(actor.clone(), intent_)
+        let now = env.read_unchecked(&key, &before)?;
+        let req = ActRequest::new(actor.clone(), intent_)
             .on(self.branch())
             .base(before);
-        // Every ancestor is a directory or is made one: a write below a file or a symlink
-        // (`a.txt/notes.md`, `link/notes.md`) is refused before anything is recorded.
-        let mut parent = key.parent();
-        while let Some(dir) = parent {
-            if dir.path().is_empty() {
-                break;
-            }
-            parent = dir.parent();
-            match env.read_unchecked(&dir, &before)? {
-                Some(v) if v.meta.kind == EntryKind::Dir => break,
-                Some(_) => {
+        let req = match content {
+            None => match now {
+                None => {
+                    return Err(SandboxError::Missing {
+                        path: rel.to_owned(),
+                    });
+                }
+                Some(v) if v.meta.kind == EntryKind::Dir => {
                     return Err(refused(
-                        "a directory on its path is a file or a symlink in the workspace",
+                        "is a directory; only files and symlinks are deleted",
                     ));
                 }
-                None => req = req.put(dir, Value::dir()),
+                Some(_) => req.delete(key),
+            },
+            Some(content) => {
+                let mode = match now {
+                    Some(v) if v.meta.kind == EntryKind::File => v.meta.mode,
+                    Some(_) => return Err(refused("exists and is not a regular file")),
+                    None => 0o644,
+                };
+                file_with_parents(&env, req, &before, key, content, mode).map_err(|e| {
+                    e.unwrap_or_else(|| {
+                        refused("a directory on its path is a file or a symlink in the workspace")
+                    })
+                })?
             }
-        }
-        let obs = env.act_blocking(req.put(key, Value::file(content).mode(mode)))?;
+        };
+        let obs = env.act_blocking(req)?;
         self.sync_from(&before)?;
         Ok(obs)
     }
@@ -648,10 +683,23 @@ impl Tracker {
     /// working in the tree keep running; a file descriptor they already hold keeps the old inode
     /// (a replaced file is a new file at the same path).
     pub fn restore(&self, actor: &ActorId, target: &OpId, intent_: Intent) -> Result<RestorePlan> {
+        self.restore_as(actor, target, intent_, None)
+    }
+
+    fn restore_as(
+        &self,
+        actor: &ActorId,
+        target: &OpId,
+        intent_: Intent,
+        presented: Option<&Credentials>,
+    ) -> Result<RestorePlan> {
         let mut capturer = self.captured("safety capture before a restore")?;
         let (plan, changes) = capturer.plan(target)?;
         let now = now_ms();
-        let (env, branch) = (capturer.env.clone(), capturer.branch.clone());
+        let (env, branch) = (
+            presenting(&capturer.env, presented),
+            capturer.branch.clone(),
+        );
         let mut written = Vec::new();
         let mut not_restored = Vec::new();
         let record = RestoreIntent {
@@ -707,10 +755,21 @@ impl Tracker {
         target: &OpId,
         intent_: Intent,
     ) -> Result<RestorePlan> {
+        self.restore_with_as(others, actor, target, intent_, None)
+    }
+
+    fn restore_with_as(
+        &self,
+        others: &[&Tracker],
+        actor: &ActorId,
+        target: &OpId,
+        intent_: Intent,
+        presented: Option<&Credentials>,
+    ) -> Result<RestorePlan> {
         for t in others {
             drop(t.captured("safety capture before a restore")?);
         }
-        let mut plan = self.restore(actor, target, intent_)?;
+        let mut plan = self.restore_as(actor, target, intent_, presented)?;
         for t in others {
             let other = t.sync_from(&plan.from)?;
             plan.absorb(other);
@@ -965,5 +1024,82 @@ fn capture_loop(shared: &Shared) {
                 tracing::warn!(error = %e, "automatic capture failed; will retry");
             }
         }
+    }
+}
+
+/// `req` putting a file at `key`, and every ancestor directory the version `before` lacks. A
+/// write below a file or a symlink (`a.txt/notes.md`, `link/notes.md`) is `Err(None)`, before
+/// anything is recorded.
+fn file_with_parents(
+    env: &LocalEnvironment,
+    mut req: ActRequest,
+    before: &OpId,
+    key: Key,
+    content: Vec<u8>,
+    mode: u32,
+) -> std::result::Result<ActRequest, Option<SandboxError>> {
+    let mut parent = key.parent();
+    while let Some(dir) = parent {
+        if dir.path().is_empty() {
+            break;
+        }
+        parent = dir.parent();
+        match env
+            .read_unchecked(&dir, before)
+            .map_err(|e| Some(e.into()))?
+        {
+            Some(v) if v.meta.kind == EntryKind::Dir => break,
+            Some(_) => return Err(None),
+            None => req = req.put(dir, Value::dir()),
+        }
+    }
+    Ok(req.put(key, Value::file(content).mode(mode)))
+}
+
+/// `env`, presenting `credentials` when some are given (none presented leaves the tracker's
+/// own, such as the token its captures are made under).
+fn presenting(env: &LocalEnvironment, credentials: Option<&Credentials>) -> LocalEnvironment {
+    match credentials {
+        Some(c) if *c != Credentials::default() => env.presenting(c.clone()),
+        _ => env.clone(),
+    }
+}
+
+/// A tracker's operations of an actor with the credentials one request presents (see
+/// [`Tracker::presenting`]).
+pub struct Presenting<'a> {
+    tracker: &'a Tracker,
+    credentials: Credentials,
+}
+
+impl Presenting<'_> {
+    /// [`Tracker::write_file`], decided with the credentials presented.
+    pub fn write_file(
+        &self,
+        actor: &ActorId,
+        rel: &str,
+        content: Vec<u8>,
+        intent_: Intent,
+    ) -> Result<Observation> {
+        self.tracker
+            .edit_file(actor, rel, Some(content), intent_, Some(&self.credentials))
+    }
+
+    /// [`Tracker::delete_file`], decided with the credentials presented.
+    pub fn delete_file(&self, actor: &ActorId, rel: &str, intent_: Intent) -> Result<Observation> {
+        self.tracker
+            .edit_file(actor, rel, None, intent_, Some(&self.credentials))
+    }
+
+    /// [`Tracker::restore_with`], decided with the credentials presented.
+    pub fn restore_with(
+        &self,
+        others: &[&Tracker],
+        actor: &ActorId,
+        target: &OpId,
+        intent_: Intent,
+    ) -> Result<RestorePlan> {
+        self.tracker
+            .restore_with_as(others, actor, target, intent_, Some(&self.credentials))
     }
 }

@@ -432,6 +432,8 @@ impl Supervisor {
             actor: config.actor.clone(),
             default_token: config.token.clone(),
             branch: config.branch.clone(),
+            // The trackers capture in the background, and at each use case's barriers.
+            capture_each_call: false,
         }));
         let server = Server::start(&socket, shared.clone(), config_limits)?;
         let socket_inside = config
@@ -554,7 +556,14 @@ impl Supervisor {
             IntentKind::Restore,
             format!("restore to {version} (asked by {actor})"),
         );
-        let restore = || self.shared.restore(actor, &target, intent.clone());
+        let restore = || {
+            self.shared.restore(
+                actor,
+                &environment_core::Credentials::default(),
+                &target,
+                intent.clone(),
+            )
+        };
         let (plan, agent_pid, restarted) = match mode {
             RollbackMode::KeepRunning => (restore()?, self.agent.pid(), false),
             RollbackMode::RestartAgent { grace } => {

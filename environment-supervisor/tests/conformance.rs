@@ -299,6 +299,40 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
     t.refused("mark", json!({ "name": "good" }), ErrorKind::Conflict);
     t.ok("status", json!({}));
     t.ok("refused", json!({}));
+    let marks = t.ok("marks", json!({}));
+    assert_eq!(marks["marks"][0]["name"], "good", "{marks}");
+    t.ok("branch.create", json!({ "name": "try", "from": "good" }));
+    t.refused(
+        "branch.create",
+        json!({ "name": "try" }),
+        ErrorKind::Conflict,
+    );
+    let branches = t.ok("branch.list", json!({}));
+    assert!(branches.to_string().contains("\"try\""), "{branches}");
+    let start = env.op(&env.head("try").unwrap()).unwrap();
+    assert_eq!(start.parents, vec![env.resolve("good").unwrap()]);
+
+    // A delete is the agent's operation; one it may not make, or of nothing, changes nothing.
+    std::fs::write(work.join("scratch.txt"), "tmp\n").unwrap();
+    let deleted = t.ok("file.delete", json!({ "path": "scratch.txt" }));
+    assert!(!work.join("scratch.txt").exists());
+    let op = env.op(&env.head("main").unwrap()).unwrap();
+    assert_eq!(deleted["version"], op.id.to_string());
+    assert_eq!(op.actor, agent());
+    let head = env.head("main").unwrap();
+    t.refused(
+        "file.delete",
+        json!({ "path": "secrets/token" }),
+        ErrorKind::Denied,
+    );
+    t.refused(
+        "file.delete",
+        json!({ "path": "scratch.txt" }),
+        ErrorKind::NotFound,
+    );
+    t.refused("file.delete", json!({ "path": "src" }), ErrorKind::Invalid);
+    assert_eq!(env.head("main").unwrap(), head);
+    assert!(work.join("secrets/token").exists() && work.join("src").is_dir());
 
     // Restore (previewed, then done), undo and redo, each checked on disk.
     std::fs::remove_file(work.join("config.toml")).unwrap();
@@ -377,9 +411,16 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
         "policy.what_may_i_do",
         json!({ "resource": { "prefix": "src" } }),
     );
-    t.ok(
+    let asked = t.ok(
         "approval.request",
         json!({ "action": "publish", "resource": { "topic": "deploy" } }),
+    );
+    let status = t.ok("approval.status", json!({ "id": asked["id"] }));
+    assert_eq!(status["state"], "pending", "{status}");
+    t.refused(
+        "approval.status",
+        json!({ "id": "apr-nobody-asked" }),
+        ErrorKind::NotFound,
     );
 
     // Commands: a recorded exec, a background process.

@@ -527,14 +527,28 @@ fn authorization_scenario(dir: &Path) {
         false
     );
     denied(c.call("queue.publish", deploy).unwrap_err());
-    // approval.request is gated like everything else: no rule lets the agent file one.
-    denied(
-        c.call(
+    // The rule that holds a deploy for approval lets the agent ask again (as the deploy itself
+    // would file it): a new pending request, the agent's own.
+    let asked = c
+        .call(
             "approval.request",
             json!({ "action": "publish", "resource": { "topic": "deploy" } }),
         )
-        .unwrap_err(),
-    );
+        .unwrap();
+    assert_eq!(asked["state"], "pending");
+    assert_ne!(asked["id"], approval.as_str());
+    let filed = policy.approval(asked["id"].as_str().unwrap()).unwrap();
+    assert_eq!(filed.actor, "agent:coder");
+    // A request the policy does not hold for approval files nothing.
+    let before = policy.approvals().len();
+    let plain = c
+        .call(
+            "approval.request",
+            json!({ "action": "delete", "resource": { "environment": true } }),
+        )
+        .unwrap_err();
+    assert_eq!(plain.code(), Some(rpc::CONFLICT), "{plain:?}");
+    assert_eq!(policy.approvals().len(), before);
 
     // The agent may ask what it may do (a read of the environment).
     let why = c

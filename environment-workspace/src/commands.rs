@@ -55,7 +55,7 @@ impl CommandParams {
             return Err(ServiceError::invalid("`argv` is empty"));
         };
         // The shell asks the same again when it starts the program.
-        g.allow_rechecked(
+        g.allow_command(
             Action::Execute,
             Resource::Program {
                 program: program.clone(),
@@ -144,7 +144,7 @@ pub(super) fn exec(
     let outcome = run(shell.exec(request))?.map_err(ServiceError::from)?;
     let stream = |s: &StoredOutput| {
         // The stored bytes (at most the output limit), so the agent need not ask again.
-        let stored = g.shared().env.blobs().get(&s.blob).unwrap_or_default();
+        let stored = g.env().blobs().get(&s.blob).unwrap_or_default();
         let (text, b64) = bytes_json(&stored);
         json!({
             "text": text,

@@ -17,8 +17,13 @@ use environment_sandbox::error::SandboxError;
 const MAX_LISTED: usize = 10_000;
 
 fn fs_key(path: &str) -> Result<Key, ServiceError> {
-    Key::fs(path.trim_start_matches("./"))
-        .map_err(|e| ServiceError::invalid(format!("{path:?} is not a workspace path: {e}")))
+    Key::fs(path.trim_start_matches("./")).map_err(|e| {
+        ServiceError::new(
+            ErrorKind::Invalid,
+            format!("{path:?} is not a workspace path: {e}"),
+            "use a path relative to the workspace, without `..`, a leading `/` or empty segments.",
+        )
+    })
 }
 
 /// The version to read: the one named, else the head after a capture of what changed.
@@ -29,7 +34,7 @@ fn version(g: &Session<'_>, spec: Option<&str>) -> Result<OpId, ServiceError> {
             g.shared()
                 .capture("capture before a read")
                 .map_err(ServiceError::from)?;
-            g.shared().env.head(g.branch()).map_err(ServiceError::from)
+            g.env().head(g.branch()).map_err(ServiceError::from)
         }
     }
 }
@@ -47,7 +52,7 @@ pub(super) fn read(g: &Session<'_>, p: ReadParams) -> Result<Value, ServiceError
     // Core checks the same again when it reads.
     g.allow_rechecked(Action::Read, Resource::Key(key.clone()), Some("read"))?;
     let v = version(g, p.version.as_deref())?;
-    let env = &g.shared().env;
+    let env = &g.env();
     let value = env
         .read(&g.shared().actor, &key, &v)
         .map_err(ServiceError::from)?
@@ -89,8 +94,7 @@ pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Value, ServiceError
     g.allow_rechecked(Action::Read, Resource::Prefix(prefix.clone()), Some("list"))?;
     let v = version(g, p.version.as_deref())?;
     let entries = g
-        .shared()
-        .env
+        .env()
         .list(&g.shared().actor, &prefix, &v)
         .map_err(ServiceError::from)?;
     let total = entries.len();
@@ -125,10 +129,41 @@ pub(super) fn write(g: &Session<'_>, p: WriteParams) -> Result<Value, ServiceErr
     let rel = key.display_path();
     let intent = Intent::edit(p.intent.unwrap_or_else(|| format!("write {}", p.path)));
     let obs = shared
-        .with_tracker(|t| t.write_file(&shared.actor, &rel, p.content.into_bytes(), intent))
+        .with_tracker(|t| {
+            t.presenting(g.credentials()).write_file(
+                &shared.actor,
+                &rel,
+                p.content.into_bytes(),
+                intent,
+            )
+        })
         .map_err(|e| match e {
             SandboxError::NotWritable { .. } => ServiceError::invalid(e),
             other => ServiceError::from(other),
         })?;
+    Ok(json!({ "path": rel, "version": obs.version.to_string() }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeleteParams {
+    path: String,
+    #[serde(default)]
+    intent: Option<String>,
+}
+
+pub(super) fn delete(g: &Session<'_>, p: DeleteParams) -> Result<Value, ServiceError> {
+    let key = fs_key(&p.path)?;
+    // Core checks the same again when it records the deletion.
+    g.allow_rechecked(Action::Delete, Resource::Key(key.clone()), Some("delete"))?;
+    let shared = g.shared();
+    let rel = key.display_path();
+    let intent = Intent::edit(p.intent.unwrap_or_else(|| format!("delete {}", p.path)));
+    let obs = shared
+        .with_tracker(|t| {
+            t.presenting(g.credentials())
+                .delete_file(&shared.actor, &rel, intent)
+        })
+        .map_err(ServiceError::from)?;
     Ok(json!({ "path": rel, "version": obs.version.to_string() }))
 }

@@ -13,6 +13,8 @@
 //! | `show` | read | the op's branch | `show` |
 //! | `diff` | read | the `fs` prefix, or the environment | — |
 //! | `mark` | write | environment | `mark` |
+//! | `marks`, `branch.list` | read | environment | method name |
+//! | `branch.create` | write | the new branch | `branch` |
 //! | `restore`, `undo` | write | branch | `restore` |
 //! | `restore` with `dry_run` | read | branch | `restore` |
 //! | `exec`, `process.spawn`, `pty.open` | execute | program + args | `exec`, `spawn`, `pty` |
@@ -21,7 +23,10 @@
 //! | `queue.publish` | publish | topic | — |
 //! | `queue.claim`, `queue.ack`, `queue.nack` | consume | topic named as the consumer group | — |
 //! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name |
-//! | `approval.request` | write | environment | `approval.request` |
+//! | `approval.request` | — (allowed when the policy holds the request for approval) | | |
+//! | `approval.status` | read | environment | `approval.status` |
+//! | `file.read`, `file.list` | read | the key, the prefix | `read`, `list` |
+//! | `file.write`, `file.delete` | write, delete | the key | `write`, `delete` |
 //! | `gc` | delete | environment | `gc` |
 //!
 //! Every method also takes `token` (a capability token) and `approval` (the id of a granted
@@ -54,6 +59,12 @@ pub enum Method {
     Diff,
     /// Names a version.
     Mark,
+    /// Lists the marks.
+    Marks,
+    /// Lists the branches.
+    BranchList,
+    /// Creates a branch at a version.
+    BranchCreate,
     /// Restores the workspace to a version (self-rollback); `dry_run` previews.
     Restore,
     /// Undoes the last operation not undone yet (sequential, see `LocalEnvironment::undo_step`).
@@ -70,6 +81,8 @@ pub enum Method {
     FileList,
     /// Writes a whole workspace file, recorded as one operation.
     FileWrite,
+    /// Deletes a workspace file or symlink, recorded as one operation.
+    FileDelete,
     /// Publishes a message to a queue topic.
     QueuePublish,
     /// Leases messages of a consumer group.
@@ -84,6 +97,8 @@ pub enum Method {
     PolicyWhatMayIDo,
     /// Files an approval request for an action that needs one.
     ApprovalRequest,
+    /// Where one of the caller's approval requests stands.
+    ApprovalStatus,
     /// Deletes unreferenced blobs (normally refused to agents).
     Gc,
     /// Runs a command to its end as a recorded operation.
@@ -124,6 +139,9 @@ impl Method {
         Method::Show,
         Method::Diff,
         Method::Mark,
+        Method::Marks,
+        Method::BranchList,
+        Method::BranchCreate,
         Method::Restore,
         Method::Undo,
         Method::Redo,
@@ -132,6 +150,7 @@ impl Method {
         Method::FileRead,
         Method::FileList,
         Method::FileWrite,
+        Method::FileDelete,
         Method::QueuePublish,
         Method::QueueClaim,
         Method::QueueAck,
@@ -139,6 +158,7 @@ impl Method {
         Method::PolicyExplain,
         Method::PolicyWhatMayIDo,
         Method::ApprovalRequest,
+        Method::ApprovalStatus,
         Method::Gc,
         Method::Exec,
         Method::ProcessSpawn,
@@ -164,6 +184,9 @@ impl Method {
             Method::Show => "show",
             Method::Diff => "diff",
             Method::Mark => "mark",
+            Method::Marks => "marks",
+            Method::BranchList => "branch.list",
+            Method::BranchCreate => "branch.create",
             Method::Restore => "restore",
             Method::Undo => "undo",
             Method::Redo => "redo",
@@ -172,6 +195,7 @@ impl Method {
             Method::FileRead => "file.read",
             Method::FileList => "file.list",
             Method::FileWrite => "file.write",
+            Method::FileDelete => "file.delete",
             Method::QueuePublish => "queue.publish",
             Method::QueueClaim => "queue.claim",
             Method::QueueAck => "queue.ack",
@@ -179,6 +203,7 @@ impl Method {
             Method::PolicyExplain => "policy.explain",
             Method::PolicyWhatMayIDo => "policy.what_may_i_do",
             Method::ApprovalRequest => "approval.request",
+            Method::ApprovalStatus => "approval.status",
             Method::Gc => "gc",
             Method::Exec => "exec",
             Method::ProcessSpawn => "process.spawn",
@@ -232,6 +257,7 @@ impl Workspace {
     ///     actor: ActorId::new("agent:coder")?,
     ///     default_token: None,
     ///     branch: MAIN.to_owned(),
+    ///     capture_each_call: true,
     /// });
     /// let args = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
     ///
@@ -265,6 +291,11 @@ fn call(
         Some(Value::String(a)) => Some(a),
         Some(_) => return Err(ServiceError::invalid("`approval` must be a string")),
     };
+    if shared.capture_each_call {
+        shared
+            .capture(&format!("changes found before a {} call", m.name()))
+            .map_err(ServiceError::from)?;
+    }
     let session = Session::new(shared, token, approval);
     match m {
         Method::Exec => {
@@ -291,6 +322,15 @@ fn call(
         Method::Show => versions::show(&session, parse(p)?),
         Method::Diff => versions::diff(&session, parse(p)?),
         Method::Mark => versions::mark(&session, parse(p)?),
+        Method::Marks => {
+            let _: Empty = parse(p)?;
+            versions::marks(&session)
+        }
+        Method::BranchList => {
+            let _: Empty = parse(p)?;
+            versions::branches(&session)
+        }
+        Method::BranchCreate => versions::branch_create(&session, parse(p)?),
         Method::Restore => versions::restore(&session, parse(p)?),
         Method::Undo => {
             let _: Empty = parse(p)?;
@@ -304,6 +344,7 @@ fn call(
         Method::FileRead => files::read(&session, parse(p)?),
         Method::FileList => files::list(&session, parse(p)?),
         Method::FileWrite => files::write(&session, parse(p)?),
+        Method::FileDelete => files::delete(&session, parse(p)?),
         Method::Status => {
             let _: Empty = parse(p)?;
             versions::status(&session)
@@ -315,6 +356,7 @@ fn call(
         Method::PolicyExplain => permissions::explain(&session, parse(p)?),
         Method::PolicyWhatMayIDo => permissions::what_may(&session, parse(p)?),
         Method::ApprovalRequest => permissions::approval_request(&session, parse(p)?),
+        Method::ApprovalStatus => permissions::approval_status(&session, parse(p)?),
         Method::Gc => {
             let _: Empty = parse(p)?;
             versions::gc(&session)

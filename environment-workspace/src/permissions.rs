@@ -1,7 +1,7 @@
 //! The policy methods: what the policy would decide and why, what the caller may do, and
 //! approval requests. They describe the caller's own rights only.
 
-use environment_core::{Action, EnvError, Key, KeyPrefix, Namespace, Resource};
+use environment_core::{Action, EnvError, ErrorKind, Key, KeyPrefix, Namespace, Resource};
 use environment_policy::ApprovalState;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -96,13 +96,30 @@ pub(super) fn policy<'a>(
 }
 
 pub(super) fn explain(g: &Session<'_>, p: ExplainParams) -> Result<Value, ServiceError> {
-    let policy = policy(g)?;
     g.allow(Action::Read, Resource::Environment, Some("policy.explain"))?;
     let req = g.request(
         action_of(&p.action)?,
         p.resource.resource()?,
         p.operation.as_deref(),
     );
+    let Some(policy) = g.shared().policy.as_deref() else {
+        // No policy: the workspace's authorizer decides alone (without spending anything).
+        let d = g.shared().authorizer.decide(&req);
+        let explanation = match (d.is_allowed(), d.explanation.is_empty()) {
+            (true, true) => {
+                "Allowed: no policy is loaded here, so every action is allowed".to_owned()
+            }
+            _ => d.explanation.clone(),
+        };
+        return Ok(json!({
+            "allowed": d.is_allowed(),
+            "outcome": if d.is_allowed() { "allow" } else { "deny" },
+            "rules": d.rules,
+            "approvers": [],
+            "policy_version": d.policy_version,
+            "explanation": explanation,
+        }));
+    };
     // A dry run: explaining spends no quota, approval or token use.
     let d = policy.evaluate(&req);
     Ok(json!({
@@ -122,14 +139,19 @@ pub(super) struct WhatMayParams {
 }
 
 pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Value, ServiceError> {
-    let policy = policy(g)?;
     g.allow(
         Action::Read,
         Resource::Environment,
         Some("policy.what_may_i_do"),
     )?;
-    let perms = policy.what_may(g.shared().actor.as_str(), &p.resource.resource()?);
+    let under = p.resource.resource()?;
+    let Some(policy) = g.shared().policy.as_deref() else {
+        // No rules to list: `policy: false` says so, and policy.explain still answers.
+        return Ok(json!({ "policy": false, "permissions": [] }));
+    };
+    let perms = policy.what_may(g.shared().actor.as_str(), &under);
     Ok(json!({
+        "policy": true,
         "permissions": perms.iter().map(|p| json!({
             "action": p.action,
             "rule": p.rule,
@@ -150,13 +172,12 @@ pub(super) struct ApprovalParams {
     operation: Option<String>,
 }
 
+/// Files the approval request for an action of the caller's that the policy holds for
+/// approval. Nothing else gates it: the rule that asks for an approval lets the actor ask (as
+/// the action itself would file the request), and a request the policy does not hold is
+/// refused.
 pub(super) fn approval_request(g: &Session<'_>, p: ApprovalParams) -> Result<Value, ServiceError> {
     let policy = policy(g)?;
-    g.allow(
-        Action::Write,
-        Resource::Environment,
-        Some("approval.request"),
-    )?;
     let req = g.request(
         action_of(&p.action)?,
         p.resource.resource()?,
@@ -165,14 +186,47 @@ pub(super) fn approval_request(g: &Session<'_>, p: ApprovalParams) -> Result<Val
     let a = policy.request_approval(&req).map_err(ServiceError::from)?;
     Ok(json!({
         "id": a.id,
-        "state": match a.state {
-            ApprovalState::Pending => "pending",
-            ApprovalState::Granted { .. } => "granted",
-            ApprovalState::Rejected { .. } => "rejected",
-            _ => "decided",
-        },
+        "state": a.state.name(),
         "from": a.from,
         "rules": a.rules,
+        "action": a.action,
+        "resource": a.resource,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ApprovalStatusParams {
+    id: String,
+}
+
+/// Where an approval request of the caller's stands. Another actor's request is not found: the
+/// caller learns nothing of what others asked.
+pub(super) fn approval_status(
+    g: &Session<'_>,
+    p: ApprovalStatusParams,
+) -> Result<Value, ServiceError> {
+    let policy = policy(g)?;
+    g.allow(Action::Read, Resource::Environment, Some("approval.status"))?;
+    let a = policy
+        .approval(&p.id)
+        .filter(|a| a.actor == g.actor().as_str())
+        .ok_or_else(|| {
+            ServiceError::new(
+                ErrorKind::NotFound,
+                format!("there is no approval request {} of yours", p.id),
+                "file one with approval.request.",
+            )
+        })?;
+    let uses_left = match a.state {
+        ApprovalState::Granted { uses_left, .. } => Some(uses_left),
+        _ => None,
+    };
+    Ok(json!({
+        "id": a.id,
+        "state": a.state.name(),
+        "uses_left": uses_left,
+        "from": a.from,
         "action": a.action,
         "resource": a.resource,
     }))

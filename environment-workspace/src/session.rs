@@ -3,7 +3,8 @@
 //! the policy port.
 
 use environment_core::{
-    AccessRequest, Action, AttrValue, Context, Decision, EnvError, OpId, Resource,
+    AccessRequest, Action, AttrValue, Context, Credentials, Decision, EnvError, LocalEnvironment,
+    OpId, Resource,
 };
 
 use super::error::ServiceError;
@@ -79,10 +80,11 @@ impl<'a> Session<'a> {
         self.decide(action, resource, operation, false)
     }
 
-    /// [`Session::allow`] for a request that core (or the shell) asks again, identically, when it
-    /// performs the operation: the session then only evaluates, so a quota is spent once, by the
-    /// check that goes with the work. A token or an approval is spent here, since the second
-    /// check does not carry them.
+    /// [`Session::allow`] for a request that core asks again, identically, when it performs the
+    /// operation through [`Session::env`] (or a tracker presenting [`Session::credentials`]):
+    /// the session then only decides, and core's decision, made with the same token and
+    /// approval, spends them with the operation, in its transaction. A refused or conflicting
+    /// operation therefore spends nothing.
     pub(super) fn allow_rechecked(
         &self,
         action: Action,
@@ -92,21 +94,52 @@ impl<'a> Session<'a> {
         self.decide(action, resource, operation, true)
     }
 
+    /// [`Session::allow`] for a command the shell decides again when it starts the program,
+    /// without this request's token or approval: those are spent here, and only a quota is left
+    /// to the shell's check.
+    pub(super) fn allow_command(
+        &self,
+        action: Action,
+        resource: Resource,
+        operation: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        let only_decide = self.token.is_none() && self.approval.is_none();
+        self.decide(action, resource, operation, only_decide)
+    }
+
     fn decide(
         &self,
         action: Action,
         resource: Resource,
         operation: Option<&str>,
-        rechecked: bool,
+        dry_run: bool,
     ) -> Result<(), ServiceError> {
         let req = self.request(action, resource, operation);
-        let dry_run = rechecked && self.token.is_none() && self.approval.is_none();
         let decision = decide(self.shared, &req, dry_run);
         if decision.is_allowed() {
             return Ok(());
         }
         Counters::bump(&self.shared.counters.denied);
         Err(EnvError::NotAllowed(Box::new(decision)).into())
+    }
+
+    /// What this request presents: its token (or the workspace's default one) and approval.
+    pub(super) fn credentials(&self) -> Credentials {
+        Credentials {
+            token: self.token.clone(),
+            approval: self.approval.clone(),
+        }
+    }
+
+    /// The environment as this request reaches it: core decides every operation with the
+    /// request's credentials, and spends them with the operation.
+    pub(super) fn env(&self) -> LocalEnvironment {
+        let credentials = self.credentials();
+        if credentials == Credentials::default() {
+            self.shared.env.clone()
+        } else {
+            self.shared.env.presenting(credentials)
+        }
     }
 
     pub(super) fn branch(&self) -> &str {

@@ -58,8 +58,7 @@ fn history_read(
 pub(super) fn refused(g: &Session<'_>, p: RefusedParams) -> Result<Value, ServiceError> {
     let limit = history_read(g, g.branch(), p.limit)?;
     let refused = g
-        .shared()
-        .env
+        .env()
         .refused(g.actor(), g.branch(), limit)
         .map_err(ServiceError::from)?;
     Ok(json!({
@@ -72,15 +71,14 @@ pub(super) fn history(g: &Session<'_>, p: HistoryParams) -> Result<Value, Servic
     let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
     let limit = history_read(g, &branch, p.limit)?;
     let entries = g
-        .shared()
-        .env
+        .env()
         .history(
             &g.shared().actor,
             &branch,
             &HistoryOptions { all: p.all, limit },
         )
         .map_err(ServiceError::from)?;
-    let head = g.shared().env.head(&branch).map_err(ServiceError::from)?;
+    let head = g.env().head(&branch).map_err(ServiceError::from)?;
     Ok(json!({
         "branch": branch,
         "head": head.to_string(),
@@ -96,18 +94,14 @@ pub(super) struct ShowParams {
 
 pub(super) fn show(g: &Session<'_>, p: ShowParams) -> Result<Value, ServiceError> {
     let id = resolve(g.shared(), &p.version)?;
-    let op = g.shared().env.op(&id).map_err(ServiceError::from)?;
+    let op = g.env().op(&id).map_err(ServiceError::from)?;
     // Core asks the same when it shows the operation (the changes are a diff, asked there).
     g.allow_rechecked(
         Action::Read,
         Resource::Branch(op.branch.clone()),
         Some("show"),
     )?;
-    let shown = g
-        .shared()
-        .env
-        .show(g.actor(), &id)
-        .map_err(ServiceError::from)?;
+    let shown = g.env().show(g.actor(), &id).map_err(ServiceError::from)?;
     let mut j = shown.op.to_json();
     j["marks"] = json!(shown.marks);
     if let Some(changes) = &shown.changes {
@@ -134,11 +128,7 @@ pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Value, ServiceError
     let from = resolve(g.shared(), &p.from)?;
     let to = match &p.to {
         Some(t) => resolve(g.shared(), t)?,
-        None => g
-            .shared()
-            .env
-            .head(g.branch())
-            .map_err(ServiceError::from)?,
+        None => g.env().head(g.branch()).map_err(ServiceError::from)?,
     };
     let prefix = match &p.prefix {
         Some(s) if !s.is_empty() => Some(
@@ -154,8 +144,7 @@ pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Value, ServiceError
     };
     g.allow_rechecked(Action::Read, resource, None)?;
     let changes = g
-        .shared()
-        .env
+        .env()
         .diff(&g.shared().actor, &from, &to, prefix.as_ref())
         .map_err(ServiceError::from)?;
     Ok(json!({
@@ -206,17 +195,70 @@ pub(super) fn mark(g: &Session<'_>, p: MarkParams) -> Result<Value, ServiceError
             g.shared()
                 .capture("capture before a mark")
                 .map_err(ServiceError::from)?;
-            g.shared()
-                .env
-                .head(g.branch())
-                .map_err(ServiceError::from)?
+            g.env().head(g.branch()).map_err(ServiceError::from)?
         }
     };
-    g.shared()
-        .env
+    g.env()
         .mark(&g.shared().actor, &p.name, &version)
         .map_err(ServiceError::from)?;
     Ok(json!({ "name": p.name, "version": version.to_string() }))
+}
+
+/// Every mark with its version, by name.
+pub(super) fn marks(g: &Session<'_>) -> Result<Value, ServiceError> {
+    g.allow(Action::Read, Resource::Environment, Some("marks"))?;
+    let marks = g.env().marks().map_err(ServiceError::from)?;
+    Ok(json!({
+        "marks": marks
+            .iter()
+            .map(|(name, v)| json!({ "name": name, "version": v.to_string() }))
+            .collect::<Vec<_>>(),
+    }))
+}
+
+/// Every branch with its head, by name.
+pub(super) fn branches(g: &Session<'_>) -> Result<Value, ServiceError> {
+    g.allow(Action::Read, Resource::Environment, Some("branch.list"))?;
+    let branches = g.env().branches().map_err(ServiceError::from)?;
+    Ok(json!({
+        "branches": branches
+            .iter()
+            .map(|(name, head)| json!({ "name": name, "head": head.to_string() }))
+            .collect::<Vec<_>>(),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BranchParams {
+    name: String,
+    #[serde(default)]
+    from: Option<String>,
+}
+
+/// Creates a branch at a version (default the head, after a capture of what changed): a line
+/// of work to try something on and merge back, the tree staying on the workspace's branch.
+pub(super) fn branch_create(g: &Session<'_>, p: BranchParams) -> Result<Value, ServiceError> {
+    // Core asks the same again when it creates the branch.
+    g.allow_rechecked(
+        Action::Write,
+        Resource::Branch(p.name.clone()),
+        Some("branch"),
+    )?;
+    let from = match &p.from {
+        Some(v) => resolve(g.shared(), v)?,
+        None => {
+            g.shared()
+                .capture("capture before a branch")
+                .map_err(ServiceError::from)?;
+            g.env().head(g.branch()).map_err(ServiceError::from)?
+        }
+    };
+    let version = g
+        .env()
+        .create_branch(g.actor(), &p.name, &from)
+        .map_err(ServiceError::from)?;
+    Ok(json!({ "name": p.name, "from": from.to_string(), "version": version.to_string() }))
 }
 
 #[derive(Deserialize)]
@@ -282,10 +324,10 @@ pub(super) fn restore_to(
         }));
     }
     let plan = shared
-        .restore(&shared.actor, &target, intent)
+        .restore(&shared.actor, &g.credentials(), &target, intent)
         .map_err(ServiceError::from)?;
     Counters::bump(&shared.counters.rollbacks);
-    let head = shared.env.head(g.branch()).map_err(ServiceError::from)?;
+    let head = g.env().head(g.branch()).map_err(ServiceError::from)?;
     Ok(json!({
         "dry_run": false,
         "version": head.to_string(),
@@ -314,7 +356,7 @@ pub(super) fn step(g: &Session<'_>, way: Way) -> Result<Value, ServiceError> {
     g.shared()
         .capture("capture before an undo or a redo")
         .map_err(ServiceError::from)?;
-    let env = &g.shared().env;
+    let env = &g.env();
     let step = match way {
         Way::Undo => env.undo_step(g.actor(), g.branch()),
         Way::Redo => env.redo_step(g.actor(), g.branch()),
@@ -346,10 +388,10 @@ pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Value, ServiceErr
     shared
         .capture("capture before a merge")
         .map_err(ServiceError::from)?;
-    let before = shared.env.head(g.branch()).map_err(ServiceError::from)?;
+    let before = g.env().head(g.branch()).map_err(ServiceError::from)?;
     let intent = Intent::new(IntentKind::Merge, format!("merge {}", p.source));
-    let outcome = shared
-        .env
+    let outcome = g
+        .env()
         .merge(&shared.actor, &p.source, g.branch(), intent)
         .map_err(ServiceError::from)?;
     let plan = shared.sync_from(&before).map_err(ServiceError::from)?;
@@ -388,11 +430,7 @@ pub(super) fn status(g: &Session<'_>) -> Result<Value, ServiceError> {
 
 pub(super) fn gc(g: &Session<'_>) -> Result<Value, ServiceError> {
     g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
-    let r = g
-        .shared()
-        .env
-        .gc(&g.shared().actor)
-        .map_err(ServiceError::from)?;
+    let r = g.env().gc(&g.shared().actor).map_err(ServiceError::from)?;
     Ok(json!({
         "kept": r.kept,
         "removed": r.removed,

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use environment_bus::Bus;
 use environment_core::{
-    ActorId, Authorizer, BackgroundProcesses, Intent, IntentKind, LocalEnvironment, Observation,
-    OpFlags, OpId, PtySessions, ShellExec,
+    ActorId, Authorizer, BackgroundProcesses, Credentials, Intent, IntentKind, LocalEnvironment,
+    Observation, OpFlags, OpId, PtySessions, ShellExec,
 };
 use environment_policy::Policy;
 
@@ -81,6 +81,10 @@ pub struct Parts {
     pub default_token: Option<String>,
     /// The branch the workspace is captured to.
     pub branch: String,
+    /// Whether every call first captures what changed in the trees (for a workspace whose
+    /// trackers do not capture in the background): a call then sees, and never overwrites,
+    /// what was done outside it.
+    pub capture_each_call: bool,
 }
 
 /// An open workspace, shared by the sessions on it.
@@ -108,6 +112,8 @@ pub struct Workspace {
     pub default_token: Option<String>,
     /// The branch the workspace is captured to.
     pub branch: String,
+    /// Whether every call first captures what changed in the trees.
+    pub capture_each_call: bool,
     /// Receipts handed out, with their group and consumer: settling is authorized on the group
     /// the receipt was claimed from, and done as its claimer.
     pub(crate) receipts: Mutex<HashMap<String, Claimed>>,
@@ -137,6 +143,7 @@ impl Workspace {
             actor: p.actor,
             default_token: p.default_token,
             branch: p.branch,
+            capture_each_call: p.capture_each_call,
             receipts: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             agent_pid: Mutex::new(None),
@@ -196,12 +203,21 @@ impl Workspace {
         Ok(plan)
     }
 
-    /// Restores every tracked root to `target` as `actor`, in one rollback operation (see
-    /// [`Tracker::restore_with`]).
-    pub fn restore(&self, actor: &ActorId, target: &OpId, intent: Intent) -> Result<RestorePlan> {
+    /// Restores every tracked root to `target` as `actor`, presenting `credentials`, in one
+    /// rollback operation (see [`Tracker::restore_with`]).
+    pub fn restore(
+        &self,
+        actor: &ActorId,
+        credentials: &Credentials,
+        target: &OpId,
+        intent: Intent,
+    ) -> Result<RestorePlan> {
         let extra = self.extra.read().unwrap_or_else(|p| p.into_inner());
         let others: Vec<&Tracker> = extra.iter().map(|t| &**t).collect();
-        self.with_tracker(|t| t.restore_with(&others, actor, target, intent))
+        self.with_tracker(|t| {
+            t.presenting(credentials.clone())
+                .restore_with(&others, actor, target, intent)
+        })
     }
 }
 

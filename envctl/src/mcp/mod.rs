@@ -1,33 +1,54 @@
 //! `envctl mcp`: the environment as an MCP server on stdin/stdout.
 //!
-//! Every tool call is an action of the configured actor and passes the policy when one is
-//! loaded; a refused call changes nothing. Before each call, whatever changed in the workspace
-//! since the last one is captured (attributed to the capture service), so the call sees, and
-//! never overwrites, work done outside the server. A failure comes back with `isError` and a
-//! text that first says the tool did NOT execute and its result must not be invented.
+//! Every tool is one use case of the workspace service ([`environment_workspace::Workspace`]),
+//! called in this process or through a running supervisor's socket: the service parses the
+//! arguments (refusing unknown ones), authorizes the call as the server's actor with what the
+//! call presents, acts and answers. The answer goes back as the call's structured content,
+//! described by the tool's output schema, with a rendering for the model as text; a failure
+//! comes back with `isError` and a text that first says the tool did NOT execute. In process,
+//! every call first captures what changed in the workspace since the last one (the witness's),
+//! so a call sees, and never overwrites, work done outside the server.
 
 mod framing;
 mod params;
+mod render;
 mod tools;
 
 use std::sync::{Arc, Mutex};
 
 use environment_core::ActorId;
-use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{ErrorData, ServerHandler, ServiceExt, tool_handler};
+use environment_workspace as service;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::Value;
 
 use crate::failure::{Failure, Outcome};
 use crate::target::{Remote, SupervisorAddr};
 use crate::workspace::{Session, Workspace};
-
-/// The most output of a command returned to the model, per stream.
-const MAX_OUTPUT: usize = 32 * 1024;
+use tools::{TOOLS, ToolSpec};
 
 /// Serves MCP on stdio until the client disconnects.
 pub fn serve(ws: Workspace, actor: ActorId) -> Outcome<()> {
-    let session = Session::open(ws, actor)?;
-    stdio(EnvServer::new(session))
+    let approval = ws.credentials.approval.clone();
+    let launcher =
+        crate::commands::process::host_sandbox(&ws, &crate::cli::SandboxArgs::default())?;
+    let workspace = Session::open(ws, actor)?.into_service(launcher)?;
+    stdio(EnvServer::new(workspace, approval))
+}
+
+/// MCP over stdio with the tools going through the supervisor at `addr` (its actor acts:
+/// `actor` only names the server).
+pub fn serve_remote(
+    addr: SupervisorAddr,
+    _actor: ActorId,
+    credentials: environment_core::Credentials,
+) -> Outcome<()> {
+    let remote = Remote::connect(&addr, &credentials)?;
+    stdio(EnvServer::through(remote))
 }
 
 fn stdio(server: EnvServer) -> Outcome<()> {
@@ -50,43 +71,6 @@ fn stdio(server: EnvServer) -> Outcome<()> {
         let _ = framed.written.await;
         Ok(())
     })
-}
-
-/// A file's content for the model, the same locally and through a supervisor: the text when it
-/// is UTF-8, else the bytes in base64 with the encoding named.
-pub(crate) fn file_text(path: &str, size: u64, text: Option<&str>, base64: Option<&str>) -> String {
-    match (text, base64) {
-        (Some(t), _) => t.to_owned(),
-        (None, b64) => format!(
-            "{path} is not UTF-8 text ({size} bytes); its content in base64 (standard alphabet, \
-             padded) follows.\nencoding: base64\n{}",
-            b64.unwrap_or_default()
-        ),
-    }
-}
-
-/// The refused changes for the model, from their JSON form (the same locally and through a
-/// supervisor): one line each.
-pub(crate) fn refused_text(refused: &[serde_json::Value]) -> String {
-    if refused.is_empty() {
-        return "No change was refused.".to_owned();
-    }
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-    refused
-        .iter()
-        .map(|r| {
-            format!(
-                "#{} {} {} {} ({}: {})",
-                r["id"],
-                text(&r["actor"]),
-                text(&r["change"]),
-                text(&r["path"]),
-                text(&r["verdict"]),
-                text(&r["reason"])
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// The text of a failed call: that it did not execute, why, and what to do next.
@@ -122,40 +106,30 @@ fn for_model(tool: &str, f: &Failure) -> String {
     format!("{head} {rest}")
 }
 
-fn truncated(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    if text.len() <= MAX_OUTPUT {
-        return text.into_owned();
-    }
-    let mut end = MAX_OUTPUT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}\n[… {} more bytes]", &text[..end], text.len() - end)
-}
-
-/// What the tools work on.
+/// Where the tools' use cases run.
 #[derive(Clone)]
 enum Backend {
-    /// The stores, opened by this process.
-    Local(Arc<Mutex<Session>>),
+    /// The workspace service, in this process.
+    Local(Arc<service::Workspace>),
     /// A running supervisor, through its control socket.
     Supervisor(Arc<Mutex<Remote>>),
 }
 
-/// The MCP server: one open environment (or a supervisor's socket), one actor.
+/// The MCP server: one workspace (or a supervisor's socket), one actor.
 #[derive(Clone)]
 pub struct EnvServer {
     backend: Backend,
-    tool_router: ToolRouter<EnvServer>,
+    /// The approval presented with every call that presents none (in process; a supervisor's
+    /// connection presents its own).
+    approval: Option<String>,
 }
 
 impl EnvServer {
-    /// A server over an open session.
-    pub fn new(session: Session) -> EnvServer {
+    /// A server over the workspace service, presenting `approval` with calls that present none.
+    pub fn new(workspace: service::Workspace, approval: Option<String>) -> EnvServer {
         EnvServer {
-            backend: Backend::Local(Arc::new(Mutex::new(session))),
-            tool_router: Self::tool_router(),
+            backend: Backend::Local(Arc::new(workspace)),
+            approval,
         }
     }
 
@@ -163,32 +137,28 @@ impl EnvServer {
     pub fn through(remote: Remote) -> EnvServer {
         EnvServer {
             backend: Backend::Supervisor(Arc::new(Mutex::new(remote))),
-            tool_router: Self::tool_router(),
+            approval: None,
         }
     }
 
-    /// Runs a tool: through the supervisor as `method` with `params` (nulls left out) when
-    /// the server goes through one, else `work` on the stores.
-    async fn routed(
-        &self,
-        tool: &'static str,
-        method: &'static str,
-        params: serde_json::Value,
-        work: impl FnOnce(&mut Session) -> Outcome<String> + Send + 'static,
-    ) -> Result<CallToolResult, ErrorData> {
-        let Backend::Supervisor(remote) = &self.backend else {
-            return self.call(tool, work).await;
-        };
-        let remote = remote.clone();
-        let params = match params {
-            serde_json::Value::Object(m) => {
-                serde_json::Value::Object(m.into_iter().filter(|(_, v)| !v.is_null()).collect())
-            }
-            other => other,
-        };
-        let done = tokio::task::spawn_blocking(move || {
-            let mut r = remote.lock().unwrap_or_else(|p| p.into_inner());
-            r.call(method, params)
+    /// Runs `tool` with the arguments given: renamed into the service's, then called.
+    async fn run(&self, tool: &'static ToolSpec, args: Option<JsonObject>) -> CallToolResult {
+        let mut args = args.unwrap_or_default();
+        args.retain(|_, v| !v.is_null());
+        if let Err(e) = (tool.adapt)(&mut args) {
+            return failed(tool, &e.into());
+        }
+        if let Some(a) = &self.approval {
+            args.entry("approval")
+                .or_insert_with(|| Value::String(a.clone()));
+        }
+        let backend = self.backend.clone();
+        let done = tokio::task::spawn_blocking(move || match backend {
+            Backend::Local(ws) => ws.call(tool.method, args).map_err(Failure::from),
+            Backend::Supervisor(remote) => remote
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .call(tool.method.name(), Value::Object(args)),
         })
         .await
         .unwrap_or_else(|e| {
@@ -196,53 +166,24 @@ impl EnvServer {
                 "the tool stopped unexpectedly: {e}"
             )))
         });
-        Ok(match done {
+        match done {
             Ok(answer) => {
-                CallToolResult::success(vec![ContentBlock::text(answer_text(method, &answer))])
+                let mut result = CallToolResult::success(vec![ContentBlock::text(render::answer(
+                    tool.method,
+                    &answer,
+                ))]);
+                result.structured_content = Some(answer);
+                result
             }
-            Err(f) => CallToolResult::error(vec![ContentBlock::text(for_model(tool, &f))]),
-        })
-    }
-
-    /// Runs `work` on the blocking pool after capturing what changed since the last call.
-    async fn call(
-        &self,
-        tool: &'static str,
-        work: impl FnOnce(&mut Session) -> Outcome<String> + Send + 'static,
-    ) -> Result<CallToolResult, ErrorData> {
-        let session = match &self.backend {
-            Backend::Local(s) => s.clone(),
-            Backend::Supervisor(_) => {
-                let f = Failure::new(
-                    crate::failure::ExitCode::Unavailable,
-                    format!("the {tool} tool does not go through the supervisor"),
-                )
-                .hint("use exec (e.g. `cat FILE`) for files while the supervisor runs");
-                return Ok(CallToolResult::error(vec![ContentBlock::text(for_model(
-                    tool, &f,
-                ))]));
-            }
-        };
-        let done = tokio::task::spawn_blocking(move || {
-            let mut s = session.lock().unwrap_or_else(|p| p.into_inner());
-            s.capture_found(&format!("changes found before the {tool} tool"))?;
-            work(&mut s)
-        })
-        .await;
-        let result = match done {
-            Ok(r) => r,
-            Err(e) => Err(Failure::other(format!(
-                "the tool stopped unexpectedly: {e}"
-            ))),
-        };
-        Ok(match result {
-            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
-            Err(f) => CallToolResult::error(vec![ContentBlock::text(for_model(tool, &f))]),
-        })
+            Err(f) => failed(tool, &f),
+        }
     }
 }
 
-#[tool_handler(router = self.tool_router)]
+fn failed(tool: &ToolSpec, f: &Failure) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(for_model(tool.name, f))])
+}
+
 impl ServerHandler for EnvServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
@@ -253,72 +194,36 @@ impl ServerHandler for EnvServer {
                  be refused by a policy; a refused or failed tool call did not happen.",
             )
     }
-}
 
-/// MCP over stdio with the tools going through the supervisor at `addr` (its actor acts:
-/// `actor` only names the server).
-pub fn serve_remote(
-    addr: SupervisorAddr,
-    _actor: ActorId,
-    credentials: environment_core::Credentials,
-) -> Outcome<()> {
-    let remote = Remote::connect(&addr, &credentials)?;
-    stdio(EnvServer::through(remote))
-}
-
-/// The text of a supervisor's answer for a model.
-fn answer_text(method: &str, answer: &serde_json::Value) -> String {
-    if method == "exec" {
-        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-        return format!(
-            "The command ran and exited with {}; recorded as operation {} ({} file(s) changed).\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            answer["exit"],
-            text(&answer["op"]),
-            answer["files_changed"],
-            truncated(text(&answer["stdout"]["text"]).as_bytes()),
-            truncated(text(&answer["stderr"]["text"]).as_bytes()),
-        );
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(
+            TOOLS.iter().map(ToolSpec::tool).collect(),
+        ))
     }
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-    match method {
-        "refused" => refused_text(
-            answer["refused"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default(),
-        ),
-        "file.read" => file_text(
-            answer["path"].as_str().unwrap_or_default(),
-            answer["size"].as_u64().unwrap_or_default(),
-            answer["text"].as_str(),
-            answer["base64"].as_str(),
-        ),
-        "file.list" => {
-            let lines: Vec<String> = answer["entries"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| match e["kind"].as_str() {
-                    Some("dir") => format!("{}/", text(&e["path"])),
-                    Some("symlink") => format!("{} -> symlink", text(&e["path"])),
-                    _ => format!("{} ({} bytes)", text(&e["path"]), e["size"]),
-                })
-                .collect();
-            if lines.is_empty() {
-                "No files.".to_owned()
-            } else {
-                lines.join("\n")
-            }
-        }
-        "file.write" => format!(
-            "Wrote {}; recorded as {}.",
-            text(&answer["path"]),
-            text(&answer["version"])
-                .chars()
-                .take(12)
-                .collect::<String>()
-        ),
-        _ => serde_json::to_string_pretty(answer).unwrap_or_else(|_| answer.to_string()),
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let Some(tool) = tools::find(&request.name) else {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "there is no tool named {:?}; tools/list names them",
+                    request.name
+                ),
+                None,
+            ));
+        };
+        Ok(self.run(tool, request.arguments).await.into())
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        tools::find(name).map(ToolSpec::tool)
     }
 }
 
@@ -360,9 +265,32 @@ mod tests {
 
     #[test]
     fn long_output_is_cut_on_a_character_boundary() {
-        let long = "é".repeat(MAX_OUTPUT);
-        let t = truncated(long.as_bytes());
+        let long = "é".repeat(render::MAX_OUTPUT);
+        let t = render::truncated(&long);
         assert!(t.len() < long.len() && t.ends_with("more bytes]"));
-        assert_eq!(truncated(b"short"), "short");
+        assert_eq!(render::truncated("short"), "short");
+    }
+
+    #[test]
+    fn every_tool_has_an_output_schema_and_takes_credentials() {
+        for t in TOOLS {
+            let tool = t.tool();
+            assert!(
+                tool.output_schema.is_some(),
+                "{} has no output schema",
+                t.name
+            );
+            let props = &tool.input_schema["properties"];
+            assert!(
+                props.get("approval").is_some() && props.get("token").is_some(),
+                "{}",
+                t.name
+            );
+            assert_eq!(
+                tool.input_schema["additionalProperties"], false,
+                "{}",
+                t.name
+            );
+        }
     }
 }

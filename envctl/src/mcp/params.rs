@@ -1,169 +1,241 @@
-//! The parameters of the tools, with the JSON schemas a model reads.
+//! The arguments of the tools, as the JSON schemas a model reads. The workspace service parses
+//! them (refusing unknown ones, with its contract text); these types only describe them.
 
 use schemars::JsonSchema;
-use serde::Deserialize;
 
-/// `history`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HistoryParams {
-    /// List every operation instead of the key nodes (default false).
-    #[serde(default)]
-    pub all: bool,
-    /// The branch (default "main").
-    pub branch: Option<String>,
-    /// At most this many entries, newest first (default 30).
-    pub limit: Option<usize>,
+/// A tool's arguments: the fields given, then the credentials any call may present.
+macro_rules! arguments {
+    ($(#[$doc:meta])* $name:ident { $($(#[$f:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$doc])*
+        #[derive(JsonSchema)]
+        #[schemars(deny_unknown_fields)]
+        #[allow(dead_code)]
+        pub struct $name {
+            $($(#[$f])* $field: $ty,)*
+            /// The id of a granted approval to present with this call (see request_approval
+            /// and approval_status); default: the one the server was started with.
+            approval: Option<String>,
+            /// A capability token to present with this call: it can only narrow what you may
+            /// do; default: the one the server was started with.
+            token: Option<String>,
+        }
+    };
 }
 
-/// `refused`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RefusedParams {
-    /// At most this many, newest first (default 30, at most 1000).
-    pub limit: Option<usize>,
-}
+arguments!(
+    /// `status`, `undo`, `redo`, `marks`, `branches`.
+    NoParams {}
+);
 
-/// A version.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct VersionParams {
-    /// An op id or unique prefix, a mark, a branch, or HEAD~N.
-    pub version: String,
-}
+arguments!(
+    /// `history`.
+    HistoryParams {
+        /// List every operation instead of the key nodes (default false).
+        all: Option<bool>,
+        /// The branch (default "main").
+        branch: Option<String>,
+        /// At most this many entries, newest first (1 to 1000, default 50).
+        limit: Option<usize>,
+    }
+);
 
-/// `diff`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DiffParams {
-    /// The older version.
-    pub from: String,
-    /// The newer version (default HEAD).
-    pub to: Option<String>,
-}
+arguments!(
+    /// `refused`.
+    RefusedParams {
+        /// At most this many, newest first (1 to 1000, default 50).
+        limit: Option<usize>,
+    }
+);
 
-/// `mark`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MarkParams {
-    /// The mark's name.
-    pub name: String,
-    /// The version to name (default HEAD).
-    pub version: Option<String>,
-}
+arguments!(
+    /// `show`.
+    VersionParams {
+        /// A version: an op id or a unique prefix of 4+ hex digits, a mark, a branch, HEAD, any
+        /// of these followed by ~N (N operations back).
+        version: String,
+    }
+);
 
-/// `restore`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RestoreParams {
-    /// The version to bring the workspace back to.
-    pub version: String,
-    /// Only preview what would change (default false).
-    #[serde(default)]
-    pub dry_run: bool,
-}
+arguments!(
+    /// `diff`.
+    DiffParams {
+        /// The older version (an op id prefix, a mark, a branch, HEAD~N).
+        from: String,
+        /// The newer version (default: the workspace as it is now).
+        to: Option<String>,
+        /// Only paths under this directory.
+        prefix: Option<String>,
+        /// At most this many changes listed (default 200, at most 1000); the total is given.
+        limit: Option<usize>,
+    }
+);
 
-/// `exec`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExecParams {
-    /// The program and its arguments, e.g. ["cargo", "test"].
-    pub command: Vec<String>,
-    /// Why you run it, for the history (default: the command line).
-    pub intent: Option<String>,
-}
+arguments!(
+    /// `mark`.
+    MarkParams {
+        /// The mark's name (letters, digits and -_./).
+        name: String,
+        /// The version to name (default: the workspace as it is now).
+        version: Option<String>,
+    }
+);
 
-/// `read_file`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReadParams {
-    /// The path relative to the workspace.
-    pub path: String,
-    /// The version to read (default HEAD).
-    pub version: Option<String>,
-}
+arguments!(
+    /// `branch`.
+    BranchParams {
+        /// The new branch's name (letters, digits and -_./).
+        name: String,
+        /// The version it starts at (default: the workspace as it is now).
+        from: Option<String>,
+    }
+);
 
-/// `write_file`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WriteParams {
-    /// The path relative to the workspace.
-    pub path: String,
-    /// The whole new content (UTF-8 text).
-    pub content: String,
-    /// Why, for the history (default "write PATH").
-    pub intent: Option<String>,
-}
+arguments!(
+    /// `merge`.
+    MergeParams {
+        /// The branch to merge into the workspace's branch.
+        source: String,
+    }
+);
 
-/// `list_files`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ListParams {
-    /// A directory relative to the workspace (default: all).
-    pub prefix: Option<String>,
-    /// The version (default HEAD).
-    pub version: Option<String>,
-}
+arguments!(
+    /// `restore`.
+    RestoreParams {
+        /// The version to bring the workspace back to (op id prefix, mark, branch, HEAD~N).
+        version: String,
+        /// Only preview what would change (default false).
+        dry_run: Option<bool>,
+        /// Why, for the history.
+        intent: Option<String>,
+    }
+);
 
-/// `queue_publish`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PublishParams {
-    /// The topic, e.g. "task.created".
-    pub topic: String,
-    /// The message (text, often JSON).
-    pub payload: String,
-    /// Ordering key: messages with the same key are handled one at a time, in order.
-    pub key: Option<String>,
-    /// Dedup id: publishing it again is accepted but not delivered twice.
-    pub dedup: Option<String>,
-}
+arguments!(
+    /// `exec`.
+    ExecParams {
+        /// The program and its arguments, e.g. ["cargo", "test"] (no shell: use
+        /// ["sh", "-c", "…"] for one).
+        command: Vec<String>,
+        /// Why you run it, for the history (default: the command line).
+        intent: Option<String>,
+        /// The directory to run in, relative to the workspace (default its root).
+        cwd: Option<String>,
+        /// Text given on the command's standard input.
+        stdin: Option<String>,
+        /// Kill the command after this many seconds (it is recorded as timed out).
+        timeout_secs: Option<u64>,
+    }
+);
 
-/// `queue_claim`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimParams {
-    /// The consumer group.
-    pub group: String,
-    /// How long the lease lasts, in seconds (default 60).
-    pub lease_secs: Option<u64>,
-    /// At most this many messages (default 1).
-    pub max: Option<u32>,
-}
+arguments!(
+    /// `read_file`.
+    ReadParams {
+        /// The path relative to the workspace.
+        path: String,
+        /// The version to read (default: the workspace as it is now).
+        version: Option<String>,
+    }
+);
 
-/// `queue_ack`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReceiptParams {
-    /// The receipt returned by queue_claim.
-    pub receipt: String,
-}
+arguments!(
+    /// `write_file`.
+    WriteParams {
+        /// The path relative to the workspace.
+        path: String,
+        /// The whole new content (UTF-8 text).
+        content: String,
+        /// Why, for the history (default "write PATH").
+        intent: Option<String>,
+    }
+);
 
-/// `queue_nack`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NackParams {
-    /// The receipt returned by queue_claim.
-    pub receipt: String,
-    /// Why the work failed.
-    pub error: Option<String>,
-}
+arguments!(
+    /// `delete_file`.
+    DeleteParams {
+        /// The path relative to the workspace (a file or a symlink, not a directory).
+        path: String,
+        /// Why, for the history (default "delete PATH").
+        intent: Option<String>,
+    }
+);
 
-/// A policy question about the configured actor.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AccessParams {
-    /// read, write, delete, execute, publish or consume (or an action the policy declares).
-    pub action: String,
-    /// "path:src/main.rs", "prefix:src", "branch:main", "topic:task.created",
-    /// "program:cargo test", "service:https://…", or "environment".
-    pub resource: String,
-}
+arguments!(
+    /// `list_files`.
+    ListParams {
+        /// A directory relative to the workspace (default: all).
+        prefix: Option<String>,
+        /// The version (default: the workspace as it is now).
+        version: Option<String>,
+    }
+);
 
-/// `what_may_i_do`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MayParams {
-    /// Where to look, e.g. "prefix:src" (default: the whole workspace).
-    pub resource: Option<String>,
-}
+arguments!(
+    /// `queue_publish`.
+    PublishParams {
+        /// The topic, e.g. "task.created".
+        topic: String,
+        /// The message (text, often JSON).
+        payload: String,
+        /// Ordering key: messages with the same key are handled one at a time, in order.
+        key: Option<String>,
+        /// Dedup id: publishing it again is accepted but not delivered twice.
+        dedup: Option<String>,
+    }
+);
+
+arguments!(
+    /// `queue_claim`.
+    ClaimParams {
+        /// The consumer group.
+        group: String,
+        /// How long the lease lasts, in seconds (default 60).
+        lease_secs: Option<u64>,
+        /// At most this many messages (default 1).
+        max: Option<u32>,
+    }
+);
+
+arguments!(
+    /// `queue_ack`.
+    ReceiptParams {
+        /// The receipt returned by queue_claim.
+        receipt: String,
+    }
+);
+
+arguments!(
+    /// `queue_nack`.
+    NackParams {
+        /// The receipt returned by queue_claim.
+        receipt: String,
+        /// Why the work failed.
+        error: Option<String>,
+    }
+);
+
+arguments!(
+    /// A policy question about the server's actor.
+    AccessParams {
+        /// read, write, delete, execute, publish or consume (or an action the policy declares).
+        action: String,
+        /// "path:src/main.rs", "prefix:src", "branch:main", "topic:task.created",
+        /// "program:cargo test", "service:https://…", or "environment".
+        resource: String,
+    }
+);
+
+arguments!(
+    /// `what_may_i_do`.
+    MayParams {
+        /// Where to look, e.g. "prefix:src" (default: the whole workspace).
+        resource: Option<String>,
+    }
+);
+
+arguments!(
+    /// `approval_status`.
+    ApprovalParams {
+        /// The approval request's id, as request_approval or a refusal gave it.
+        id: String,
+    }
+);

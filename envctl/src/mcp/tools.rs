@@ -1,31 +1,100 @@
-//! The tools: each one action of the server's actor, answered in text for a model.
+//! The tools: each one use case of the workspace service, under a name and with arguments a
+//! model reads easily. A tool only renames its arguments into the service's; the service parses
+//! them, decides, acts and answers, the same in process and through a supervisor's socket.
 
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
-use environment_core::{
-    Action, EntryKind, HistoryOptions, Intent, IntentKind, Key, KeyPrefix, MAIN, Namespace,
-    Resource,
-};
-use environment_sandbox::RestoreStep;
-use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::CallToolResult;
-use rmcp::{ErrorData, tool, tool_router};
-use serde_json::json;
+use environment_workspace::{Method, ServiceError};
+use rmcp::handler::server::common::schema_for_type;
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use schemars::JsonSchema;
+use serde_json::{Map, Value, json};
 
 use super::params::*;
-use super::{EnvServer, truncated};
-use crate::commands::{policy as policy_cmd, process, queue};
-use crate::failure::{Failure, Outcome};
-use crate::output::{change_json, change_letter};
-use crate::workspace::Session;
+
+/// What a tool does to the workspace, for the client's annotations.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Effect {
+    /// Reads only.
+    Reads,
+    /// Adds to the workspace (a mark, a message, a request) without losing anything.
+    Adds,
+    /// Changes the tree or settles work: what was there may go (history keeps it).
+    Changes,
+}
+
+/// One tool.
+pub(super) struct ToolSpec {
+    /// The tool's name.
+    pub name: &'static str,
+    /// The use case it calls.
+    pub method: Method,
+    description: &'static str,
+    effect: Effect,
+    /// Whether calling it twice with the same arguments does what once does.
+    idempotent: bool,
+    input: fn() -> Arc<JsonObject>,
+    /// Renames its arguments into the service's.
+    pub adapt: fn(&mut Map<String, Value>) -> Result<(), ServiceError>,
+}
+
+fn keep(_: &mut Map<String, Value>) -> Result<(), ServiceError> {
+    Ok(())
+}
+
+/// Moves argument `from` to `to`, scaled by `factor` when it is a number of seconds.
+fn rename(
+    args: &mut Map<String, Value>,
+    from: &str,
+    to: &str,
+    factor: Option<u64>,
+) -> Result<(), ServiceError> {
+    let Some(v) = args.remove(from) else {
+        return Ok(());
+    };
+    let v = match (factor, &v) {
+        (_, Value::Null) | (None, _) => v,
+        (Some(f), Value::Number(n)) if n.as_u64().is_some() => {
+            json!(n.as_u64().unwrap_or_default().saturating_mul(f))
+        }
+        (Some(_), _) => {
+            return Err(ServiceError::invalid(format!(
+                "`{from}` must be a whole number of seconds"
+            )));
+        }
+    };
+    args.insert(to.to_owned(), v);
+    Ok(())
+}
+
+fn exec_args(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
+    rename(args, "command", "argv", None)?;
+    rename(args, "timeout_secs", "timeout_ms", Some(1000))
+}
+
+fn publish_args(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
+    rename(args, "key", "ordering_key", None)?;
+    rename(args, "dedup", "dedup_id", None)
+}
+
+fn claim_args(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
+    rename(args, "lease_secs", "lease_ms", Some(1000))
+}
 
 /// A resource as the policy tools name it (`path:GLOB`, `topic:T`, `program:PROG ARGS…`,
-/// `environment`, a bare path) in the shape of the control socket's `resource` parameter.
-fn resource_param(text: &str) -> serde_json::Value {
-    if text == "environment" {
-        return json!({ "environment": true });
-    }
-    match text.split_once(':') {
+/// `environment`, a bare path), in the service's shape.
+fn resource_arg(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
+    let text = match args.remove("resource") {
+        None | Some(Value::Null) => "prefix:".to_owned(),
+        Some(Value::String(s)) => s,
+        Some(_) => {
+            return Err(ServiceError::invalid(
+                "`resource` must be text such as \"path:src/main.rs\" or \"environment\"",
+            ));
+        }
+    };
+    let resource = match text.split_once(':') {
+        _ if text == "environment" => json!({ "environment": true }),
         Some(("program", rest)) => {
             let mut words = rest.split_whitespace().map(str::to_owned);
             let program = words.next().unwrap_or_default();
@@ -40,618 +109,286 @@ fn resource_param(text: &str) -> serde_json::Value {
             json!({ kind: rest })
         }
         _ => json!({ "path": text }),
-    }
-}
-
-fn version_or_head(s: &Session, v: Option<&str>) -> Outcome<environment_core::OpId> {
-    Ok(s.env.resolve(v.unwrap_or("HEAD"))?)
-}
-
-fn pretty(v: &serde_json::Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-}
-
-fn fs_key(path: &str) -> Outcome<Key> {
-    Key::fs(path.trim_start_matches("./")).map_err(|e| {
-        Failure::usage(format!("{path:?} is not a workspace path: {e}")).hint(
-            "use a path relative to the workspace, without `..`, a leading `/` or empty segments",
-        )
-    })
-}
-
-fn restore_text(
-    s: &Session,
-    target: environment_core::OpId,
-    intent: Intent,
-    dry_run: bool,
-) -> Outcome<String> {
-    if dry_run {
-        s.precheck(Action::Read, Resource::Branch(MAIN.into()), "restore")?;
-    } else {
-        s.precheck(Action::Write, Resource::Branch(MAIN.into()), "restore")?;
-    }
-    let t = s.tracker()?;
-    let plan = if dry_run {
-        t.plan_restore(&target)?
-    } else {
-        t.restore(&s.actor, &target, intent)?
     };
-    let mut lines = Vec::new();
-    for step in &plan.steps {
-        match step {
-            RestoreStep::Write(k) => lines.push(format!("write  {}", k.display_path())),
-            RestoreStep::Remove(k) => lines.push(format!("remove {}", k.display_path())),
+    args.insert("resource".into(), resource);
+    Ok(())
+}
+
+fn input<T: JsonSchema + 'static>() -> Arc<JsonObject> {
+    schema_for_type::<T>()
+}
+
+/// Every tool, in the order a client lists them.
+pub(super) const TOOLS: &[ToolSpec] = &[
+    ToolSpec {
+        name: "status",
+        method: Method::Status,
+        description: "The workspace's state: your actor, the branch and its head (the version the files are at), how commands are sandboxed, and whether a policy and a queue are there.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<NoParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "history",
+        method: Method::History,
+        description: "Read the history of the workspace, newest first: who changed what and why. Automatic captures are squashed unless all=true. Every entry's op id names a version for show, diff, read_file, restore and mark.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<HistoryParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "refused",
+        method: Method::Refused,
+        description: "List the changes refused on the workspace, newest first: what a command or an agent changed that its actor may not change, put back to its state before and kept with the decision (the path, write or delete, who, why).",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<RefusedParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "show",
+        method: Method::Show,
+        description: "Show one operation of the history: actor, intent, flags and the paths it changed. A version is an op id or a unique prefix of 4+ hex digits, a mark, a branch or HEAD, optionally followed by ~N.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<VersionParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "diff",
+        method: Method::Diff,
+        description: "List the paths that differ between two versions (added, modified, removed); `to` defaults to the workspace as it is now.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<DiffParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "mark",
+        method: Method::Mark,
+        description: "Name a version (default: the workspace as it is now) so you can restore it later by that name, e.g. before a risky change. A name is taken once.",
+        effect: Effect::Adds,
+        idempotent: false,
+        input: input::<MarkParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "marks",
+        method: Method::Marks,
+        description: "List the marks (named versions) with the version each names.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<NoParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "branches",
+        method: Method::BranchList,
+        description: "List the branches with their heads; the workspace's files are on `main`.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<NoParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "branch",
+        method: Method::BranchCreate,
+        description: "Create a branch at a version (default: the workspace as it is now). The files stay on main; merge brings a branch's changes back.",
+        effect: Effect::Adds,
+        idempotent: false,
+        input: input::<BranchParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "merge",
+        method: Method::Merge,
+        description: "Merge a branch into main and write the result into the workspace's files; paths changed on both sides differently are listed as conflicts and keep main's content.",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<MergeParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "restore",
+        method: Method::Restore,
+        description: "Bring the workspace's files (and a managed root filesystem, when there is one) back to an earlier version; history is kept and the restore is appended to it. Use dry_run=true to see what would change.",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<RestoreParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "undo",
+        method: Method::Undo,
+        description: "Undo the last operation not undone yet (its files go back to the version before it), whoever made it. Repeated undos step further back; redo walks forward again.",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<NoParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "redo",
+        method: Method::Redo,
+        description: "Redo the last undo not redone yet (the files come back as they were before that undo). Refused when the last operation is not an undo.",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<NoParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "exec",
+        method: Method::Exec,
+        description: "Run a command in the workspace (an argv list, no shell). Where the host allows it, the command runs in a sandbox that sees the workspace writable and the rest of the host read-only, without the environment's own files (status says how commands run here). Its file changes are recorded as one operation of yours; changes you may not make are put back and listed. Returns the exit status and the output (each stream cut at 32 KiB here, stored whole up to the limit).",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<ExecParams>,
+        adapt: exec_args,
+    },
+    ToolSpec {
+        name: "read_file",
+        method: Method::FileRead,
+        description: "Read a file of the workspace as it is now or at an earlier version: its text, or for a file that is not UTF-8 its bytes in base64 after a line `encoding: base64` (structured: `text` or `base64`).",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<ReadParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "write_file",
+        method: Method::FileWrite,
+        description: "Write a whole text file in the workspace (created or replaced, with the directories it needs), recorded as one operation. A path below a file or through a symlink is refused and changes nothing.",
+        effect: Effect::Changes,
+        idempotent: true,
+        input: input::<WriteParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "delete_file",
+        method: Method::FileDelete,
+        description: "Delete a file or a symlink of the workspace (not a directory), recorded as one operation; restore or undo brings it back.",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<DeleteParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "list_files",
+        method: Method::FileList,
+        description: "List the files of the workspace (or under a directory) as it is now or at an earlier version, at most 10,000 (the total is given).",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<ListParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "queue_publish",
+        method: Method::QueuePublish,
+        description: "Publish a message to a queue topic for other agents or humans (e.g. task.created).",
+        effect: Effect::Adds,
+        idempotent: false,
+        input: input::<PublishParams>,
+        adapt: publish_args,
+    },
+    ToolSpec {
+        name: "queue_claim",
+        method: Method::QueueClaim,
+        description: "Claim (lease) messages of a consumer group; settle each with queue_ack when done or queue_nack to retry later.",
+        effect: Effect::Adds,
+        idempotent: false,
+        input: input::<ClaimParams>,
+        adapt: claim_args,
+    },
+    ToolSpec {
+        name: "queue_ack",
+        method: Method::QueueAck,
+        description: "Acknowledge a claimed message by its receipt: the work is done and it is not delivered again.",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<ReceiptParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "queue_nack",
+        method: Method::QueueNack,
+        description: "Give a claimed message back by its receipt when the work failed; it is retried after a backoff.",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<NackParams>,
+        adapt: keep,
+    },
+    ToolSpec {
+        name: "policy_explain",
+        method: Method::PolicyExplain,
+        description: "Ask the policy whether you may do an action on a resource, and why (the rules that decide and what to do if refused).",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<AccessParams>,
+        adapt: resource_arg,
+    },
+    ToolSpec {
+        name: "what_may_i_do",
+        method: Method::PolicyWhatMayIDo,
+        description: "List what you are allowed to do under a resource (default the whole workspace), so you can plan instead of probing.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<MayParams>,
+        adapt: resource_arg,
+    },
+    ToolSpec {
+        name: "request_approval",
+        method: Method::ApprovalRequest,
+        description: "File a request for a human to approve an action the policy allows only with approval. Once approval_status says granted, pass its id as `approval` with the call.",
+        effect: Effect::Adds,
+        idempotent: true,
+        input: input::<AccessParams>,
+        adapt: resource_arg,
+    },
+    ToolSpec {
+        name: "approval_status",
+        method: Method::ApprovalStatus,
+        description: "Where one of your approval requests stands: pending, granted (with the uses left), used up or rejected.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: input::<ApprovalParams>,
+        adapt: keep,
+    },
+];
+
+/// The tool named `name`.
+pub(super) fn find(name: &str) -> Option<&'static ToolSpec> {
+    TOOLS.iter().find(|t| t.name == name)
+}
+
+/// The result schema the control socket publishes for `method`: what its answer holds.
+fn output_schema(method: Method) -> Option<Arc<JsonObject>> {
+    static SCHEMAS: OnceLock<Value> = OnceLock::new();
+    let schema = SCHEMAS.get_or_init(|| {
+        serde_json::from_str(environment_supervisor::SCHEMA).unwrap_or(Value::Null)
+    });
+    schema["methods"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == method.name())?["result"]["schema"]
+        .as_object()
+        .cloned()
+        .map(Arc::new)
+}
+
+impl ToolSpec {
+    /// The tool as a client lists it.
+    pub(super) fn tool(&self) -> Tool {
+        let annotations = ToolAnnotations::new()
+            .read_only(self.effect == Effect::Reads)
+            .destructive(self.effect == Effect::Changes)
+            .idempotent(self.idempotent)
+            .open_world(false);
+        let mut tool =
+            Tool::new(self.name, self.description, (self.input)()).with_annotations(annotations);
+        if let Some(schema) = output_schema(self.method) {
+            tool = tool.with_raw_output_schema(schema);
         }
-    }
-    let head = if dry_run {
-        format!(
-            "Dry run: restoring {} would change {} path(s); nothing was changed.",
-            target.short(),
-            plan.steps.len()
-        )
-    } else {
-        format!(
-            "Restored the workspace to {} ({} path(s) changed); the new head is {}.",
-            target.short(),
-            plan.steps.len(),
-            s.head()?.short()
-        )
-    };
-    Ok(format!("{head}\n{}", lines.join("\n")))
-}
-
-#[tool_router(vis = "pub(super)")]
-impl EnvServer {
-    /// The history.
-    #[tool(
-        description = "Read the history of the workspace, newest first: who changed what and why; automatic captures are squashed unless all=true.",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn history(
-        &self,
-        Parameters(p): Parameters<HistoryParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed("history", "history", json!({"all": p.all, "branch": p.branch, "limit": p.limit.unwrap_or(30).clamp(1, 1000)}), move |s| {
-            let branch = p.branch.unwrap_or_else(|| MAIN.to_owned());
-            let opts = HistoryOptions {
-                all: p.all,
-                limit: p.limit.unwrap_or(30),
-            };
-            let entries = s.env.history(&s.actor, &branch, &opts)?;
-            Ok(entries
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("\n"))
-        })
-        .await
-    }
-
-    /// The refused changes.
-    #[tool(
-        description = "List the changes refused on the workspace, newest first: what a command or an agent changed that its actor may not change, put back to its state before and kept with the decision (the path, write or delete, who, why).",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn refused(
-        &self,
-        Parameters(p): Parameters<RefusedParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        let limit = p.limit.unwrap_or(30).clamp(1, 1000);
-        self.routed("refused", "refused", json!({"limit": limit}), move |s| {
-            let refused = s.env.refused(&s.actor, MAIN, limit)?;
-            let listed: Vec<_> = refused.iter().map(|r| r.to_json()).collect();
-            Ok(super::refused_text(&listed))
-        })
-        .await
-    }
-
-    /// One operation.
-    #[tool(
-        description = "Show one operation of the history (by op id prefix, mark, branch or HEAD~N): actor, intent, flags and the paths it changed.",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn show(
-        &self,
-        Parameters(p): Parameters<VersionParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed("show", "show", json!({"version": p.version}), move |s| {
-            let id = s.env.resolve(&p.version)?;
-            let shown = s.env.show(&s.actor, &id)?;
-            let mut j = shown.op.to_json();
-            j["marks"] = json!(shown.marks);
-            if let Some(changes) = &shown.changes {
-                j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
-            }
-            Ok(pretty(&j))
-        })
-        .await
-    }
-
-    /// A diff.
-    #[tool(
-        description = "List the paths that differ between two versions (A added, M modified, D deleted).",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn diff(
-        &self,
-        Parameters(p): Parameters<DiffParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed(
-            "diff",
-            "diff",
-            json!({"from": p.from, "to": p.to}),
-            move |s| {
-                let a = s.env.resolve(&p.from)?;
-                let b = version_or_head(s, p.to.as_deref())?;
-                let changes = s.env.diff(&s.actor, &a, &b, None)?;
-                let mut lines: Vec<String> = changes
-                    .iter()
-                    .map(|c| format!("{} {}", change_letter(c), c.key.display_path()))
-                    .collect();
-                lines.push(format!(
-                    "{} path(s) differ between {} and {}.",
-                    changes.len(),
-                    a.short(),
-                    b.short()
-                ));
-                Ok(lines.join("\n"))
-            },
-        )
-        .await
-    }
-
-    /// A mark.
-    #[tool(
-        description = "Name a version (default the current head) so you can restore it later by that name, e.g. before a risky change.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn mark(
-        &self,
-        Parameters(p): Parameters<MarkParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed(
-            "mark",
-            "mark",
-            json!({"name": p.name, "version": p.version}),
-            move |s| {
-                let v = version_or_head(s, p.version.as_deref())?;
-                s.env.mark(&s.actor, &p.name, &v)?;
-                Ok(format!("Marked {} as {}.", v.short(), p.name))
-            },
-        )
-        .await
-    }
-
-    /// A restore.
-    #[tool(
-        description = "Bring the workspace files back to an earlier version (history is kept; this appends a rollback). Use dry_run=true to preview.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn restore(
-        &self,
-        Parameters(p): Parameters<RestoreParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed(
-            "restore",
-            "restore",
-            json!({"version": p.version, "dry_run": p.dry_run}),
-            move |s| {
-                let target = s.env.resolve(&p.version)?;
-                let intent = Intent::new(IntentKind::Restore, format!("restore to {}", p.version));
-                restore_text(s, target, intent, p.dry_run)
-            },
-        )
-        .await
-    }
-
-    /// An undo.
-    #[tool(
-        description = "Undo the last operation on the workspace not undone yet (its files go back to the version before it). Repeated undos step further back; redo walks forward again.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn undo(&self) -> Result<CallToolResult, ErrorData> {
-        self.routed("undo", "undo", json!({}), move |s| {
-            let step = s.env.undo_step(&s.actor, MAIN)?;
-            restore_text(s, step.target, step.intent, false)
-        })
-        .await
-    }
-
-    /// A redo.
-    #[tool(
-        description = "Redo the last undo not redone yet (the workspace's files come back as they were before that undo). Refused when the last operation is not an undo.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn redo(&self) -> Result<CallToolResult, ErrorData> {
-        self.routed("redo", "redo", json!({}), move |s| {
-            let step = s.env.redo_step(&s.actor, MAIN)?;
-            restore_text(s, step.target, step.intent, false)
-        })
-        .await
-    }
-
-    /// A command.
-    #[tool(
-        description = "Run a command in the workspace (argv list, no shell); its file changes are recorded as one operation. Returns exit status and output.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn exec(
-        &self,
-        Parameters(p): Parameters<ExecParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed("exec", "exec", json!({"argv": p.command, "intent": p.intent}), move |s| {
-            if p.command.is_empty() {
-                return Err(Failure::usage("the command is empty").hint("pass e.g. [\"ls\", \"-l\"]"));
-            }
-            let done = process::shell_exec(
-                s,
-                &p.command,
-                p.intent.as_deref(),
-                &crate::cli::SandboxArgs::default(),
-            )?;
-            let refused = environment_core::put_back_note(&done.refused_json())
-                .map(|(sentence, next)| format!("\n{sentence}. Next: {next}."))
-                .unwrap_or_default();
-            Ok(format!(
-                "The command ran and exited with status {}; recorded as operation {} ({} file(s) changed).{refused}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-                done.status(),
-                done.outcome.op.short(),
-                done.outcome.files_changed,
-                truncated(&done.stdout),
-                truncated(&done.stderr)
-            ))
-        })
-        .await
-    }
-
-    /// A read.
-    #[tool(
-        description = "Read a file of the workspace at the current head or at an earlier version (a version is an op id prefix, a mark, a branch or HEAD~N): its text, or for a file that is not UTF-8 its bytes in base64 after a line `encoding: base64`.",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn read_file(
-        &self,
-        Parameters(p): Parameters<ReadParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        let params = json!({ "path": p.path, "version": p.version });
-        self.routed("read_file", "file.read", params, move |s| {
-            let key = fs_key(&p.path)?;
-            let v = version_or_head(s, p.version.as_deref())?;
-            let value = s.env.read(&s.actor, &key, &v)?.ok_or_else(|| {
-                Failure::not_found(format!(
-                    "there is no file {} at version {}",
-                    p.path,
-                    v.short()
-                ))
-                .hint("list the files with list_files")
-            })?;
-            if value.meta.kind != EntryKind::File {
-                return Err(Failure::usage(format!("{} is not a regular file", p.path))
-                    .hint("list a directory with list_files"));
-            }
-            let bytes = s.env.content(&value)?;
-            let (text, base64) = environment_supervisor::bytes_json(&bytes);
-            Ok(super::file_text(
-                &key.display_path(),
-                bytes.len() as u64,
-                text.as_deref(),
-                base64.as_deref(),
-            ))
-        })
-        .await
-    }
-
-    /// A write.
-    #[tool(
-        description = "Write a whole text file in the workspace (created or replaced), recorded as one operation.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = true,
-            open_world_hint = false
-        )
-    )]
-    async fn write_file(
-        &self,
-        Parameters(p): Parameters<WriteParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        let params = json!({ "path": p.path, "content": p.content, "intent": p.intent });
-        self.routed("write_file", "file.write", params, move |s| {
-            let rel = fs_key(&p.path)?.display_path();
-            let intent = Intent::edit(p.intent.unwrap_or_else(|| format!("write {}", p.path)));
-            let obs = s
-                .tracker()?
-                .write_file(&s.actor, &rel, p.content.into_bytes(), intent)?;
-            Ok(format!(
-                "Wrote {}; recorded as {}.",
-                p.path,
-                obs.version.short()
-            ))
-        })
-        .await
-    }
-
-    /// A listing.
-    #[tool(
-        description = "List the files of the workspace (or under a directory) at the current head or an earlier version.",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn list_files(
-        &self,
-        Parameters(p): Parameters<ListParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        let params = json!({ "prefix": p.prefix, "version": p.version });
-        self.routed("list_files", "file.list", params, move |s| {
-            let prefix = match p.prefix.as_deref().map(|x| x.trim_matches('/')) {
-                None | Some("") | Some(".") => KeyPrefix::all(Namespace::Fs),
-                Some(d) => KeyPrefix::new(Namespace::Fs, d)
-                    .map_err(|e| Failure::usage(format!("{d:?} is not a workspace path: {e}")))?,
-            };
-            let v = version_or_head(s, p.version.as_deref())?;
-            let list = s.env.list(&s.actor, &prefix, &v)?;
-            let lines: Vec<String> = list
-                .iter()
-                .map(|(k, val)| match val.meta.kind {
-                    EntryKind::Dir => format!("{}/", k.display_path()),
-                    EntryKind::Symlink => format!("{} -> symlink", k.display_path()),
-                    _ => format!("{} ({} bytes)", k.display_path(), val.meta.size),
-                })
-                .collect();
-            Ok(if lines.is_empty() {
-                "No files.".to_owned()
-            } else {
-                lines.join("\n")
-            })
-        })
-        .await
-    }
-
-    /// Publish.
-    #[tool(
-        description = "Publish a message to a queue topic for other agents or humans (e.g. task.created).",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn queue_publish(
-        &self,
-        Parameters(p): Parameters<PublishParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed("queue_publish", "queue.publish", json!({"topic": p.topic, "payload": p.payload, "ordering_key": p.key, "dedup_id": p.dedup}), move |s| {
-            let bus = s.ws.open_bus()?;
-            let out = queue::publish(
-                s,
-                &bus,
-                &p.topic,
-                p.payload.into_bytes(),
-                p.key.as_deref(),
-                p.dedup.as_deref(),
-            )?;
-            Ok(pretty(&out))
-        })
-        .await
-    }
-
-    /// Claim.
-    #[tool(
-        description = "Claim (lease) messages of a consumer group; settle each with queue_ack when done or queue_nack to retry later.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn queue_claim(
-        &self,
-        Parameters(p): Parameters<ClaimParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed("queue_claim", "queue.claim", json!({"group": p.group, "max": p.max, "lease_ms": p.lease_secs.map(|s| s.saturating_mul(1000))}), move |s| {
-            let bus = s.ws.open_bus()?;
-            let lease = Duration::from_secs(p.lease_secs.unwrap_or(60));
-            Ok(pretty(&queue::claim(
-                s,
-                &bus,
-                &p.group,
-                lease,
-                p.max.unwrap_or(1),
-            )?))
-        })
-        .await
-    }
-
-    /// Ack.
-    #[tool(
-        description = "Acknowledge a claimed message by its receipt: the work is done and it is not delivered again.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn queue_ack(
-        &self,
-        Parameters(p): Parameters<ReceiptParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed(
-            "queue_ack",
-            "queue.ack",
-            json!({"receipt": p.receipt}),
-            move |s| {
-                let bus = s.ws.open_bus()?;
-                Ok(pretty(&queue::ack(s, &bus, &p.receipt)?))
-            },
-        )
-        .await
-    }
-
-    /// Nack.
-    #[tool(
-        description = "Give a claimed message back by its receipt when the work failed; it is retried after a backoff.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn queue_nack(
-        &self,
-        Parameters(p): Parameters<NackParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed(
-            "queue_nack",
-            "queue.nack",
-            json!({"receipt": p.receipt, "error": p.error}),
-            move |s| {
-                let bus = s.ws.open_bus()?;
-                Ok(pretty(&queue::nack(
-                    s,
-                    &bus,
-                    &p.receipt,
-                    p.error.as_deref(),
-                )?))
-            },
-        )
-        .await
-    }
-
-    /// Explain.
-    #[tool(
-        description = "Ask the policy whether you may do an action on a resource, and why (the rules that decide and what to do if refused).",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn policy_explain(
-        &self,
-        Parameters(p): Parameters<AccessParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed(
-            "policy_explain",
-            "policy.explain",
-            json!({"action": p.action, "resource": resource_param(&p.resource)}),
-            move |s| {
-                let req = policy_cmd::request(
-                    s.actor.clone(),
-                    policy_cmd::parse_action(&p.action)?,
-                    policy_cmd::parse_resource(&p.resource)?,
-                );
-                let Some(policy) = &s.policy else {
-                    return Ok(
-                        "Allowed: no policy is loaded, so every action is allowed.".to_owned()
-                    );
-                };
-                let d = policy.evaluate(&req);
-                Ok(d.explain(&req))
-            },
-        )
-        .await
-    }
-
-    /// What may I do.
-    #[tool(
-        description = "List what you are allowed to do under a resource (default the whole workspace), so you can plan instead of probing.",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn what_may_i_do(
-        &self,
-        Parameters(p): Parameters<MayParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed(
-            "what_may_i_do",
-            "policy.what_may_i_do",
-            json!({"resource": resource_param(p.resource.as_deref().unwrap_or("prefix:"))}),
-            move |s| {
-                let under = match p.resource.as_deref() {
-                    Some(r) => policy_cmd::parse_resource(r)?,
-                    None => Resource::Prefix(KeyPrefix::all(Namespace::Fs)),
-                };
-                let Some(policy) = &s.policy else {
-                    return Ok("No policy is loaded: every action is allowed.".to_owned());
-                };
-                let perms = policy.what_may(s.actor.as_str(), &under);
-                if perms.is_empty() {
-                    return Ok(format!("{} may do nothing there.", s.actor));
-                }
-                Ok(perms
-                    .iter()
-                    .map(|p| {
-                        let mut line = format!("{} on {} (rule {})", p.action, p.resource, p.rule);
-                        if !p.conditions.is_empty() {
-                            line.push_str(&format!(" when {}", p.conditions));
-                        }
-                        if !p.except.is_empty() {
-                            line.push_str(&format!(" except {}", p.except.join(", ")));
-                        }
-                        line
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n"))
-            },
-        )
-        .await
-    }
-
-    /// Request approval.
-    #[tool(
-        description = "File a request for a human to approve an action the policy allows only with approval; then wait for it to be granted.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = true,
-            open_world_hint = false
-        )
-    )]
-    async fn request_approval(
-        &self,
-        Parameters(p): Parameters<AccessParams>,
-    ) -> Result<CallToolResult, ErrorData> {
-        self.routed("request_approval", "approval.request", json!({"action": p.action, "resource": resource_param(&p.resource)}), move |s| {
-            let req = policy_cmd::request(
-                s.actor.clone(),
-                policy_cmd::parse_action(&p.action)?,
-                policy_cmd::parse_resource(&p.resource)?,
-            );
-            let Some(policy) = &s.policy else {
-                return Err(Failure::usage("no policy is loaded, so nothing needs approval")
-                    .hint("just do the action"));
-            };
-            let a = policy.request_approval(&req)?;
-            Ok(format!(
-                "Approval request {} is {}; it must be decided by {}. Do not do the action before it is granted.",
-                a.id,
-                policy_cmd::state_name(&a.state),
-                if a.from.is_empty() { "an authorized approver".to_owned() } else { a.from.join(" or ") }
-            ))
-        })
-        .await
+        tool
     }
 }

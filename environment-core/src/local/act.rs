@@ -15,7 +15,7 @@ use crate::error::{EnvError, Result, StaleWrite};
 use crate::key::Key;
 use crate::op::{ChangeSummary, Intent, OpFlags, OpId};
 use crate::tree::{self, Applied, NodeSource, Ptr, Put, TreeEdit};
-use crate::value::{Content, INLINE_MAX, Value};
+use crate::value::{Content, EntryKind, INLINE_MAX, Value};
 
 /// One change an act makes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -236,12 +236,18 @@ impl LocalEnvironment {
         };
         let mut refused = Vec::new();
         let permit = match req.refusal {
-            Refusal::Whole => self.decide_changes(
-                &req.actor,
-                &req.branch,
-                None,
-                req.changes.iter().map(|c| (action(c), c.key())),
-            )?,
+            Refusal::Whole => {
+                let implied = implied_directories(&req.changes);
+                self.decide_changes(
+                    &req.actor,
+                    &req.branch,
+                    None,
+                    req.changes
+                        .iter()
+                        .filter(|c| !implied.contains(c.key()))
+                        .map(|c| (action(c), c.key())),
+                )?
+            }
             Refusal::Record => {
                 let mut permit = Permit::default();
                 let mut kept = Vec::with_capacity(req.changes.len());
@@ -565,4 +571,31 @@ pub(crate) fn summarize(applied: &[Applied]) -> ChangeSummary {
         .cloned()
         .collect();
     s
+}
+
+/// The directories an act puts only as the ancestors of something else it puts (`mkdir -p` for
+/// a file written into a new directory): each is decided by what it holds, not on its own, so
+/// that one decision (one approval) covers writing `approved/plan.md` and making `approved`.
+fn implied_directories(changes: &[Change]) -> BTreeSet<Key> {
+    let mut ancestors = BTreeSet::new();
+    for c in changes {
+        if let Change::Put(k, _) = c {
+            let mut parent = k.parent();
+            while let Some(p) = parent {
+                if p.path().is_empty() || !ancestors.insert(p.clone()) {
+                    break;
+                }
+                parent = p.parent();
+            }
+        }
+    }
+    changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Put(k, v) if v.meta.kind == EntryKind::Dir && ancestors.contains(k) => {
+                Some(k.clone())
+            }
+            _ => None,
+        })
+        .collect()
 }
