@@ -5,10 +5,17 @@
 use std::path::Path;
 use std::process::Command;
 
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::RunningService;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use environment_core::{Key, LocalEnvironment, OpFlags, Options};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest,
+    ProgressNotificationParam, ReadResourceRequestParams, ResourceContents,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_envctl");
@@ -51,6 +58,11 @@ fn envctl(dir: &Path, args: &[&str]) -> std::process::Output {
 }
 
 async fn connect(dir: &Path) -> RunningService<RoleClient, ()> {
+    connect_with(dir, ()).await
+}
+
+/// A client of `envctl mcp` in `dir` whose notifications `handler` gets.
+async fn connect_with<H: ClientHandler>(dir: &Path, handler: H) -> RunningService<RoleClient, H> {
     let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
         cmd.arg("-C")
             .arg(dir)
@@ -59,10 +71,199 @@ async fn connect(dir: &Path) -> RunningService<RoleClient, ()> {
             .env_remove("ENVIRONMENT_SOCKET");
     }))
     .unwrap();
-    ().serve(transport).await.unwrap()
+    handler.serve(transport).await.unwrap()
 }
 
-async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> CallToolResult {
+/// Counts the notifications a client gets: progress, and changes of the resource list.
+#[derive(Clone, Default)]
+struct Notes {
+    progress: Arc<AtomicUsize>,
+    resources_changed: Arc<AtomicUsize>,
+}
+
+impl ClientHandler for Notes {
+    async fn on_progress(
+        &self,
+        _params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.fetch_add(1, Ordering::SeqCst);
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.resources_changed.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The history and the files at any version are resources; a mark adds one, and the client is
+/// told the list changed. An address that names nothing, or a path out of the workspace, is an
+/// error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_name_the_history_and_files_at_versions() {
+    let ws = workspace();
+    let dir = ws.path();
+    std::fs::write(dir.join("blob.bin"), [0xffu8, 0x00, 0xfe]).unwrap();
+    let notes = Notes::default();
+    let client = connect_with(dir, notes.clone()).await;
+    let read = |uri: &str| {
+        let uri = uri.to_owned();
+        let client = &client;
+        async move {
+            client
+                .read_resource(ReadResourceRequestParams::new(uri))
+                .await
+                .map(|r| r.contents)
+        }
+    };
+    let listed = client.list_all_resources().await.unwrap();
+    assert_eq!(
+        listed.len(),
+        1,
+        "only the history before any mark: {listed:?}"
+    );
+    let templates = client.list_all_resource_templates().await.unwrap();
+    assert_eq!(templates.len(), 2);
+
+    ok(&client, "mark", json!({"name": "good"})).await;
+    until("the resource list's change", || {
+        notes.resources_changed.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let listed = client.list_all_resources().await.unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|r| r.uri == "environment://versions/good"),
+        "{listed:?}"
+    );
+    std::fs::write(dir.join("a.txt"), "changed\n").unwrap();
+
+    let text = |c: &ResourceContents| match c {
+        ResourceContents::TextResourceContents { text, .. } => text.clone(),
+        other => panic!("{other:?}"),
+    };
+    let history: Value =
+        serde_json::from_str(&text(&read("environment://history").await.unwrap()[0])).unwrap();
+    assert!(
+        !history["entries"].as_array().unwrap().is_empty(),
+        "{history}"
+    );
+    assert_eq!(
+        text(&read("environment://files/good/a.txt").await.unwrap()[0]),
+        "alpha\n"
+    );
+    assert_eq!(
+        text(&read("environment://files/HEAD/a.txt").await.unwrap()[0]),
+        "changed\n",
+        "HEAD is the workspace as it is now"
+    );
+    let files: Value = serde_json::from_str(&text(
+        &read("environment://versions/good").await.unwrap()[0],
+    ))
+    .unwrap();
+    assert!(files.to_string().contains("src/lib.rs"), "{files}");
+    match &read("environment://files/HEAD/blob.bin").await.unwrap()[0] {
+        ResourceContents::BlobResourceContents { blob, .. } => assert_eq!(blob, "/wD+"),
+        other => panic!("{other:?}"),
+    }
+    for bad in [
+        "environment://nothing",
+        "environment://files/HEAD/../../etc/passwd",
+        "environment://files/no-such-version/a.txt",
+        "environment://files/HEAD/missing.txt",
+        "file:///etc/passwd",
+    ] {
+        assert!(read(bad).await.is_err(), "{bad}");
+    }
+    client.cancel().await.unwrap();
+}
+
+/// Whether a `sleep 67` runs on this host (inside a sandbox or not).
+fn sleeping() -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .any(|p| std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c == b"sleep\x0067\x00"))
+}
+
+/// Waits (at most 20 s) for `done`.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..2000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{what} did not happen");
+}
+
+/// A long `exec` reports progress while it runs; once the client cancels it, the command and
+/// what it started are killed, and what it did until then is recorded as a cancelled command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_exec_is_killed_and_recorded_as_cancelled() {
+    let ws = workspace();
+    let dir = ws.path();
+    let notes = Notes::default();
+    let client = connect_with(dir, notes.clone()).await;
+    // A sleep no other test runs, to be found among the host's processes.
+    let script = "echo started > started.txt; sleep 67 & echo $! > sleeper.pid; wait; \
+                  echo late > late.txt";
+    let call = CallToolRequestParams::new("exec").with_arguments(
+        json!({"command": ["sh", "-c", script]})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(CallToolRequest::new(call)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    until("the command's start", || dir.join("sleeper.pid").exists()).await;
+    until("a progress notification", || {
+        notes.progress.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    assert!(sleeping(), "the command's child runs");
+    handle
+        .cancel(Some("the user changed their mind".into()))
+        .await
+        .unwrap();
+
+    let home = dir.join(".environment");
+    until("the cancelled command's record", || {
+        let env = LocalEnvironment::open(&home, Options::default()).unwrap();
+        let head = env.head("main").unwrap();
+        env.op(&head).unwrap().flags.contains(OpFlags::COMMAND)
+    })
+    .await;
+    let env = LocalEnvironment::open(&home, Options::default()).unwrap();
+    let head = env.head("main").unwrap();
+    assert!(env.op(&head).unwrap().flags.contains(OpFlags::FAILED));
+    let status = env
+        .read_unchecked(&Key::obj("exec/status").unwrap(), &head)
+        .unwrap()
+        .unwrap();
+    let status: Value = serde_json::from_slice(&env.content(&status).unwrap()).unwrap();
+    assert_eq!(status["exit"], "cancelled", "{status}");
+    assert!(
+        env.read_unchecked(&Key::fs("started.txt").unwrap(), &head)
+            .unwrap()
+            .is_some(),
+        "what the command did before is its operation's"
+    );
+    assert!(!sleeping(), "the command's child survived the cancellation");
+    assert!(!dir.join("late.txt").exists());
+    client.cancel().await.unwrap();
+}
+
+async fn call<H: ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    tool: &str,
+    args: Value,
+) -> CallToolResult {
     let args = args.as_object().cloned().unwrap_or_default();
     client
         .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
@@ -80,7 +281,11 @@ fn text(r: &CallToolResult) -> String {
 
 /// A successful call's text, once its structured content is checked against the output
 /// schema the tool publishes.
-async fn ok(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> String {
+async fn ok<H: ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    tool: &str,
+    args: Value,
+) -> String {
     let r = call(client, tool, args).await;
     assert_ne!(r.is_error, Some(true), "{tool} failed: {}", text(&r));
     conforms(client, tool, &r).await;
@@ -89,7 +294,11 @@ async fn ok(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) ->
 
 /// Checks that `r` carries structured content and that it is valid under `tool`'s output
 /// schema, as a client that validates (the spec asks it to) would.
-async fn conforms(client: &RunningService<RoleClient, ()>, tool: &str, r: &CallToolResult) {
+async fn conforms<H: ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    tool: &str,
+    r: &CallToolResult,
+) {
     let tools = client.list_all_tools().await.unwrap();
     let listed = tools.iter().find(|t| t.name == tool).unwrap();
     let schema = Value::Object(
@@ -112,7 +321,11 @@ async fn conforms(client: &RunningService<RoleClient, ()>, tool: &str, r: &CallT
 }
 
 /// A failed call's text, checked to say first that nothing happened.
-async fn refused(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> String {
+async fn refused<H: ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    tool: &str,
+    args: Value,
+) -> String {
     let r = call(client, tool, args).await;
     assert_eq!(r.is_error, Some(true), "{tool} should fail: {}", text(&r));
     let t = text(&r);

@@ -69,7 +69,7 @@ pub use local::{
 pub use merge::{Conflict, ConflictSide};
 pub use op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation, Version};
 pub use shell::{
-    BackgroundProcesses, CommandSpec, ExecOutcome, ExecRequest, Exit, OutputChunk,
+    BackgroundProcesses, Cancel, CommandSpec, ExecOutcome, ExecRequest, Exit, OutputChunk,
     ProcessEnvSecrets, ProcessId, ProcessInfo, PtyOutput, PtyRequest, PtySessions, SecretProvider,
     SessionId, SessionInfo, ShellExec, Signal, SpawnRequest, StoredOutput,
 };

@@ -17,6 +17,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -140,7 +142,43 @@ pub struct ExecRequest {
     /// The most bytes of each output stream that are stored; the rest is counted, not kept.
     #[serde(default = "default_output_limit")]
     pub output_limit: u64,
+    /// Cancels the command from elsewhere: it and everything it started are killed, and it is
+    /// recorded as [`Exit::Cancelled`] with what it changed until then.
+    #[serde(skip)]
+    pub cancel: Cancel,
 }
+
+/// A cancellation shared between whoever runs a command and whoever may call it off (a
+/// client that went away, a caller's timeout). Cloning shares it.
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// A cancellation not called yet.
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    /// Calls the command off.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether it was called off.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Every cancellation is alike as a value: a request's identity does not depend on who may
+/// call it off.
+impl PartialEq for Cancel {
+    fn eq(&self, _: &Cancel) -> bool {
+        true
+    }
+}
+
+impl Eq for Cancel {}
 
 fn default_output_limit() -> u64 {
     DEFAULT_OUTPUT_LIMIT
@@ -154,6 +192,7 @@ impl ExecRequest {
             stdin: Vec::new(),
             timeout_ms: None,
             output_limit: DEFAULT_OUTPUT_LIMIT,
+            cancel: Cancel::new(),
         }
     }
 
@@ -166,6 +205,12 @@ impl ExecRequest {
     /// Sets the timeout.
     pub fn timeout(mut self, timeout: Duration) -> ExecRequest {
         self.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Lets `cancel` call the command off.
+    pub fn cancelled_by(mut self, cancel: Cancel) -> ExecRequest {
+        self.cancel = cancel;
         self
     }
 
@@ -188,6 +233,8 @@ pub enum Exit {
     Signal(i32),
     /// It ran past its timeout and was killed, with everything it started.
     TimedOut,
+    /// It was called off (see [`Cancel`]) and killed, with everything it started.
+    Cancelled,
 }
 
 impl Exit {
@@ -203,6 +250,7 @@ impl fmt::Display for Exit {
             Exit::Code(c) => write!(f, "exit code {c}"),
             Exit::Signal(s) => write!(f, "killed by signal {s}"),
             Exit::TimedOut => f.write_str("timed out"),
+            Exit::Cancelled => f.write_str("cancelled"),
         }
     }
 }

@@ -318,3 +318,52 @@ fn a_refused_mark_or_effect_transition_spends_no_quota() {
     f.env.effect_complete(&f.agent, id, b"ok").unwrap();
     denied(f.env.effect_fail(&f.agent, id, "late"));
 }
+
+/// A file written into a new directory is one request: the directory made for it is decided by
+/// the file, so one approval covers both, and is used once. A directory put on its own, or
+/// beside a file it does not hold, is decided as itself.
+#[test]
+fn a_directory_made_for_a_file_is_decided_by_the_file() {
+    let f = fixture();
+    let with_dir = |path: &str, dir: &str| {
+        ActRequest::new(f.agent.clone(), Intent::edit("write into a new directory"))
+            .put(Key::fs(dir).unwrap(), Value::dir())
+            .put(Key::fs(path).unwrap(), Value::file("plan"))
+    };
+    let id = match f.env.act_blocking(with_dir("docs/plan.md", "docs")) {
+        Err(EnvError::NotAllowed(d)) => match d.verdict {
+            environment_core::Verdict::NeedsApproval {
+                request: Some(id), ..
+            } => id,
+            other => panic!("expected an approval request, got {other:?}"),
+        },
+        other => panic!("expected a hold, got {other:?}"),
+    };
+    f.policy
+        .grant(&id, "human:ann", GrantScope::once())
+        .unwrap();
+    let approved = f.env.presenting(Credentials {
+        token: None,
+        approval: Some(id),
+    });
+    approved
+        .act_blocking(with_dir("docs/plan.md", "docs"))
+        .unwrap();
+    denied(approved.act_blocking(edit(&f.agent, &[("docs/plan.md", "again")])));
+    // `src/**` is the agent's; the directory `src` itself is not, nor is `lib` beside it.
+    f.env.act_blocking(with_dir("src/new/a.rs", "src")).unwrap();
+    denied(
+        f.env.act_blocking(
+            ActRequest::new(f.agent.clone(), Intent::edit("a directory alone"))
+                .put(Key::fs("lib").unwrap(), Value::dir()),
+        ),
+    );
+    denied(f.env.act_blocking(with_dir("src/b.rs", "lib")));
+    let head = f.env.head("main").unwrap();
+    assert!(
+        f.admin
+            .read_unchecked(&Key::fs("lib").unwrap(), &head)
+            .unwrap()
+            .is_none()
+    );
+}

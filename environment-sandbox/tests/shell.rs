@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use environment_core::{
-    AccessRequest, Action, ActorId, Authorizer, BackgroundProcesses, Capability, Decision,
+    AccessRequest, Action, ActorId, Authorizer, BackgroundProcesses, Cancel, Capability, Decision,
     EnvError, ExecRequest, Exit, HistoryOptions, IntentKind, Key, LocalEnvironment, Namespace,
     OpFlags, Options, PtyRequest, PtySessions, SecretProvider, SecretRef, SecretValue, ShellExec,
     Signal, SpawnRequest, Verdict,
@@ -256,6 +256,46 @@ async fn exec_attribution(dir: &Path) {
         .parse()
         .unwrap();
     assert!(gone(pid), "the command's child {pid} survived the timeout");
+
+    // A cancellation does the same from elsewhere: what the command changed until then is its
+    // operation, recorded as cancelled.
+    let cancel = Cancel::new();
+    let calling_off = {
+        let (cancel, started) = (cancel.clone(), f.work.join("bg2.pid"));
+        std::thread::spawn(move || {
+            while !started.exists() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            cancel.cancel();
+        })
+    };
+    let off = shell
+        .exec(
+            ExecRequest::new(
+                agent(),
+                [
+                    "sh",
+                    "-c",
+                    "echo a > before.txt; sleep 30 & echo $! > bg2.pid; wait",
+                ],
+            )
+            .cancelled_by(cancel),
+        )
+        .await
+        .unwrap();
+    calling_off.join().unwrap();
+    assert_eq!(off.exit, Exit::Cancelled);
+    assert!(f.env.op(&off.op).unwrap().flags.contains(OpFlags::FAILED));
+    assert!(fs_keys_changed(&f.env, &off.op).contains("before.txt"));
+    let pid: u32 = std::fs::read_to_string(f.work.join("bg2.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        gone(pid),
+        "the command's child {pid} survived the cancellation"
+    );
 
     // A bad working directory is refused before anything runs.
     let head = f.env.head("main").unwrap();

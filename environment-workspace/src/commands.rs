@@ -137,6 +137,7 @@ pub(super) fn exec(
         stdin: p.stdin.unwrap_or_default().into_bytes(),
         timeout_ms: p.timeout_ms,
         output_limit: environment_core::shell::DEFAULT_OUTPUT_LIMIT,
+        cancel: g.cancel().clone(),
     };
     if let Some(limit) = p.output_limit {
         request.output_limit = limit;

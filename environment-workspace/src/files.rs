@@ -122,26 +122,7 @@ pub(super) struct WriteParams {
 }
 
 pub(super) fn write(g: &Session<'_>, p: WriteParams) -> Result<Value, ServiceError> {
-    let key = fs_key(&p.path)?;
-    // Core checks the same again when it records the write.
-    g.allow_rechecked(Action::Write, Resource::Key(key.clone()), Some("write"))?;
-    let shared = g.shared();
-    let rel = key.display_path();
-    let intent = Intent::edit(p.intent.unwrap_or_else(|| format!("write {}", p.path)));
-    let obs = shared
-        .with_tracker(|t| {
-            t.presenting(g.credentials()).write_file(
-                &shared.actor,
-                &rel,
-                p.content.into_bytes(),
-                intent,
-            )
-        })
-        .map_err(|e| match e {
-            SandboxError::NotWritable { .. } => ServiceError::invalid(e),
-            other => ServiceError::from(other),
-        })?;
-    Ok(json!({ "path": rel, "version": obs.version.to_string() }))
+    edit(g, &p.path, Some(p.content), p.intent)
 }
 
 #[derive(Deserialize)]
@@ -153,17 +134,38 @@ pub(super) struct DeleteParams {
 }
 
 pub(super) fn delete(g: &Session<'_>, p: DeleteParams) -> Result<Value, ServiceError> {
-    let key = fs_key(&p.path)?;
-    // Core checks the same again when it records the deletion.
-    g.allow_rechecked(Action::Delete, Resource::Key(key.clone()), Some("delete"))?;
+    edit(g, &p.path, None, p.intent)
+}
+
+/// Writes `content` at `path`, or deletes what is there (`None`), as one operation of the
+/// workspace's actor with what the request presents.
+fn edit(
+    g: &Session<'_>,
+    path: &str,
+    content: Option<String>,
+    intent: Option<String>,
+) -> Result<Value, ServiceError> {
+    let key = fs_key(path)?;
+    let (action, verb) = match content {
+        Some(_) => (Action::Write, "write"),
+        None => (Action::Delete, "delete"),
+    };
+    // Core checks the same again when it records the change.
+    g.allow_rechecked(action, Resource::Key(key.clone()), Some(verb))?;
     let shared = g.shared();
     let rel = key.display_path();
-    let intent = Intent::edit(p.intent.unwrap_or_else(|| format!("delete {}", p.path)));
+    let intent = Intent::edit(intent.unwrap_or_else(|| format!("{verb} {path}")));
     let obs = shared
         .with_tracker(|t| {
-            t.presenting(g.credentials())
-                .delete_file(&shared.actor, &rel, intent)
+            let as_asked = t.presenting(g.credentials());
+            match content {
+                Some(c) => as_asked.write_file(&shared.actor, &rel, c.into_bytes(), intent),
+                None => as_asked.delete_file(&shared.actor, &rel, intent),
+            }
         })
-        .map_err(ServiceError::from)?;
+        .map_err(|e| match e {
+            SandboxError::NotWritable { .. } => ServiceError::invalid(e),
+            other => ServiceError::from(other),
+        })?;
     Ok(json!({ "path": rel, "version": obs.version.to_string() }))
 }

@@ -34,6 +34,7 @@
 //! itself (history, mark, restore, gc…) as the same actor without them: an approval or a token
 //! can narrow those, not widen them past the actor's own rules.
 
+use environment_core::Cancel;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -271,7 +272,19 @@ impl Workspace {
     /// # Ok(()) }
     /// ```
     pub fn call(&self, m: Method, params: Map<String, Value>) -> Result<Value, ServiceError> {
-        call(self, m, params)
+        self.call_cancellable(m, params, &Cancel::new())
+    }
+
+    /// [`Workspace::call`], with `cancel` able to call the request off while it runs: a command
+    /// (`exec`) is then killed with everything it started, and recorded as cancelled with what
+    /// it changed until then. The other use cases are short and run to their end.
+    pub fn call_cancellable(
+        &self,
+        m: Method,
+        params: Map<String, Value>,
+        cancel: &Cancel,
+    ) -> Result<Value, ServiceError> {
+        call(self, m, params, cancel)
     }
 }
 
@@ -279,6 +292,7 @@ fn call(
     shared: &Workspace,
     m: Method,
     mut params: Map<String, Value>,
+    cancel: &Cancel,
 ) -> Result<Value, ServiceError> {
     Counters::bump(&shared.counters.requests);
     let token = match params.remove("token") {
@@ -296,7 +310,7 @@ fn call(
             .capture(&format!("changes found before a {} call", m.name()))
             .map_err(ServiceError::from)?;
     }
-    let session = Session::new(shared, token, approval);
+    let session = Session::new(shared, token, approval, cancel.clone());
     match m {
         Method::Exec => {
             let (c, own) = commands::split(params, commands::EXEC_FIELDS)?;

@@ -3,8 +3,8 @@
 //! the policy port.
 
 use environment_core::{
-    AccessRequest, Action, AttrValue, Context, Credentials, Decision, EnvError, LocalEnvironment,
-    OpId, Resource,
+    AccessRequest, Action, AttrValue, Cancel, Context, Credentials, Decision, EnvError,
+    LocalEnvironment, OpId, Resource,
 };
 
 use super::error::ServiceError;
@@ -16,6 +16,8 @@ pub(super) struct Session<'a> {
     token: Option<String>,
     /// A granted approval presented with the request.
     approval: Option<String>,
+    /// Calls the request's command off (see [`environment_core::Cancel`]).
+    cancel: Cancel,
 }
 
 impl<'a> Session<'a> {
@@ -23,12 +25,19 @@ impl<'a> Session<'a> {
         shared: &'a Workspace,
         token: Option<String>,
         approval: Option<String>,
+        cancel: Cancel,
     ) -> Session<'a> {
         Session {
             shared,
             token,
             approval,
+            cancel,
         }
+    }
+
+    /// What calls the request's command off.
+    pub(super) fn cancel(&self) -> &Cancel {
+        &self.cancel
     }
 
     pub(super) fn shared(&self) -> &'a Workspace {

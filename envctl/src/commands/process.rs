@@ -90,6 +90,8 @@ fn exit_status(e: Exit) -> i32 {
         Exit::Code(c) => c,
         Exit::Signal(n) => 128 + n,
         Exit::TimedOut => 124,
+        // As a shell reports a command interrupted by its user.
+        Exit::Cancelled => 130,
     }
 }
 

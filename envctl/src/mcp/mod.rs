@@ -12,15 +12,18 @@
 mod framing;
 mod params;
 mod render;
+mod resources;
 mod tools;
 
 use std::sync::{Arc, Mutex};
 
-use environment_core::ActorId;
-use environment_workspace as service;
+use environment_core::{ActorId, Cancel};
+use environment_workspace::{self as service, Method};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    JsonObject, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -141,8 +144,16 @@ impl EnvServer {
         }
     }
 
-    /// Runs `tool` with the arguments given: renamed into the service's, then called.
-    async fn run(&self, tool: &'static ToolSpec, args: Option<JsonObject>) -> CallToolResult {
+    /// Runs `tool` with the arguments given: renamed into the service's, then called. While it
+    /// runs, the client is told every second that it still does (when it asked for progress),
+    /// and a cancellation from the client calls the command off (in process: it is killed and
+    /// recorded as cancelled).
+    async fn run(
+        &self,
+        tool: &'static ToolSpec,
+        args: Option<JsonObject>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
         let mut args = args.unwrap_or_default();
         args.retain(|_, v| !v.is_null());
         if let Err(e) = (tool.adapt)(&mut args) {
@@ -152,20 +163,16 @@ impl EnvServer {
             args.entry("approval")
                 .or_insert_with(|| Value::String(a.clone()));
         }
-        let backend = self.backend.clone();
-        let done = tokio::task::spawn_blocking(move || match backend {
-            Backend::Local(ws) => ws.call(tool.method, args).map_err(Failure::from),
-            Backend::Supervisor(remote) => remote
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .call(tool.method.name(), Value::Object(args)),
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(Failure::other(format!(
-                "the tool stopped unexpectedly: {e}"
-            )))
-        });
+        let cancel = Cancel::new();
+        // A call dropped before its end (the server stopping) calls its command off too.
+        let mut called_off = CallOffOnDrop(Some(cancel.clone()));
+        let work = self.spawn(tool.method, args, cancel.clone());
+        let done = running(work, &context, tool.name, &cancel).await;
+        called_off.0 = None;
+        if done.is_ok() && tool.method == Method::Mark {
+            // A mark is listed as a resource.
+            let _ = context.peer.notify_resource_list_changed().await;
+        }
         match done {
             Ok(answer) => {
                 let mut result = CallToolResult::success(vec![ContentBlock::text(render::answer(
@@ -180,19 +187,118 @@ impl EnvServer {
     }
 }
 
+impl EnvServer {
+    /// Calls the use case `method` with `args` on the blocking pool, in process or through the
+    /// supervisor; `cancel` calls its command off.
+    fn spawn(
+        &self,
+        method: Method,
+        args: JsonObject,
+        cancel: Cancel,
+    ) -> tokio::task::JoinHandle<Outcome<Value>> {
+        let backend = self.backend.clone();
+        tokio::task::spawn_blocking(move || match backend {
+            Backend::Local(ws) => ws
+                .call_cancellable(method, args, &cancel)
+                .map_err(Failure::from),
+            Backend::Supervisor(remote) => remote
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .call(method.name(), Value::Object(args)),
+        })
+    }
+
+    /// The answer of a short use case (one a resource reads).
+    async fn answer(&self, method: Method, args: JsonObject) -> Outcome<Value> {
+        self.spawn(method, args, Cancel::new())
+            .await
+            .unwrap_or_else(|e| {
+                Err(Failure::other(format!(
+                    "the read stopped unexpectedly: {e}"
+                )))
+            })
+    }
+}
+
+/// A resource read that failed, as the protocol's error (a resource has no `isError`), with
+/// the text a model reads.
+fn unreadable(uri: &str, f: &Failure) -> ErrorData {
+    let text = for_model(&format!("resources/read {uri}"), f);
+    match f.code {
+        crate::failure::ExitCode::NotFound => ErrorData::resource_not_found(text, None),
+        crate::failure::ExitCode::Usage | crate::failure::ExitCode::Denied => {
+            ErrorData::invalid_params(text, None)
+        }
+        _ => ErrorData::internal_error(text, None),
+    }
+}
+
+/// Calls a command off when the call holding it is dropped before its end (`None` once it
+/// ended).
+struct CallOffOnDrop(Option<Cancel>);
+
+impl Drop for CallOffOnDrop {
+    fn drop(&mut self) {
+        if let Some(cancel) = &self.0 {
+            cancel.cancel();
+        }
+    }
+}
+
+/// Waits for `work`, telling the client every second that `tool` still runs (when it gave a
+/// progress token), and calling it off through `cancel` when the client cancels the request.
+async fn running(
+    mut work: tokio::task::JoinHandle<Outcome<Value>>,
+    context: &RequestContext<RoleServer>,
+    tool: &str,
+    cancel: &Cancel,
+) -> Outcome<Value> {
+    let progress = context.meta.get_progress_token();
+    let started = tokio::time::Instant::now();
+    let mut ticks = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+    loop {
+        tokio::select! {
+            done = &mut work => {
+                return done.unwrap_or_else(|e| {
+                    Err(Failure::other(format!("the tool stopped unexpectedly: {e}")))
+                });
+            }
+            _ = context.ct.cancelled(), if !cancel.is_cancelled() => cancel.cancel(),
+            _ = ticks.tick(), if progress.is_some() => {
+                let secs = started.elapsed().as_secs();
+                if let Some(token) = &progress {
+                    let mut note = ProgressNotificationParam::new(token.clone(), secs as f64);
+                    note.message = Some(format!("{tool} has run for {secs} s"));
+                    // A client that stopped listening does not stop the work.
+                    let _ = context.peer.notify_progress(note).await;
+                }
+            }
+        }
+    }
+}
+
+/// How often a running call reports progress.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn failed(tool: &ToolSpec, f: &Failure) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(for_model(tool.name, f))])
 }
 
 impl ServerHandler for EnvServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("envctl", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "An environment for your work: every change to the workspace is recorded, so you \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_resources_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("envctl", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "An environment for your work: every change to the workspace is recorded, so you \
                  can read the history, mark good states, and restore or undo. Some actions may \
                  be refused by a policy; a refused or failed tool call did not happen.",
-            )
+        )
     }
 
     async fn list_tools(
@@ -208,7 +314,7 @@ impl ServerHandler for EnvServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let Some(tool) = tools::find(&request.name) else {
             return Err(ErrorData::invalid_params(
@@ -219,11 +325,49 @@ impl ServerHandler for EnvServer {
                 None,
             ));
         };
-        Ok(self.run(tool, request.arguments).await.into())
+        Ok(self.run(tool, request.arguments, context).await.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         tools::find(name).map(ToolSpec::tool)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let marks = self
+            .answer(Method::Marks, JsonObject::new())
+            .await
+            .map_err(|f| unreadable("the resource list", &f))?;
+        Ok(ListResourcesResult::with_all_items(resources::listed(
+            &marks,
+        )))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(ListResourceTemplatesResult::with_all_items(
+            resources::templates(),
+        ))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let uri = request.uri.as_str();
+        let read = resources::read(uri).map_err(|e| unreadable(uri, &e.into()))?;
+        let answer = self
+            .answer(read.method, read.args)
+            .await
+            .map_err(|f| unreadable(uri, &f))?;
+        Ok(ReadResourceResult::new(vec![resources::contents(uri, read.method, &answer)]).into())
     }
 }
 

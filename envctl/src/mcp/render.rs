@@ -246,6 +246,9 @@ fn exec(answer: &Value) -> String {
         Value::Object(e) if e.contains_key("signal") => {
             format!("was killed by signal {}", e["signal"])
         }
+        Value::String(s) if s == "cancelled" => {
+            "was cancelled and killed, with everything it started".to_owned()
+        }
         _ => "ran past its timeout and was killed, with everything it started".to_owned(),
     };
     format!(

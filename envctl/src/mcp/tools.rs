@@ -240,7 +240,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "exec",
         method: Method::Exec,
-        description: "Run a command in the workspace (an argv list, no shell). Where the host allows it, the command runs in a sandbox that sees the workspace writable and the rest of the host read-only, without the environment's own files (status says how commands run here). Its file changes are recorded as one operation of yours; changes you may not make are put back and listed. Returns the exit status and the output (each stream cut at 32 KiB here, stored whole up to the limit).",
+        description: "Run a command in the workspace (an argv list, no shell). Where the host allows it, the command runs in a sandbox that sees the workspace writable and the rest of the host read-only, without the environment's own files (status says how commands run here). Its file changes are recorded as one operation of yours; changes you may not make are put back and listed. Returns the exit status and the output (each stream cut at 32 KiB here, stored whole up to the limit). With timeout_secs, or when the call is cancelled, the command and everything it started are killed, and it is recorded as timed out or cancelled with what it changed until then.",
         effect: Effect::Changes,
         idempotent: false,
         input: input::<ExecParams>,

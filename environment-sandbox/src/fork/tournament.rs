@@ -12,7 +12,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use environment_core::shell::command_line;
-use environment_core::{ActorId, EnvError, Exit, Intent, IntentKind, OpFlags, OpId, StoredOutput};
+use environment_core::{
+    ActorId, Cancel, EnvError, Exit, Intent, IntentKind, OpFlags, OpId, StoredOutput,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{Forks, WorkingTree};
@@ -258,9 +260,14 @@ impl Tournament {
         launcher.confine(&mut cmd)?;
         let started_ms = now_ms();
         let started = Instant::now();
-        let ran = exec::run(cmd, &argv[0], Vec::new(), Some(self.timeout), || {
-            Collector::new(Redactor::default(), OUTPUT_LIMIT)
-        })?;
+        let ran = exec::run(
+            cmd,
+            &argv[0],
+            Vec::new(),
+            Some(self.timeout),
+            &Cancel::new(),
+            || Collector::new(Redactor::default(), OUTPUT_LIMIT),
+        )?;
         let env = forks.env();
         let guard = env.blobs().write_guard().map_err(EnvError::from)?;
         let record = exec::record(

@@ -9,8 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use environment_core::{
-    Change, Content, EntryKind, EnvError, ExecOutcome, ExecRequest, Exit, Intent, IntentKind, Key,
-    LocalEnvironment, Meta, OpFlags, StoredOutput, Value, shell::command_line,
+    Cancel, Change, Content, EntryKind, EnvError, ExecOutcome, ExecRequest, Exit, Intent,
+    IntentKind, Key, LocalEnvironment, Meta, OpFlags, StoredOutput, Value, shell::command_line,
 };
 use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
 
@@ -97,25 +97,51 @@ fn read_into(
     }
 }
 
-/// Waits up to `timeout` for the child to end, without reaping it (so its process group id
-/// stays reserved until the group is killed). Whether it ended.
-fn wait_unreaped(pid: Pid, timeout: Option<Duration>) -> bool {
+/// How long a wait looks at its cancellation at least once: what a cancelled command may run on
+/// for. An ending command is seen at once either way.
+const CANCEL_CHECK: Duration = Duration::from_millis(50);
+
+/// How a wait for a command ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Exited,
+    TimedOut,
+    Cancelled,
+}
+
+/// Waits up to `timeout` for the child to end, or until `cancel` is called, without reaping it
+/// (so its process group id stays reserved until the group is killed).
+fn wait_unreaped(pid: Pid, timeout: Option<Duration>, cancel: &Cancel) -> Ended {
     let deadline = timeout.map(|t| Instant::now() + t);
+    // The next slice to wait: up to the deadline, at most CANCEL_CHECK; `None` once it passed
+    // or the command was called off.
+    let slice = || -> Result<Duration, Ended> {
+        if cancel.is_cancelled() {
+            return Err(Ended::Cancelled);
+        }
+        match deadline.map(|d| d.saturating_duration_since(Instant::now())) {
+            Some(left) if left.is_zero() => Err(Ended::TimedOut),
+            Some(left) => Ok(left.min(CANCEL_CHECK)),
+            None => Ok(CANCEL_CHECK),
+        }
+    };
     if let Ok(fd) = rustix::process::pidfd_open(pid, PidfdFlags::empty()) {
         loop {
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let ts = left.map(|l| rustix::event::Timespec {
-                tv_sec: l.as_secs() as i64,
-                tv_nsec: i64::from(l.subsec_nanos()),
-            });
+            let left = match slice() {
+                Ok(left) => left,
+                Err(ended) => return ended,
+            };
+            let ts = rustix::event::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
             let mut fds = [rustix::event::PollFd::new(
                 &fd,
                 rustix::event::PollFlags::IN,
             )];
-            match rustix::event::poll(&mut fds, ts.as_ref()) {
-                Ok(n) if n > 0 => return true,
-                Ok(_) => return false,
-                Err(rustix::io::Errno::INTR) => continue,
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(n) if n > 0 => return Ended::Exited,
+                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => break,
             }
         }
@@ -127,11 +153,11 @@ fn wait_unreaped(pid: Pid, timeout: Option<Duration>) -> bool {
             WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG,
         );
         match status {
-            Ok(Some(_)) | Err(_) => return true,
+            Ok(Some(_)) | Err(_) => return Ended::Exited,
             Ok(None) => {}
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return false;
+        if let Err(ended) = slice() {
+            return ended;
         }
         thread::sleep(Duration::from_millis(1));
     }
@@ -161,13 +187,14 @@ pub(crate) struct Ran {
     pub(crate) stderr: Collector,
 }
 
-/// Runs a confined command to its end (or its timeout), feeding it `stdin` and collecting its
-/// output; the process group ends with it.
+/// Runs a confined command to its end (or its timeout, or until `cancel` calls it off),
+/// feeding it `stdin` and collecting its output; the process group ends with it.
 pub(crate) fn run(
     mut cmd: Command,
     program: &str,
     stdin: Vec<u8>,
     timeout: Option<Duration>,
+    cancel: &Cancel,
     collector: impl Fn() -> Collector,
 ) -> Result<Ran, EnvError> {
     cmd.process_group(0)
@@ -201,7 +228,7 @@ pub(crate) fn run(
         readers += 1;
     }
     drop(done_tx);
-    let ended = wait_unreaped(pid, timeout);
+    let ended = wait_unreaped(pid, timeout, cancel);
     // Whatever it left running in its process group ends with it (on a timeout, it too): a
     // command that should outlive its caller is a background process.
     let _ = rustix::process::kill_process_group(pid, Signal::KILL);
@@ -220,10 +247,10 @@ pub(crate) fn run(
         c
     };
     Ok(Ran {
-        exit: if ended {
-            exit_of(status)
-        } else {
-            Exit::TimedOut
+        exit: match ended {
+            Ended::Exited => exit_of(status),
+            Ended::TimedOut => Exit::TimedOut,
+            Ended::Cancelled => Exit::Cancelled,
         },
         stdout: take(&out),
         stderr: take(&err),
@@ -344,6 +371,7 @@ pub(crate) fn run_recorded(
         &program,
         req.stdin.clone(),
         req.timeout_ms.map(Duration::from_millis),
+        &req.cancel,
         || Collector::new(p.redactor(), req.output_limit),
     )?;
     let duration_ms = started.elapsed().as_millis() as u64;
