@@ -191,6 +191,15 @@ impl From<EnvError> for Failure {
 impl From<environment_workspace::ServiceError> for Failure {
     fn from(e: environment_workspace::ServiceError) -> Failure {
         let mut f = Failure::new(e.kind().into(), e.message.clone());
+        // The next step the service gives a model is the hint a person reads too.
+        if let Some(next) = e
+            .for_agent()
+            .and_then(|t| t.rsplit_once("Next:"))
+            .map(|(_, next)| next.trim().trim_end_matches('.'))
+            .filter(|next| !next.is_empty())
+        {
+            f = f.hint(next.to_owned());
+        }
         f.for_agent = e.for_agent().map(str::to_owned);
         f
     }

@@ -29,6 +29,7 @@
 
 mod cli;
 mod commands;
+mod door;
 mod failure;
 mod mcp;
 mod monitor;

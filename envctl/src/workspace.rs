@@ -185,6 +185,17 @@ impl Authorizer for Gate {
     }
 }
 
+/// How a session serves as the workspace service (see [`Session::into_service`]).
+pub struct Serving {
+    /// Confines the commands of its shell; without one, it runs none.
+    pub launcher: Option<Arc<dyn Launcher>>,
+    /// Every call first captures what changed in the trees since the last one, as the
+    /// witness's: for a server that lives across calls.
+    pub capture_each_call: bool,
+    /// The queue is created when missing (else it is there only if it exists).
+    pub create_queue: bool,
+}
+
 /// How much of the tree a command looks at when it opens the workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Look {
@@ -388,34 +399,48 @@ impl Session {
         Ok(())
     }
 
-    /// This session as the workspace service: the same stores, trees and policy, the queue
-    /// (created when missing), and a shell whose commands `launcher` confines. Every call first
-    /// captures what changed in the trees since the last one, as the witness's.
-    pub fn into_service(mut self, launcher: Arc<dyn Launcher>) -> Outcome<service::Workspace> {
+    /// This session as the workspace service, opened as `how` says: the same stores, trees and
+    /// policy.
+    pub fn into_service(mut self, how: Serving) -> Outcome<service::Workspace> {
+        let Serving {
+            launcher,
+            capture_each_call,
+            create_queue,
+        } = how;
         let tracker = Arc::new(
             self.tracker
                 .take()
                 .ok_or_else(|| Failure::other("the workspace is not tracked in this command"))?,
         );
         let extra = self.rootfs.take().map(Arc::new).into_iter().collect();
-        let shell = Arc::new(Shell::new(launcher.clone(), tracker.clone(), None)?);
+        let shell = match &launcher {
+            Some(l) => {
+                let shell = Arc::new(Shell::new(l.clone(), tracker.clone(), None)?);
+                service::ShellHandles {
+                    exec: Some(shell.clone()),
+                    processes: Some(shell.clone()),
+                    pty: Some(shell),
+                }
+            }
+            None => service::ShellHandles::default(),
+        };
         Ok(service::Workspace::new(service::Parts {
             env: self.env.clone(),
             tracker,
             extra,
-            shell: service::ShellHandles {
-                exec: Some(shell.clone()),
-                processes: Some(shell.clone()),
-                pty: Some(shell),
-            },
+            shell,
             authorizer: self.authorizer.clone(),
             policy: self.policy.clone(),
-            bus: Some(self.ws.open_bus()?),
+            bus: if create_queue || self.ws.home.join(BUS_FILE).exists() {
+                Some(self.ws.open_bus()?)
+            } else {
+                None
+            },
             launcher,
             actor: self.actor.clone(),
             default_token: self.ws.credentials.token.clone(),
             branch: MAIN.to_owned(),
-            capture_each_call: true,
+            capture_each_call,
         }))
     }
 

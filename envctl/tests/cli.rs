@@ -543,7 +543,7 @@ fn the_policy_denies_and_nothing_changes() {
     let before = ws.full_log("human:alice");
     let readme = ws.read("README.md");
     let err = ws.fails(&["--actor", "agent:bob", "restore", "HEAD~1"], 4);
-    assert!(err.contains("denied by policy"), "{err}");
+    assert!(err.contains("Denied"), "{err}");
     ws.fails(&["--actor", "agent:bob", "undo"], 4);
     ws.fails(&["--actor", "agent:bob", "exec", "--", "touch", "x"], 4);
     ws.fails(&["--actor", "agent:bob", "mark", "mine"], 4);

@@ -146,7 +146,10 @@ impl Agent {
         if spec.null_stdin {
             cmd.stdin(std::process::Stdio::null());
         }
-        shared.launcher.confine(&mut cmd)?;
+        let launcher = shared.launcher.as_ref().ok_or_else(|| {
+            SandboxError::Supervisor("the workspace was opened without a launcher".into())
+        })?;
+        launcher.confine(&mut cmd)?;
         let line = spec
             .argv
             .iter()

@@ -428,7 +428,7 @@ impl Supervisor {
             authorizer,
             policy: config.policy.clone(),
             bus: config.bus.clone(),
-            launcher: config.launcher.clone(),
+            launcher: Some(config.launcher.clone()),
             actor: config.actor.clone(),
             default_token: config.token.clone(),
             branch: config.branch.clone(),

@@ -31,9 +31,7 @@ fn version(g: &Session<'_>, spec: Option<&str>) -> Result<OpId, ServiceError> {
     match spec {
         Some(v) => resolve(g.shared(), v),
         None => {
-            g.shared()
-                .capture("capture before a read")
-                .map_err(ServiceError::from)?;
+            g.capture("capture before a read")?;
             g.env().head(g.branch()).map_err(ServiceError::from)
         }
     }

@@ -254,7 +254,7 @@ impl Workspace {
     ///     authorizer: Arc::new(AllowAll),
     ///     policy: None,
     ///     bus: None,
-    ///     launcher: Arc::new(Unconfined::new(tree.path())),
+    ///     launcher: Some(Arc::new(Unconfined::new(tree.path()))),
     ///     actor: ActorId::new("agent:coder")?,
     ///     default_token: None,
     ///     branch: MAIN.to_owned(),
@@ -305,12 +305,10 @@ fn call(
         Some(Value::String(a)) => Some(a),
         Some(_) => return Err(ServiceError::invalid("`approval` must be a string")),
     };
-    if shared.capture_each_call {
-        shared
-            .capture(&format!("changes found before a {} call", m.name()))
-            .map_err(ServiceError::from)?;
-    }
     let session = Session::new(shared, token, approval, cancel.clone());
+    if shared.capture_each_call {
+        session.capture_first(&format!("changes found before a {} call", m.name()))?;
+    }
     match m {
         Method::Exec => {
             let (c, own) = commands::split(params, commands::EXEC_FIELDS)?;

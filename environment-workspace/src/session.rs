@@ -2,6 +2,8 @@
 //! granted approval). It builds the access request a use case is checked as and puts it to
 //! the policy port.
 
+use std::cell::Cell;
+
 use environment_core::{
     AccessRequest, Action, AttrValue, Cancel, Context, Credentials, Decision, EnvError,
     LocalEnvironment, OpId, Resource,
@@ -18,6 +20,9 @@ pub(super) struct Session<'a> {
     approval: Option<String>,
     /// Calls the request's command off (see [`environment_core::Cancel`]).
     cancel: Cancel,
+    /// The trees were captured as the call began and nothing changed them since: the use
+    /// case's own barrier need not capture again.
+    captured: Cell<bool>,
 }
 
 impl<'a> Session<'a> {
@@ -32,7 +37,28 @@ impl<'a> Session<'a> {
             token,
             approval,
             cancel,
+            captured: Cell::new(false),
         }
+    }
+
+    /// Captures what changed in the trees, as the call begins (see
+    /// [`crate::Parts::capture_each_call`]).
+    pub(super) fn capture_first(&self, why: &str) -> Result<(), ServiceError> {
+        self.shared.capture(why).map_err(ServiceError::from)?;
+        self.captured.set(true);
+        Ok(())
+    }
+
+    /// A capture barrier of a use case: everything changed in the trees up to now is recorded
+    /// before it goes on (unless the call's own capture just did, and nothing came since).
+    pub(super) fn capture(&self, why: &str) -> Result<(), ServiceError> {
+        if self.captured.replace(false) {
+            return Ok(());
+        }
+        self.shared
+            .capture(why)
+            .map(drop)
+            .map_err(ServiceError::from)
     }
 
     /// What calls the request's command off.

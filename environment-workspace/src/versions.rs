@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use super::error::ServiceError;
 use super::session::{Session, resolve};
 use super::workspace::{Counters, lock};
-use environment_sandbox::restore::RestoreStep;
+use std::collections::BTreeMap;
+
+use environment_sandbox::restore::{RestorePlan, RestoreStep};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -192,9 +194,7 @@ pub(super) fn mark(g: &Session<'_>, p: MarkParams) -> Result<Value, ServiceError
         Some(v) => resolve(g.shared(), v)?,
         None => {
             // The mark names what is on disk now, not the last debounced capture.
-            g.shared()
-                .capture("capture before a mark")
-                .map_err(ServiceError::from)?;
+            g.capture("capture before a mark")?;
             g.env().head(g.branch()).map_err(ServiceError::from)?
         }
     };
@@ -248,9 +248,7 @@ pub(super) fn branch_create(g: &Session<'_>, p: BranchParams) -> Result<Value, S
     let from = match &p.from {
         Some(v) => resolve(g.shared(), v)?,
         None => {
-            g.shared()
-                .capture("capture before a branch")
-                .map_err(ServiceError::from)?;
+            g.capture("capture before a branch")?;
             g.env().head(g.branch()).map_err(ServiceError::from)?
         }
     };
@@ -271,12 +269,32 @@ pub(super) struct RestoreParams {
     intent: Option<String>,
 }
 
-pub(super) fn steps_json(steps: &[RestoreStep]) -> Value {
+/// What a restore (or a merge written into the tree) did or would do: the counts, the first
+/// paths written and removed, the counts under each top-level entry (a directory of thousands
+/// of files is one line), what could not be restored and why (the tree then differs from the
+/// version there), and how many ignored paths went with the directories removed.
+pub(super) fn plan_json(plan: &RestorePlan) -> Value {
     let (mut write, mut remove) = (Vec::new(), Vec::new());
-    for s in steps {
-        match s {
-            RestoreStep::Write(k) => write.push(key_text(k)),
-            RestoreStep::Remove(k) => remove.push(key_text(k)),
+    // (written, removed, holds deeper paths) by the first component of the path.
+    let mut by_top: BTreeMap<String, (u64, u64, bool)> = BTreeMap::new();
+    for s in &plan.steps {
+        let (k, removed) = match s {
+            RestoreStep::Write(k) => (k, false),
+            RestoreStep::Remove(k) => (k, true),
+        };
+        let path = key_text(k);
+        let (top, deeper) = match path.split_once('/') {
+            Some((top, _)) => (top.to_owned(), true),
+            None => (path.clone(), false),
+        };
+        let counts = by_top.entry(top).or_default();
+        counts.2 |= deeper;
+        if removed {
+            counts.1 += 1;
+            remove.push(path);
+        } else {
+            counts.0 += 1;
+            write.push(path);
         }
     }
     json!({
@@ -284,6 +302,19 @@ pub(super) fn steps_json(steps: &[RestoreStep]) -> Value {
         "removals": remove.len(),
         "write": write.into_iter().take(MAX_LISTED).collect::<Vec<_>>(),
         "remove": remove.into_iter().take(MAX_LISTED).collect::<Vec<_>>(),
+        "by_top": by_top
+            .into_iter()
+            .map(|(top, (written, removed, deeper))| {
+                let top = if deeper { format!("{top}/") } else { top };
+                json!({ "top": top, "written": written, "removed": removed })
+            })
+            .collect::<Vec<_>>(),
+        "not_restored": plan
+            .not_restored
+            .iter()
+            .map(|(p, why)| json!({ "path": p.display().to_string(), "why": why }))
+            .collect::<Vec<_>>(),
+        "ignored_removed": plan.ignored_removed,
     })
 }
 
@@ -320,7 +351,7 @@ pub(super) fn restore_to(
             "dry_run": true,
             "from": plan.from.to_string(),
             "to": plan.to.to_string(),
-            "steps": steps_json(&plan.steps),
+            "steps": plan_json(&plan),
         }));
     }
     let plan = shared
@@ -333,7 +364,7 @@ pub(super) fn restore_to(
         "version": head.to_string(),
         "from": plan.from.to_string(),
         "restored_to": plan.to.to_string(),
-        "steps": steps_json(&plan.steps),
+        "steps": plan_json(&plan),
     }))
 }
 
@@ -353,9 +384,7 @@ pub(super) fn step(g: &Session<'_>, way: Way) -> Result<Value, ServiceError> {
         Resource::Branch(g.branch().to_owned()),
         Some("restore"),
     )?;
-    g.shared()
-        .capture("capture before an undo or a redo")
-        .map_err(ServiceError::from)?;
+    g.capture("capture before an undo or a redo")?;
     let env = &g.env();
     let step = match way {
         Way::Undo => env.undo_step(g.actor(), g.branch()),
@@ -385,9 +414,7 @@ pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Value, ServiceErr
     let _hold = shared
         .with_tracker(|t| t.hold())
         .map_err(ServiceError::from)?;
-    shared
-        .capture("capture before a merge")
-        .map_err(ServiceError::from)?;
+    g.capture("capture before a merge")?;
     let before = g.env().head(g.branch()).map_err(ServiceError::from)?;
     let intent = Intent::new(IntentKind::Merge, format!("merge {}", p.source));
     let outcome = g
@@ -399,7 +426,7 @@ pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Value, ServiceErr
         "version": outcome.version.to_string(),
         "noop": outcome.noop,
         "conflicts": outcome.conflicts.iter().map(Key::display_path).collect::<Vec<_>>(),
-        "steps": steps_json(&plan.steps),
+        "steps": plan_json(&plan),
     }))
 }
 
@@ -418,8 +445,8 @@ pub(super) fn status(g: &Session<'_>) -> Result<Value, ServiceError> {
         "actor": s.actor.as_str(),
         "branch": g.branch(),
         "head": head.to_string(),
-        "workspace": s.launcher.workspace_inside().display().to_string(),
-        "sandbox": s.launcher.describe(),
+        "workspace": s.launcher.as_ref().map(|l| l.workspace_inside().display().to_string()),
+        "sandbox": s.launcher.as_ref().map(|l| l.describe()),
         "agent_pid": *lock(&s.agent_pid),
         "captures": captures,
         "rollbacks": s.counters.rollbacks.load(std::sync::atomic::Ordering::Relaxed),

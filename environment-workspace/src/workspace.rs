@@ -73,8 +73,8 @@ pub struct Parts {
     pub policy: Option<Arc<Policy>>,
     /// The queue behind `queue.*`.
     pub bus: Option<Bus>,
-    /// How commands are confined.
-    pub launcher: Arc<dyn Launcher>,
+    /// How commands are confined; `None` for a workspace that runs none (its shell is empty).
+    pub launcher: Option<Arc<dyn Launcher>>,
     /// Whom requests act as.
     pub actor: ActorId,
     /// The capability token presented with every request that presents none.
@@ -103,8 +103,8 @@ pub struct Workspace {
     pub policy: Option<Arc<Policy>>,
     /// The queue.
     pub bus: Option<Bus>,
-    /// How commands are confined.
-    pub launcher: Arc<dyn Launcher>,
+    /// How commands are confined, when the workspace runs any.
+    pub launcher: Option<Arc<dyn Launcher>>,
     /// Whom requests act as.
     pub actor: ActorId,
     /// Applied to every request that presents none, so the agent cannot shed its limits by

@@ -14,6 +14,7 @@ mod rollback;
 use environment_core::{ActorId, OpId};
 
 use crate::cli::{Cli, Command};
+use crate::door::Door;
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::target::Target;
 use crate::workspace::{Look, Session, Workspace};
@@ -101,6 +102,27 @@ fn stores_command(s: &mut Session, command: &Command, json: bool) -> Outcome<i32
     Ok(ExitCode::Ok.status())
 }
 
+/// The rollback a command asks for (restore, undo, redo), with whether to list every path.
+fn rollback_of(command: &Command) -> Option<(rollback::Rollback, bool)> {
+    use rollback::Rollback;
+    match command {
+        Command::Restore {
+            version,
+            dry_run,
+            verbose,
+        } => Some((
+            Rollback::Restore {
+                version: version.clone(),
+                dry_run: *dry_run,
+            },
+            *verbose,
+        )),
+        Command::Undo { verbose } => Some((Rollback::Undo, *verbose)),
+        Command::Redo { verbose } => Some((Rollback::Redo, *verbose)),
+        _ => None,
+    }
+}
+
 /// Runs a command; returns the exit status.
 pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     let json = cli.json;
@@ -138,10 +160,15 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         _ => {}
     }
     let actor = actor_of(&cli, &default_human())?;
+    let rollback = rollback_of(&cli.command);
     // A running supervisor answers while it holds the workspace: the one named, else the
     // workspace's own.
     if let Some(sock) = &cli.socket {
         let addr = crate::target::probe(sock)?;
+        if let Some((what, verbose)) = &rollback {
+            let mut door = Door::open(Target::Supervisor(addr), &credentials(&cli))?;
+            return rollback::run(&mut door, what, *verbose, json).map(|()| 0);
+        }
         return remote::run(&addr, &cli, None);
     }
     let mut ws = Workspace::find(cli.chdir.as_deref())?;
@@ -166,6 +193,10 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             // several processes share safely.
             let mut s = Session::open_stores(ws, actor)?;
             return stores_command(&mut s, &cli.command, json);
+        }
+        if let Some((what, verbose)) = &rollback {
+            let mut door = Door::open(Target::Supervisor(addr), &credentials(&cli))?;
+            return rollback::run(&mut door, what, *verbose, json).map(|()| 0);
         }
         return remote::run(&addr, &cli, Some(&ws.dir));
     }
@@ -196,19 +227,16 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         _ => Look::Changes,
     };
     let mut target = Target::open_looking(ws, actor, cli.socket.as_deref(), look)?;
+    if let Some((what, verbose)) = &rollback {
+        let mut door = Door::open(target, &credentials(&cli))?;
+        return rollback::run(&mut door, what, *verbose, json).map(|()| 0);
+    }
     let s = target.direct()?;
     match &cli.command {
         Command::Log { all, branch, limit } => history::log(s, *all, branch, *limit, json)?,
         Command::Show { version } => history::show(s, version, json)?,
         Command::Refused { branch, limit } => history::refused(s, branch, *limit, json)?,
         Command::Diff { from, to, stat } => history::diff(s, from, to.as_deref(), *stat, json)?,
-        Command::Restore {
-            version,
-            dry_run,
-            verbose,
-        } => rollback::restore(s, version, *dry_run, *verbose, json)?,
-        Command::Undo { verbose } => rollback::step(s, rollback::Way::Undo, *verbose, json)?,
-        Command::Redo { verbose } => rollback::step(s, rollback::Way::Redo, *verbose, json)?,
         Command::Mark { name, version } => {
             names::mark(s, name.as_deref(), version.as_deref(), json)?
         }
@@ -225,6 +253,9 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             return process::tournament(s, a, json, process::Adoption::Live);
         }
         Command::Init { .. }
+        | Command::Restore { .. }
+        | Command::Undo { .. }
+        | Command::Redo { .. }
         | Command::Run(_)
         | Command::Mcp
         | Command::Demo { .. }

@@ -1,6 +1,7 @@
 //! Commands answered by a running supervisor, through its control socket: while `envctl run`
 //! holds the workspace, its captures and a command's changes must not race, so log, show,
-//! diff, status, mark, restore, undo and exec go through it. The others say they cannot
+//! diff, status, mark, merge and exec go through it (restore, undo and redo go through the
+//! one door of `commands::rollback`, in process or through it alike). The others say they cannot
 //! (exit 7) and do nothing.
 
 use serde_json::{Value, json};
@@ -38,9 +39,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         | Command::Diff { .. }
         | Command::Status
         | Command::Mark { name: Some(_), .. }
-        | Command::Restore { .. }
-        | Command::Undo { .. }
-        | Command::Redo { .. }
         | Command::Merge { .. }
         | Command::Exec(_) => {}
         Command::Mark { name: None, .. } => {
@@ -58,6 +56,12 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         Command::Gc => return Err(supervisor_unavailable(addr, "gc")),
         Command::Verify => return Err(supervisor_unavailable(addr, "verify")),
         Command::Refused { .. } => return Err(supervisor_unavailable(addr, "refused")),
+        // Through the one door, before this (see `commands::rollback`).
+        Command::Restore { .. } | Command::Undo { .. } | Command::Redo { .. } => {
+            return Err(Failure::other(
+                "a rollback goes through the workspace's door",
+            ));
+        }
         Command::Init { .. } | Command::Mcp | Command::Demo { .. } | Command::Monitor { .. } => {
             return Err(supervisor_unavailable(addr, "this command"));
         }
@@ -166,20 +170,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
                 println!("marked {} at {}", text(&r["name"]), short(&r["version"]));
             }
         }
-        Command::Restore {
-            version, dry_run, ..
-        } => {
-            let r = remote.call("restore", json!({ "version": version, "dry_run": dry_run }))?;
-            print_restore(&r, json);
-        }
-        Command::Undo { .. } => {
-            let r = remote.call("undo", Value::Null)?;
-            print_restore(&r, json);
-        }
-        Command::Redo { .. } => {
-            let r = remote.call("redo", Value::Null)?;
-            print_restore(&r, json);
-        }
         Command::Merge { branch } => {
             let r = remote.call("merge", json!({ "source": branch }))?;
             return Ok(print_merge(&r, branch, json));
@@ -244,40 +234,6 @@ fn print_merge(r: &Value, branch: &str, json: bool) -> i32 {
             conflicts.len()
         );
         ExitCode::Conflict.status()
-    }
-}
-
-fn print_restore(r: &Value, json: bool) {
-    if json {
-        // The same shape as a direct restore's: `write`/`remove` at the top.
-        let mut out = r.clone();
-        out["write"] = r["steps"]["write"].clone();
-        out["remove"] = r["steps"]["remove"].clone();
-        print_json(&out);
-        return;
-    }
-    let steps = &r["steps"];
-    if r["dry_run"] == true {
-        println!(
-            "would restore {}: {} write(s), {} removal(s)",
-            short(&r["to"]),
-            text(&steps["writes"]),
-            text(&steps["removals"])
-        );
-        for p in steps["write"].as_array().into_iter().flatten() {
-            println!("  write  {}", text(p));
-        }
-        for p in steps["remove"].as_array().into_iter().flatten() {
-            println!("  remove {}", text(p));
-        }
-    } else {
-        println!(
-            "restored {} ({} write(s), {} removal(s)); the head is now {}",
-            short(&r["restored_to"]),
-            text(&steps["writes"]),
-            text(&steps["removals"]),
-            short(&r["version"])
-        );
     }
 }
 

@@ -31,7 +31,7 @@ use serde_json::Value;
 
 use crate::failure::{Failure, Outcome};
 use crate::target::{Remote, SupervisorAddr};
-use crate::workspace::{Session, Workspace};
+use crate::workspace::{Serving, Session, Workspace};
 use tools::{TOOLS, ToolSpec};
 
 /// Serves MCP on stdio until the client disconnects.
@@ -39,7 +39,11 @@ pub fn serve(ws: Workspace, actor: ActorId) -> Outcome<()> {
     let approval = ws.credentials.approval.clone();
     let launcher =
         crate::commands::process::host_sandbox(&ws, &crate::cli::SandboxArgs::default())?;
-    let workspace = Session::open(ws, actor)?.into_service(launcher)?;
+    let workspace = Session::open(ws, actor)?.into_service(Serving {
+        launcher: Some(launcher),
+        capture_each_call: true,
+        create_queue: true,
+    })?;
     stdio(EnvServer::new(workspace, approval))
 }
 

@@ -191,8 +191,19 @@ fn restored(answer: &Value) -> String {
             short(&answer["version"])
         )
     };
+    let missed = lines(&steps["not_restored"], "", |n| {
+        format!("{}: {}", text(&n["path"]), text(&n["why"]))
+    });
+    let missed = if missed.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\nNOT restored (the tree differs from the version at these paths; do not report \
+             the restore as complete):\n{missed}"
+        )
+    };
     format!(
-        "{head}{}{}",
+        "{head}{missed}{}{}",
         paths("\nWritten:", &steps["write"]),
         paths("\nRemoved:", &steps["remove"])
     )

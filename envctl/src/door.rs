@@ -1,0 +1,47 @@
+//! The one door of a command to the workspace's use cases: the workspace service opened in
+//! this process, or a running supervisor's socket. Either way a command names a use case
+//! ([`Method`]) with its arguments, gets the same answer, and only renders it.
+
+use environment_workspace::{self as service, Method};
+use serde_json::Value;
+
+use crate::failure::{Failure, Outcome};
+use crate::target::{Remote, Target};
+use crate::workspace::Serving;
+
+/// Where a command's use cases run.
+pub enum Door {
+    /// The workspace service, in this process.
+    Service(Box<service::Workspace>),
+    /// A running supervisor, through its control socket.
+    Socket(Remote),
+}
+
+impl Door {
+    /// The door of `target`: its stores opened as the service (running no commands), or its
+    /// supervisor, presenting `credentials`.
+    pub fn open(target: Target, credentials: &environment_core::Credentials) -> Outcome<Door> {
+        Ok(match target {
+            Target::Direct(session) => Door::Service(Box::new(session.into_service(Serving {
+                launcher: None,
+                // Opening the session captured what changed; the use cases capture again where
+                // they must.
+                capture_each_call: false,
+                create_queue: false,
+            })?)),
+            Target::Supervisor(addr) => Door::Socket(Remote::connect(&addr, credentials)?),
+        })
+    }
+
+    /// Calls `method` with `params` (an object; nulls are left out).
+    pub fn call(&mut self, method: Method, params: Value) -> Outcome<Value> {
+        let Value::Object(mut params) = params else {
+            return Err(Failure::other("the parameters of a use case are an object"));
+        };
+        params.retain(|_, v| !v.is_null());
+        match self {
+            Door::Service(ws) => ws.call(method, params).map_err(Failure::from),
+            Door::Socket(remote) => remote.call(method.name(), Value::Object(params)),
+        }
+    }
+}
