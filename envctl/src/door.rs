@@ -11,9 +11,11 @@ use crate::workspace::Serving;
 
 /// Where a command's use cases run.
 pub enum Door {
-    /// The workspace service, in this process.
-    Service(Box<service::Workspace>),
-    /// A running supervisor, through its control socket.
+    /// The workspace service, in this process, and the approval the command presents (its
+    /// token is the service's default).
+    Service(Box<service::Workspace>, Option<String>),
+    /// A running supervisor, through its control socket (which presents the command's
+    /// credentials itself).
     Socket(Remote),
 }
 
@@ -22,13 +24,16 @@ impl Door {
     /// supervisor, presenting `credentials`.
     pub fn open(target: Target, credentials: &environment_core::Credentials) -> Outcome<Door> {
         Ok(match target {
-            Target::Direct(session) => Door::Service(Box::new(session.into_service(Serving {
-                launcher: None,
-                // Opening the session captured what changed; the use cases capture again where
-                // they must.
-                capture_each_call: false,
-                create_queue: false,
-            })?)),
+            Target::Direct(session) => Door::Service(
+                Box::new(session.into_service(Serving {
+                    launcher: None,
+                    // Opening the session captured what changed; the use cases capture again
+                    // where they must.
+                    capture_each_call: false,
+                    create_queue: false,
+                })?),
+                credentials.approval.clone(),
+            ),
             Target::Supervisor(addr) => Door::Socket(Remote::connect(&addr, credentials)?),
         })
     }
@@ -40,7 +45,14 @@ impl Door {
         };
         params.retain(|_, v| !v.is_null());
         match self {
-            Door::Service(ws) => ws.call(method, params).map_err(Failure::from),
+            Door::Service(ws, approval) => {
+                if let Some(a) = approval {
+                    params
+                        .entry("approval")
+                        .or_insert_with(|| Value::String(a.clone()));
+                }
+                ws.call(method, params).map_err(Failure::from)
+            }
             Door::Socket(remote) => remote.call(method.name(), Value::Object(params)),
         }
     }

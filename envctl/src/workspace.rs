@@ -343,11 +343,6 @@ impl Session {
         }
     }
 
-    /// The trees tracked beside the workspace (the managed rootfs), restored with it.
-    pub fn others(&self) -> Vec<&Tracker> {
-        self.rootfs.iter().collect()
-    }
-
     /// Starts a tracker on the workspace attributing captures to `actor`; `auto` captures in
     /// the background.
     pub fn start_tracker(&self, actor: ActorId, auto: bool, what: &str) -> Outcome<Tracker> {
@@ -452,45 +447,6 @@ impl Session {
     /// The head of main: the version the tree holds.
     pub fn head(&self) -> Outcome<environment_core::OpId> {
         Ok(self.env.head(MAIN)?)
-    }
-
-    /// Asks the policy, without spending anything, whether this command's actor may do
-    /// `action` on `resource`: for work that touches the tree before the environment records it
-    /// (a restore writes files, then records), so that a denied request changes nothing.
-    pub fn precheck(&self, action: Action, resource: Resource, operation: &str) -> Outcome<()> {
-        let Some(policy) = &self.policy else {
-            return Ok(());
-        };
-        let mut context = Context {
-            branch: Some(MAIN.to_owned()),
-            token: self.ws.credentials.token.clone(),
-            approval: self.ws.credentials.approval.clone(),
-            ..Context::default()
-        };
-        context.attrs.insert(
-            "operation".into(),
-            environment_core::AttrValue::Str(operation.into()),
-        );
-        let req = AccessRequest {
-            actor: self.actor.clone(),
-            action,
-            resource,
-            context,
-        };
-        let d = policy.evaluate(&req);
-        if d.is_allowed() {
-            return Ok(());
-        }
-        let mut d = d.to_core(&req);
-        // Held for an approval: the request is filed (as the action itself would file it), so
-        // a human can grant it and the command be retried with `--approval ID`.
-        if let environment_core::Verdict::NeedsApproval { request, .. } = &mut d.verdict
-            && request.is_none()
-            && let Ok(a) = policy.request_approval(&req)
-        {
-            *request = Some(a.id);
-        }
-        Err(environment_core::EnvError::NotAllowed(Box::new(d)).into())
     }
 
     /// Decides, spending quota and approvals like any action, whether this command's actor may

@@ -136,6 +136,19 @@ fn put(env: &LocalEnvironment, who: &ActorId, files: &[(&str, &str)]) -> OpId {
     env.act_blocking(edit(who, files)).unwrap().version
 }
 
+/// The approval request a refusal held for approval filed.
+fn held<T: std::fmt::Debug>(r: Result<T, EnvError>) -> String {
+    match r {
+        Err(EnvError::NotAllowed(d)) => match d.verdict {
+            environment_core::Verdict::NeedsApproval {
+                request: Some(id), ..
+            } => id,
+            other => panic!("expected an approval request, got {other:?}"),
+        },
+        other => panic!("expected a hold, got {other:?}"),
+    }
+}
+
 fn denied<T: std::fmt::Debug>(r: Result<T, EnvError>) {
     match r {
         Err(EnvError::NotAllowed(_)) => {}
@@ -215,16 +228,7 @@ fn an_approval_presented_with_a_conflicting_act_is_not_used_up() {
     let f = fixture();
     let base = put(&f.admin, &actor("human:ann"), &[("docs/x", "0")]);
     put(&f.admin, &actor("human:ann"), &[("docs/x", "moved")]);
-    let ask = f.env.act_blocking(edit(&f.agent, &[("docs/x", "mine")]));
-    let id = match ask {
-        Err(EnvError::NotAllowed(d)) => match d.verdict {
-            environment_core::Verdict::NeedsApproval {
-                request: Some(id), ..
-            } => id,
-            other => panic!("expected an approval request, got {other:?}"),
-        },
-        other => panic!("expected a hold, got {other:?}"),
-    };
+    let id = held(f.env.act_blocking(edit(&f.agent, &[("docs/x", "mine")])));
     f.policy
         .grant(&id, "human:ann", GrantScope::once())
         .unwrap();
@@ -330,15 +334,7 @@ fn a_directory_made_for_a_file_is_decided_by_the_file() {
             .put(Key::fs(dir).unwrap(), Value::dir())
             .put(Key::fs(path).unwrap(), Value::file("plan"))
     };
-    let id = match f.env.act_blocking(with_dir("docs/plan.md", "docs")) {
-        Err(EnvError::NotAllowed(d)) => match d.verdict {
-            environment_core::Verdict::NeedsApproval {
-                request: Some(id), ..
-            } => id,
-            other => panic!("expected an approval request, got {other:?}"),
-        },
-        other => panic!("expected a hold, got {other:?}"),
-    };
+    let id = held(f.env.act_blocking(with_dir("docs/plan.md", "docs")));
     f.policy
         .grant(&id, "human:ann", GrantScope::once())
         .unwrap();

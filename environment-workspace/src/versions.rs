@@ -2,8 +2,8 @@
 //! and the upkeep an agent normally may not call (gc).
 
 use environment_core::{
-    Action, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind, Key, KeyChange, KeyPrefix,
-    Namespace, OpId, RefusedChange, Resource,
+    Action, Conflict, ConflictSide, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind,
+    Key, KeyChange, KeyPrefix, Namespace, OpId, RefusedChange, Resource,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -422,12 +422,37 @@ pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Value, ServiceErr
         .merge(&shared.actor, &p.source, g.branch(), intent)
         .map_err(ServiceError::from)?;
     let plan = shared.sync_from(&before).map_err(ServiceError::from)?;
+    let mut conflicts = Vec::with_capacity(outcome.conflicts.len());
+    for key in &outcome.conflicts {
+        let c = shared
+            .env
+            .read_unchecked(key, &outcome.version)
+            .map_err(ServiceError::from)?
+            .and_then(|v| Conflict::from_value(&v));
+        conflicts.push(json!({
+            "path": key.display_path(),
+            "ours": c.as_ref().map(|c| side_json(&c.ours)),
+            "theirs": c.as_ref().map(|c| side_json(&c.theirs)),
+        }));
+    }
     Ok(json!({
+        "source": p.source,
         "version": outcome.version.to_string(),
         "noop": outcome.noop,
-        "conflicts": outcome.conflicts.iter().map(Key::display_path).collect::<Vec<_>>(),
+        "conflicts": conflicts,
         "steps": plan_json(&plan),
     }))
+}
+
+/// One side of a merge conflict: who changed the path, why, in which operation, and whether
+/// the change was a deletion.
+fn side_json(side: &ConflictSide) -> Value {
+    json!({
+        "actor": side.actor.as_ref().map(|a| a.as_str().to_owned()),
+        "intent": side.intent.as_ref().map(|i| i.text.clone()),
+        "op": side.op.map(|o| o.to_string()),
+        "deleted": side.value.is_none(),
+    })
 }
 
 pub(super) fn status(g: &Session<'_>) -> Result<Value, ServiceError> {

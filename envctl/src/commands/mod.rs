@@ -123,6 +123,29 @@ fn rollback_of(command: &Command) -> Option<(rollback::Rollback, bool)> {
     }
 }
 
+/// Whether a command is a use case of the workspace service, run through [`Door`] the same in
+/// process and through a supervisor.
+fn goes_through_door(command: &Command) -> bool {
+    rollback_of(command).is_some() || matches!(command, Command::Merge { .. })
+}
+
+/// Runs `cli`'s command through the door of `target` when it [`goes_through_door`]: its exit
+/// status, or `None` for a command that does not.
+fn through_door(cli: &Cli, target: Target) -> Outcome<Option<i32>> {
+    if !goes_through_door(&cli.command) {
+        return Ok(None);
+    }
+    let mut door = Door::open(target, &credentials(cli))?;
+    if let Some((what, verbose)) = rollback_of(&cli.command) {
+        rollback::run(&mut door, &what, verbose, cli.json)?;
+        return Ok(Some(ExitCode::Ok.status()));
+    }
+    match &cli.command {
+        Command::Merge { branch } => names::merge(&mut door, branch, cli.json).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// Runs a command; returns the exit status.
 pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     let json = cli.json;
@@ -160,14 +183,12 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         _ => {}
     }
     let actor = actor_of(&cli, &default_human())?;
-    let rollback = rollback_of(&cli.command);
     // A running supervisor answers while it holds the workspace: the one named, else the
     // workspace's own.
     if let Some(sock) = &cli.socket {
         let addr = crate::target::probe(sock)?;
-        if let Some((what, verbose)) = &rollback {
-            let mut door = Door::open(Target::Supervisor(addr), &credentials(&cli))?;
-            return rollback::run(&mut door, what, *verbose, json).map(|()| 0);
+        if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()))? {
+            return Ok(status);
         }
         return remote::run(&addr, &cli, None);
     }
@@ -194,9 +215,8 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             let mut s = Session::open_stores(ws, actor)?;
             return stores_command(&mut s, &cli.command, json);
         }
-        if let Some((what, verbose)) = &rollback {
-            let mut door = Door::open(Target::Supervisor(addr), &credentials(&cli))?;
-            return rollback::run(&mut door, what, *verbose, json).map(|()| 0);
+        if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()))? {
+            return Ok(status);
         }
         return remote::run(&addr, &cli, Some(&ws.dir));
     }
@@ -227,9 +247,8 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         _ => Look::Changes,
     };
     let mut target = Target::open_looking(ws, actor, cli.socket.as_deref(), look)?;
-    if let Some((what, verbose)) = &rollback {
-        let mut door = Door::open(target, &credentials(&cli))?;
-        return rollback::run(&mut door, what, *verbose, json).map(|()| 0);
+    if goes_through_door(&cli.command) {
+        return through_door(&cli, target).map(Option::unwrap_or_default);
     }
     let s = target.direct()?;
     match &cli.command {
@@ -243,7 +262,6 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         Command::Branch { name, version } => {
             names::branch(s, name.as_deref(), version.as_deref(), json)?
         }
-        Command::Merge { branch } => return names::merge(s, branch, json),
         Command::Effects { unfinished } => maintain::effects(s, *unfinished, json)?,
         Command::Gc => maintain::gc(s, json)?,
         Command::Verify => maintain::verify(s, json)?,
@@ -256,6 +274,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         | Command::Restore { .. }
         | Command::Undo { .. }
         | Command::Redo { .. }
+        | Command::Merge { .. }
         | Command::Run(_)
         | Command::Mcp
         | Command::Demo { .. }

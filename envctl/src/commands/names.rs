@@ -1,10 +1,10 @@
 //! `envctl mark`, `branch`, `merge`: naming versions and joining lines of work.
 
-use environment_core::{Action, Conflict, Intent, IntentKind, MAIN, Resource};
-use environment_sandbox::RestoreStep;
+use environment_workspace::Method;
 use serde_json::json;
 
 use super::resolve;
+use crate::door::Door;
 use crate::failure::{ExitCode, Outcome};
 use crate::output::print_json;
 use crate::workspace::Session;
@@ -55,64 +55,33 @@ pub fn branch(s: &Session, name: Option<&str>, version: Option<&str>, json: bool
     Ok(())
 }
 
-/// Merges `branch` into main and writes the result into the workspace. Exits 5 when the merge
+/// Merges `branch` into main through `door` and renders what the workspace service did: the
+/// files written into the tree, and each conflict with both sides. Exits 5 when the merge
 /// recorded conflict objects.
-pub fn merge(s: &Session, branch: &str, json: bool) -> Outcome<i32> {
-    s.precheck(Action::Write, Resource::Branch(MAIN.into()), "merge")?;
-    let before = s.head()?;
-    let outcome = s.env.merge(
-        &s.actor,
-        branch,
-        MAIN,
-        Intent::new(IntentKind::Merge, format!("merge {branch} into {MAIN}")),
-    )?;
-    let mut plan = s.tracker()?.sync_from(&before)?;
-    for t in s.others() {
-        plan.steps.extend(t.sync_from(&before)?.steps);
-    }
-    let mut conflicts = Vec::new();
-    for key in &outcome.conflicts {
-        let c = s
-            .env
-            .read_unchecked(key, &outcome.version)?
-            .and_then(|v| Conflict::from_value(&v));
-        let side = |side: Option<&environment_core::ConflictSide>| {
-            side.map(|x| {
-                json!({
-                    "actor": x.actor.as_ref().map(|a| a.as_str().to_owned()),
-                    "intent": x.intent.as_ref().map(|i| i.text.clone()),
-                    "op": x.op.map(|o| o.to_string()),
-                    "deleted": x.value.is_none(),
-                })
-            })
-        };
-        conflicts.push(json!({
-            "path": key.display_path(),
-            "ours": side(c.as_ref().map(|c| &c.ours)),
-            "theirs": side(c.as_ref().map(|c| &c.theirs)),
-        }));
-    }
-    let written = plan
-        .steps
-        .iter()
-        .filter(|p| matches!(p, RestoreStep::Write(_)))
-        .count();
-    let removed = plan.steps.len() - written;
+pub fn merge(door: &mut Door, branch: &str, json: bool) -> Outcome<i32> {
+    let answer = door.call(Method::Merge, json!({ "source": branch }))?;
+    let conflicts = answer["conflicts"].as_array().cloned().unwrap_or_default();
+    let (written, removed) = (&answer["steps"]["writes"], &answer["steps"]["removals"]);
     if json {
         print_json(&json!({
             "branch": branch,
-            "version": outcome.version.to_string(),
-            "noop": outcome.noop,
+            "version": answer["version"],
+            "noop": answer["noop"],
             "conflicts": conflicts,
             "written": written,
             "removed": removed,
         }));
-    } else if outcome.noop {
+    } else if answer["noop"] == true {
         println!("Nothing to merge: main already contains {branch}.");
     } else {
+        let short: String = answer["version"]
+            .as_str()
+            .unwrap_or_default()
+            .chars()
+            .take(12)
+            .collect();
         println!(
-            "Merged {branch} into main as {} ({written} path(s) written, {removed} removed).",
-            outcome.version.short()
+            "Merged {branch} into main as {short} ({written} path(s) written, {removed} removed)."
         );
         for c in &conflicts {
             let who = |side: &serde_json::Value| {

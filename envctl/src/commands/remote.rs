@@ -1,13 +1,13 @@
 //! Commands answered by a running supervisor, through its control socket: while `envctl run`
 //! holds the workspace, its captures and a command's changes must not race, so log, show,
-//! diff, status, mark, merge and exec go through it (restore, undo and redo go through the
-//! one door of `commands::rollback`, in process or through it alike). The others say they cannot
+//! diff, status, mark and exec go through it (restore, undo, redo and merge go through the
+//! workspace's one door, `crate::door`, in process or through it alike). The others say they cannot
 //! (exit 7) and do nothing.
 
 use serde_json::{Value, json};
 
 use crate::cli::{Cli, Command};
-use crate::failure::{ExitCode, Failure, Outcome};
+use crate::failure::{Failure, Outcome};
 use crate::output::print_json;
 use crate::target::{Remote, SupervisorAddr, supervisor_unavailable};
 
@@ -39,7 +39,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         | Command::Diff { .. }
         | Command::Status
         | Command::Mark { name: Some(_), .. }
-        | Command::Merge { .. }
         | Command::Exec(_) => {}
         Command::Mark { name: None, .. } => {
             return Err(supervisor_unavailable(addr, "listing marks"));
@@ -57,7 +56,10 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         Command::Verify => return Err(supervisor_unavailable(addr, "verify")),
         Command::Refused { .. } => return Err(supervisor_unavailable(addr, "refused")),
         // Through the one door, before this (see `commands::rollback`).
-        Command::Restore { .. } | Command::Undo { .. } | Command::Redo { .. } => {
+        Command::Restore { .. }
+        | Command::Undo { .. }
+        | Command::Redo { .. }
+        | Command::Merge { .. } => {
             return Err(Failure::other(
                 "a rollback goes through the workspace's door",
             ));
@@ -170,10 +172,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
                 println!("marked {} at {}", text(&r["name"]), short(&r["version"]));
             }
         }
-        Command::Merge { branch } => {
-            let r = remote.call("merge", json!({ "source": branch }))?;
-            return Ok(print_merge(&r, branch, json));
-        }
         Command::Exec(a) => {
             if a.sandbox.given() {
                 // The command runs in the run's sandbox: what it may reach was fixed when the
@@ -203,38 +201,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
 fn remote_history(mut r: Value) -> Value {
     r["via"] = json!("supervisor");
     r
-}
-
-/// Prints a merge's result; its exit status (a conflict is one).
-fn print_merge(r: &Value, branch: &str, json: bool) -> i32 {
-    let conflicts = r["conflicts"].as_array().cloned().unwrap_or_default();
-    if json {
-        let mut out = r.clone();
-        out["branch"] = json!(branch);
-        print_json(&out);
-    } else if r["noop"] == true {
-        println!("Nothing to merge: main already contains {branch}.");
-    } else {
-        println!(
-            "Merged {branch} into main as {} ({} path(s) written, {} removed).",
-            short(&r["version"]),
-            text(&r["steps"]["writes"]),
-            text(&r["steps"]["removals"])
-        );
-        for c in &conflicts {
-            println!("conflict {}: the workspace keeps main's version", text(c));
-        }
-    }
-    if conflicts.is_empty() {
-        ExitCode::Ok.status()
-    } else {
-        eprintln!(
-            "envctl: the merge is recorded with {} conflict object(s).\nhint: edit each \
-             conflicting path into its resolved form; the next capture resolves the conflict",
-            conflicts.len()
-        );
-        ExitCode::Conflict.status()
-    }
 }
 
 /// Prints an `exec` answer; returns the command's exit status.

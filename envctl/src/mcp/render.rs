@@ -76,7 +76,18 @@ pub(super) fn answer(method: Method, answer: &Value) -> String {
                     short(&answer["version"]),
                     answer["steps"]["writes"],
                     answer["steps"]["removals"],
-                    paths("\nConflicts:", &answer["conflicts"]),
+                    lines_under(
+                        "\nConflicts (main's side kept):",
+                        &answer["conflicts"],
+                        |c| {
+                            format!(
+                                "{}: main's change by {} against the branch's by {}",
+                                text(&c["path"]),
+                                text(&c["ours"]["actor"]),
+                                text(&c["theirs"]["actor"])
+                            )
+                        }
+                    ),
                 )
             }
         }
@@ -168,7 +179,12 @@ fn lines(list: &Value, empty: &str, line: impl Fn(&Value) -> String) -> String {
 }
 
 fn paths(head: &str, list: &Value) -> String {
-    let out = lines(list, "", |p| text(p).to_owned());
+    lines_under(head, list, |p| text(p).to_owned())
+}
+
+/// `head` and one line per item of `list`, or nothing for an empty list.
+fn lines_under(head: &str, list: &Value, line: impl Fn(&Value) -> String) -> String {
+    let out = lines(list, "", line);
     if out.is_empty() {
         String::new()
     } else {
