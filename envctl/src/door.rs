@@ -2,6 +2,9 @@
 //! this process, or a running supervisor's socket. Either way a command names a use case
 //! ([`Method`]) with its arguments, gets the same answer, and only renders it.
 
+use std::sync::Arc;
+
+use environment_sandbox::Launcher;
 use environment_workspace::{self as service, Method};
 use serde_json::Value;
 
@@ -20,13 +23,17 @@ pub enum Door {
 }
 
 impl Door {
-    /// The door of `target`: its stores opened as the service (running no commands), or its
-    /// supervisor, presenting `credentials`.
-    pub fn open(target: Target, credentials: &environment_core::Credentials) -> Outcome<Door> {
+    /// The door of `target`: its stores opened as the service (running commands confined by
+    /// `launcher`, or none without one), or its supervisor, presenting `credentials`.
+    pub fn open(
+        target: Target,
+        credentials: &environment_core::Credentials,
+        launcher: Option<Arc<dyn Launcher>>,
+    ) -> Outcome<Door> {
         Ok(match target {
             Target::Direct(session) => Door::Service(
                 Box::new(session.into_service(Serving {
-                    launcher: None,
+                    launcher,
                     // Opening the session captured what changed; the use cases capture again
                     // where they must.
                     capture_each_call: false,
@@ -36,6 +43,15 @@ impl Door {
             ),
             Target::Supervisor(addr) => Door::Socket(Remote::connect(&addr, credentials)?),
         })
+    }
+
+    /// How a report names the way a command went: nothing in process, else through the
+    /// supervisor.
+    pub fn via(&self) -> &'static str {
+        match self {
+            Door::Service(..) => "",
+            Door::Socket(_) => " (through the supervisor)",
+        }
     }
 
     /// Calls `method` with `params` (an object; nulls are left out).

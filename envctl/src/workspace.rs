@@ -343,12 +343,6 @@ impl Session {
         }
     }
 
-    /// Starts a tracker on the workspace attributing captures to `actor`; `auto` captures in
-    /// the background.
-    pub fn start_tracker(&self, actor: ActorId, auto: bool, what: &str) -> Outcome<Tracker> {
-        self.track(self.tracker_config(actor, auto), what)
-    }
-
     /// How the workspace is tracked: its noise rules, and its monitor (which tells what changed
     /// since the last capture, so the tracker need not rescan) when one runs.
     fn tracker_config(&self, actor: ActorId, auto: bool) -> TrackerConfig {
@@ -437,11 +431,6 @@ impl Session {
             branch: MAIN.to_owned(),
             capture_each_call,
         }))
-    }
-
-    /// Puts a tracker back.
-    pub fn set_tracker(&mut self, t: Tracker) {
-        self.tracker = Some(t);
     }
 
     /// The head of main: the version the tree holds.

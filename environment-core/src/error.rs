@@ -311,8 +311,14 @@ impl EnvError {
             | EnvError::InvalidName { .. }
             | EnvError::ValueTooLarge { .. }
             | EnvError::RequestTooLarge(_)
-            | EnvError::DuplicateKey(_)
-            | EnvError::Exec { .. } => Invalid,
+            | EnvError::DuplicateKey(_) => Invalid,
+            // A program that is not there is not found; one that cannot start is invalid.
+            EnvError::Exec { detail, .. }
+                if detail.contains("No such file") || detail.contains("not found") =>
+            {
+                NotFound
+            }
+            EnvError::Exec { .. } => Invalid,
             EnvError::UnknownVersion(_)
             | EnvError::AmbiguousVersion { .. }
             | EnvError::UnknownBranch(_)

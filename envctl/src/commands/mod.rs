@@ -126,16 +126,37 @@ fn rollback_of(command: &Command) -> Option<(rollback::Rollback, bool)> {
 /// Whether a command is a use case of the workspace service, run through [`Door`] the same in
 /// process and through a supervisor.
 fn goes_through_door(command: &Command) -> bool {
-    rollback_of(command).is_some() || matches!(command, Command::Merge { .. })
+    rollback_of(command).is_some() || matches!(command, Command::Merge { .. } | Command::Exec(_))
 }
 
 /// Runs `cli`'s command through the door of `target` when it [`goes_through_door`]: its exit
-/// status, or `None` for a command that does not.
-fn through_door(cli: &Cli, target: Target) -> Outcome<Option<i32>> {
+/// status, or `None` for a command that does not. `held` is the workspace a supervisor holds,
+/// when known (a command's working directory is given relative to it).
+fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Outcome<Option<i32>> {
     if !goes_through_door(&cli.command) {
         return Ok(None);
     }
-    let mut door = Door::open(target, &credentials(cli))?;
+    if let Command::Exec(a) = &cli.command {
+        // A command runs in this host's sandbox, as asked; through a supervisor, in the run's,
+        // which its callers (the agent among them) cannot widen.
+        let (launcher, cwd) = match &target {
+            Target::Direct(s) => (
+                Some(process::host_sandbox(&s.ws, &a.sandbox)?),
+                process::cwd_in(&s.ws.dir),
+            ),
+            Target::Supervisor(_) if a.sandbox.given() => {
+                return Err(Failure::usage(
+                    "a command run through the supervisor gets the run's sandbox: --network, \
+                     --writable, --pass-env and the limits cannot change it",
+                )
+                .hint("give them to `envctl run`, or run exec when no supervisor runs"));
+            }
+            Target::Supervisor(_) => (None, held.and_then(process::cwd_in)),
+        };
+        let mut door = Door::open(target, &credentials(cli), launcher)?;
+        return process::exec(&mut door, a, cwd, cli.json).map(Some);
+    }
+    let mut door = Door::open(target, &credentials(cli), None)?;
     if let Some((what, verbose)) = rollback_of(&cli.command) {
         rollback::run(&mut door, &what, verbose, cli.json)?;
         return Ok(Some(ExitCode::Ok.status()));
@@ -187,10 +208,10 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     // workspace's own.
     if let Some(sock) = &cli.socket {
         let addr = crate::target::probe(sock)?;
-        if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()))? {
+        if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()), None)? {
             return Ok(status);
         }
-        return remote::run(&addr, &cli, None);
+        return remote::run(&addr, &cli);
     }
     let mut ws = Workspace::find(cli.chdir.as_deref())?;
     ws.credentials = credentials(&cli);
@@ -215,10 +236,10 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             let mut s = Session::open_stores(ws, actor)?;
             return stores_command(&mut s, &cli.command, json);
         }
-        if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()))? {
+        if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()), Some(&ws.dir))? {
             return Ok(status);
         }
-        return remote::run(&addr, &cli, Some(&ws.dir));
+        return remote::run(&addr, &cli);
     }
     match &cli.command {
         Command::Run(a) => return process::run(ws, actor, a, json),
@@ -248,7 +269,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     };
     let mut target = Target::open_looking(ws, actor, cli.socket.as_deref(), look)?;
     if goes_through_door(&cli.command) {
-        return through_door(&cli, target).map(Option::unwrap_or_default);
+        return through_door(&cli, target, None).map(Option::unwrap_or_default);
     }
     let s = target.direct()?;
     match &cli.command {
@@ -266,7 +287,6 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         Command::Gc => maintain::gc(s, json)?,
         Command::Verify => maintain::verify(s, json)?,
         Command::Status => maintain::status(s, json)?,
-        Command::Exec(a) => return process::exec(s, a, json),
         Command::Tournament(a) => {
             return process::tournament(s, a, json, process::Adoption::Live);
         }
@@ -275,6 +295,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         | Command::Undo { .. }
         | Command::Redo { .. }
         | Command::Merge { .. }
+        | Command::Exec(_)
         | Command::Run(_)
         | Command::Mcp
         | Command::Demo { .. }

@@ -12,9 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
-use environment_core::{
-    Action, ActorId, EnvError, ExecOutcome, ExecRequest, Exit, Resource, ShellExec,
-};
+use environment_core::{Action, ActorId, Exit, Resource};
 use environment_sandbox::{
     Bind, Candidate, CgroupLimits, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec,
     Launcher, Pick, SandboxError, Shell, Tournament, Unconfined, WorkingTree,
@@ -23,7 +21,10 @@ use environment_sandbox::{
 use environment_supervisor::{AgentSpec, ShellHandles, Supervisor, SupervisorConfig, TrackedRoot};
 use serde_json::json;
 
+use environment_workspace::Method;
+
 use crate::cli::{ExecArgs, Isolation, Network, PickArg, RunArgs, SandboxArgs, TournamentArgs};
+use crate::door::Door;
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::output::print_json;
 use crate::workspace::{ROOTFS_DIR, ROOTFS_KEY_PREFIX, SOCKET_FILE, Session, Workspace, witness};
@@ -36,54 +37,6 @@ pub(crate) const SOCKET_DIR_INSIDE: &str = "/tmp/.environment-run";
 /// What `ENVIRONMENT_SOCKET` names for an agent not given the socket: a path that cannot exist,
 /// so a client inside fails to connect instead of finding a socket by chance.
 const NO_SOCKET: &str = "/dev/null/no-control-socket";
-
-/// A recorded command: the shell's outcome and its stored output.
-pub struct Recorded {
-    /// What the shell returned.
-    pub outcome: ExecOutcome,
-    /// The stored standard output.
-    pub stdout: Vec<u8>,
-    /// The stored standard error.
-    pub stderr: Vec<u8>,
-}
-
-impl Recorded {
-    /// The outcome as JSON (ids as text), with the stored output as text.
-    pub fn to_json(&self) -> serde_json::Value {
-        let o = &self.outcome;
-        let stream = |s: &environment_core::StoredOutput, bytes: &[u8]| {
-            json!({
-                "blob": s.blob.to_string(),
-                "total": s.total,
-                "stored": s.stored,
-                "truncated": s.truncated,
-                "text": String::from_utf8_lossy(bytes),
-            })
-        };
-        json!({
-            "status": self.status(),
-            "exit": o.exit,
-            "success": o.exit.success(),
-            "op": o.op.to_string(),
-            "files_changed": o.files_changed,
-            "duration_ms": o.duration_ms,
-            "stdout": stream(&o.stdout, &self.stdout),
-            "stderr": stream(&o.stderr, &self.stderr),
-            "refused": self.refused_json(),
-        })
-    }
-
-    /// The changes the command made that its actor may not make (put back and kept as
-    /// refused), as JSON.
-    pub fn refused_json(&self) -> Vec<serde_json::Value> {
-        self.outcome.refused.iter().map(|r| r.to_json()).collect()
-    }
-
-    /// The command's status as a process exit status (128 + N for signal N, 124 timed out).
-    pub fn status(&self) -> i32 {
-        exit_status(self.outcome.exit)
-    }
-}
 
 fn exit_status(e: Exit) -> i32 {
     match e {
@@ -104,19 +57,6 @@ fn program_of(argv: &[String]) -> Outcome<Resource> {
         program: program.clone(),
         args: args.to_vec(),
     })
-}
-
-/// Runs a future to its end from synchronous code (inside a blocking task of a runtime, or
-/// without one).
-fn block_on<F: std::future::Future>(f: F) -> Outcome<F::Output> {
-    if let Ok(h) = tokio::runtime::Handle::try_current() {
-        return Ok(h.block_on(f));
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::other(format!("cannot start a runtime: {e}")))?;
-    Ok(rt.block_on(f))
 }
 
 /// Whether this host can make sandboxes: `Err` holds the reason it cannot. Found by trying,
@@ -189,95 +129,48 @@ pub fn host_sandbox(ws: &Workspace, args: &SandboxArgs) -> Outcome<Arc<dyn Launc
     }
 }
 
-/// Hands tracking back to the witness and lets it record what is on disk.
-fn back_to_witness(s: &mut Session) -> Outcome<()> {
-    let t = s.start_tracker(witness(), false, "capturing the workspace")?;
-    s.set_tracker(t);
-    Ok(())
-}
-
-fn not_run(argv: &[String], e: EnvError) -> Failure {
-    match e {
-        EnvError::Exec { program, detail }
-            if detail.contains("No such file") || detail.contains("not found") =>
-        {
-            Failure::not_found(format!(
-                "cannot run {program:?}: no such program; nothing ran"
-            ))
-            .hint("check the name and PATH")
-        }
-        EnvError::Exec { program, detail } => Failure::other(format!(
-            "cannot run {program:?}: {detail}; nothing ran ({})",
-            argv.join(" ")
-        )),
-        e => e.into(),
-    }
-}
-
-/// Runs `argv` in the workspace through the shell as one recorded operation of the session's
-/// actor: its output stored, the files it changed attributed to it.
-pub fn shell_exec(
-    s: &mut Session,
-    argv: &[String],
-    intent: Option<&str>,
-    args: &SandboxArgs,
-) -> Outcome<Recorded> {
-    program_of(argv)?;
-    let launcher = host_sandbox(&s.ws, args)?;
-    // Whatever changed before the command is the witness's, captured by now; the shell's
-    // tracker records only the command.
-    s.stop_tracker()?;
-    let tracker = Arc::new(s.start_tracker(witness(), false, "capturing the workspace")?);
-    let shell = Shell::new(launcher, tracker.clone(), None)?;
-    let mut request = ExecRequest::new(s.actor.clone(), argv.iter().cloned());
-    if let Some(i) = intent {
-        request = request.intent(i);
-    }
-    if let Some(rel) = cwd_in(&s.ws.dir) {
-        request = request.cwd(rel);
-    }
-    let ran = block_on(shell.exec(request))?;
-    drop(shell);
-    drop(tracker);
-    back_to_witness(s)?;
-    // A refusal before it ran changed nothing; changes it made that its actor may not make are
-    // in the outcome, put back and kept as refused.
-    let outcome = match ran {
-        Ok(o) => o,
-        Err(e @ EnvError::NotAllowed(_)) => return Err(e.into()),
-        Err(e) => return Err(not_run(argv, e)),
-    };
-    let blobs = s.env.blobs();
-    let stdout = blobs.get(&outcome.stdout.blob).map_err(EnvError::from)?;
-    let stderr = blobs.get(&outcome.stderr.blob).map_err(EnvError::from)?;
-    Ok(Recorded {
-        outcome,
-        stdout,
-        stderr,
-    })
-}
-
-/// `envctl exec -- CMD...`.
-pub fn exec(s: &mut Session, a: &ExecArgs, json: bool) -> Outcome<i32> {
-    let done = shell_exec(s, &a.command, a.intent.as_deref(), &a.sandbox)?;
-    let status = done.status();
-    let cut = if done.outcome.stdout.truncated || done.outcome.stderr.truncated {
+/// `envctl exec -- CMD...` through `door`: one recorded operation of the command's actor, its
+/// output passed through, its exit status the command's. Changes its actor may not make are put
+/// back and kept as refused; the command then fails (denied) saying all of what happened.
+pub fn exec(door: &mut Door, a: &ExecArgs, cwd: Option<String>, json: bool) -> Outcome<i32> {
+    program_of(&a.command)?;
+    let r = door.call(
+        Method::Exec,
+        json!({ "argv": a.command, "intent": a.intent, "cwd": cwd }),
+    )?;
+    let exit: Exit = serde_json::from_value(r["exit"].clone())
+        .map_err(|e| Failure::other(format!("the command's exit is unreadable: {e}")))?;
+    let status = exit_status(exit);
+    let cut = if r["stdout"]["truncated"] == true || r["stderr"]["truncated"] == true {
         " (output cut at the limit)"
     } else {
         ""
     };
-    let refused = environment_core::put_back_note(&done.refused_json());
+    let refused = environment_core::put_back_note(
+        r["refused"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default(),
+    );
+    let op: String = r["op"]
+        .as_str()
+        .unwrap_or_default()
+        .chars()
+        .take(12)
+        .collect();
     if json {
-        print_json(&done.to_json());
+        let mut out = r.clone();
+        out["status"] = json!(status);
+        print_json(&out);
     } else {
         use std::io::Write;
-        let _ = std::io::stdout().write_all(&done.stdout);
-        let _ = std::io::stderr().write_all(&done.stderr);
+        let _ = std::io::stdout().write_all(&stream_bytes(&r["stdout"]));
+        let _ = std::io::stderr().write_all(&stream_bytes(&r["stderr"]));
         if refused.is_none() {
             eprintln!(
-                "envctl: recorded as {} ({} file(s) changed), exit {status}{cut}",
-                done.outcome.op.short(),
-                done.outcome.files_changed
+                "envctl: recorded as {op} ({} file(s) changed), exit {status}{cut}{}",
+                r["files_changed"],
+                door.via()
             );
         }
     }
@@ -289,13 +182,24 @@ pub fn exec(s: &mut Session, a: &ExecArgs, json: bool) -> Outcome<i32> {
         ExitCode::Denied,
         format!(
             "the command exited with status {status}{cut} and its other changes were recorded \
-             as {}, but {sentence}",
-            done.outcome.op.short()
+             as {op}, but {sentence}"
         ),
     )
     .hint(next);
     f.partial = true;
     Err(f)
+}
+
+/// The bytes of a stored output stream as the service answers it (text, or base64).
+fn stream_bytes(s: &serde_json::Value) -> Vec<u8> {
+    use base64::Engine as _;
+    match (s["text"].as_str(), s["base64"].as_str()) {
+        (Some(t), _) => t.as_bytes().to_vec(),
+        (None, Some(b)) => base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
 }
 
 /// The launcher of `run`, and where the agent finds the socket and the workspace.

@@ -1,6 +1,6 @@
 //! Commands answered by a running supervisor, through its control socket: while `envctl run`
 //! holds the workspace, its captures and a command's changes must not race, so log, show,
-//! diff, status, mark and exec go through it (restore, undo, redo and merge go through the
+//! diff, status and mark go through it (restore, undo, redo, merge and exec go through the
 //! workspace's one door, `crate::door`, in process or through it alike). The others say they cannot
 //! (exit 7) and do nothing.
 
@@ -24,9 +24,7 @@ fn short(v: &Value) -> String {
 }
 
 /// Runs `cli`'s command through the supervisor at `addr`; returns the exit status.
-/// `workspace`, when known, is the workspace the supervisor holds (a command's working
-/// directory is given relative to it).
-pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>) -> Outcome<i32> {
+pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
     let json = cli.json;
     let credentials = environment_core::Credentials {
         token: cli.token.clone(),
@@ -38,8 +36,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         | Command::Show { .. }
         | Command::Diff { .. }
         | Command::Status
-        | Command::Mark { name: Some(_), .. }
-        | Command::Exec(_) => {}
+        | Command::Mark { name: Some(_), .. } => {}
         Command::Mark { name: None, .. } => {
             return Err(supervisor_unavailable(addr, "listing marks"));
         }
@@ -59,7 +56,8 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
         Command::Restore { .. }
         | Command::Undo { .. }
         | Command::Redo { .. }
-        | Command::Merge { .. } => {
+        | Command::Merge { .. }
+        | Command::Exec(_) => {
             return Err(Failure::other(
                 "a rollback goes through the workspace's door",
             ));
@@ -172,26 +170,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
                 println!("marked {} at {}", text(&r["name"]), short(&r["version"]));
             }
         }
-        Command::Exec(a) => {
-            if a.sandbox.given() {
-                // The command runs in the run's sandbox: what it may reach was fixed when the
-                // run started, and the socket's callers (the agent among them) cannot widen it.
-                return Err(Failure::usage(
-                    "a command run through the supervisor gets the run's sandbox: --network, \
-                     --writable, --pass-env and the limits cannot change it",
-                )
-                .hint("give them to `envctl run`, or run exec when no supervisor runs"));
-            }
-            let mut p = json!({ "argv": a.command });
-            if let Some(i) = &a.intent {
-                p["intent"] = json!(i);
-            }
-            if let Some(rel) = workspace.and_then(super::process::cwd_in) {
-                p["cwd"] = json!(rel);
-            }
-            let r = remote.call("exec", p)?;
-            return Ok(print_exec(&r, json));
-        }
         _ => return Err(Failure::other("unreachable command routing")),
     }
     Ok(0)
@@ -201,36 +179,4 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli, workspace: Option<&std::path::Path>
 fn remote_history(mut r: Value) -> Value {
     r["via"] = json!("supervisor");
     r
-}
-
-/// Prints an `exec` answer; returns the command's exit status.
-fn print_exec(r: &Value, json: bool) -> i32 {
-    let status = match &r["exit"] {
-        e if e["code"].is_i64() => e["code"].as_i64().unwrap_or(1) as i32,
-        e if e["signal"].is_i64() => 128 + e["signal"].as_i64().unwrap_or(0) as i32,
-        _ => 124,
-    };
-    if json {
-        print_json(r);
-    } else {
-        use std::io::Write;
-        let out = text(&r["stdout"]["text"]);
-        let err = text(&r["stderr"]["text"]);
-        let _ = std::io::stdout().write_all(out.as_bytes());
-        let _ = std::io::stderr().write_all(err.as_bytes());
-        eprintln!(
-            "envctl: recorded as {} ({} file(s) changed), exit {status} (through the supervisor)",
-            short(&r["op"]),
-            text(&r["files_changed"])
-        );
-    }
-    let refused = r["refused"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if let Some((sentence, next)) = environment_core::put_back_note(refused) {
-        eprintln!("envctl: {sentence}.\nhint: {next}");
-        return crate::failure::ExitCode::Denied as i32;
-    }
-    status
 }
