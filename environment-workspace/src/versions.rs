@@ -32,6 +32,8 @@ const MAX_HISTORY: usize = 1000;
 #[serde(deny_unknown_fields)]
 pub(super) struct RefusedParams {
     #[serde(default)]
+    branch: Option<String>,
+    #[serde(default)]
     limit: Option<usize>,
 }
 
@@ -56,15 +58,17 @@ fn history_read(
     Ok(limit)
 }
 
-/// The changes refused on the workspace's branch, newest first (read as its history is).
+/// The changes refused on a branch (default the workspace's), newest first (read as its
+/// history is).
 pub(super) fn refused(g: &Session<'_>, p: RefusedParams) -> Result<Value, ServiceError> {
-    let limit = history_read(g, g.branch(), p.limit)?;
+    let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
+    let limit = history_read(g, &branch, p.limit)?;
     let refused = g
         .env()
-        .refused(g.actor(), g.branch(), limit)
+        .refused(g.actor(), &branch, limit)
         .map_err(ServiceError::from)?;
     Ok(json!({
-        "branch": g.branch(),
+        "branch": branch,
         "refused": refused.iter().map(RefusedChange::to_json).collect::<Vec<_>>(),
     }))
 }
@@ -107,7 +111,7 @@ pub(super) fn show(g: &Session<'_>, p: ShowParams) -> Result<Value, ServiceError
     let mut j = shown.op.to_json();
     j["marks"] = json!(shown.marks);
     if let Some(changes) = &shown.changes {
-        j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
+        j["changes"] = json!(changes.iter().map(KeyChange::to_json).collect::<Vec<_>>());
     }
     Ok(j)
 }
@@ -149,28 +153,17 @@ pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Value, ServiceError
         .env()
         .diff(&g.shared().actor, &from, &to, prefix.as_ref())
         .map_err(ServiceError::from)?;
+    let count = |what: &str| changes.iter().filter(|c| c.change() == what).count();
     Ok(json!({
         "from": from.to_string(),
         "to": to.to_string(),
         "total": changes.len(),
+        "added": count("added"),
+        "modified": count("modified"),
+        "removed": count("removed"),
         "truncated": changes.len() > limit,
-        "changes": changes.iter().take(limit).map(change_json).collect::<Vec<_>>(),
+        "changes": changes.iter().take(limit).map(KeyChange::to_json).collect::<Vec<_>>(),
     }))
-}
-
-pub(super) fn change_json(c: &KeyChange) -> Value {
-    let change = match (&c.before, &c.after) {
-        (None, Some(_)) => "added",
-        (Some(_), None) => "removed",
-        _ => "modified",
-    };
-    let meta = c.after.as_ref().or(c.before.as_ref()).map(|v| &v.meta);
-    json!({
-        "key": key_text(&c.key),
-        "change": change,
-        "kind": meta.map(|m| format!("{:?}", m.kind).to_lowercase()),
-        "size": c.after.as_ref().map(|v| v.meta.size),
-    })
 }
 
 pub(super) fn key_text(k: &Key) -> String {

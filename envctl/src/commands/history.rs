@@ -1,126 +1,170 @@
-//! `envctl log`, `show`, `diff`: reading the history.
+//! `envctl log`, `refused`, `show`, `diff`: reading the history, through the workspace's door
+//! (in process or through a running supervisor alike), rendered here.
 
-use environment_core::{HistoryOptions, OpFlags, ShownOp};
-use serde_json::json;
+use environment_workspace::Method;
+use serde_json::{Value, json};
 
-use super::resolve;
+use crate::door::Door;
 use crate::failure::Outcome;
-use crate::output::{change_json, change_letter, counts, print_json};
-use crate::workspace::Session;
+use crate::output::print_json;
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+fn short(v: &Value) -> String {
+    text(v).chars().take(12).collect()
+}
+
+/// At most this many entries or changes are asked for at once (the service's limit).
+const MOST: usize = 1000;
 
 /// The history of a branch.
-pub fn log(s: &Session, all: bool, branch: &str, limit: usize, json: bool) -> Outcome<()> {
-    let entries = s
-        .env
-        .history(&s.actor, branch, &HistoryOptions { all, limit })?;
+pub fn log(door: &mut Door, all: bool, branch: &str, limit: usize, json: bool) -> Outcome<()> {
+    let mut r = door.call(
+        Method::History,
+        json!({ "all": all, "branch": branch, "limit": limit.clamp(1, MOST) }),
+    )?;
     if json {
-        print_json(&json!({
-            "branch": branch,
-            "all": all,
-            "entries": entries.iter().map(environment_core::HistoryEntry::to_json).collect::<Vec<_>>(),
-        }));
+        r["all"] = json!(all);
+        if matches!(door, Door::Socket(_)) {
+            r["via"] = json!("supervisor");
+        }
+        print_json(&r);
     } else {
-        for e in &entries {
-            println!("{e}");
+        for e in r["entries"].as_array().into_iter().flatten() {
+            println!("{}", text(&e["text"]));
         }
     }
     Ok(())
 }
 
 /// The refused changes of a branch, newest first.
-pub fn refused(s: &Session, branch: &str, limit: usize, json: bool) -> Outcome<()> {
-    let refused = s.env.refused(&s.actor, branch, limit)?;
+pub fn refused(door: &mut Door, branch: &str, limit: usize, json: bool) -> Outcome<()> {
+    let r = door.call(
+        Method::Refused,
+        json!({ "branch": branch, "limit": limit.clamp(1, MOST) }),
+    )?;
     if json {
-        print_json(&json!({
-            "branch": branch,
-            "refused": refused.iter().map(environment_core::RefusedChange::to_json).collect::<Vec<_>>(),
-        }));
+        print_json(&r);
         return Ok(());
     }
-    for r in &refused {
-        let change = if r.value.is_some() { "write" } else { "delete" };
+    for c in r["refused"].as_array().into_iter().flatten() {
         println!(
-            "#{} {} {change} {} on {} at {} — {}",
-            r.id,
-            r.actor,
-            r.key.display_path(),
-            r.branch,
-            r.head.short(),
-            r.decision.explanation.trim()
+            "#{} {} {} {} on {} at {} — {}",
+            c["id"],
+            text(&c["actor"]),
+            text(&c["change"]),
+            text(&c["path"]),
+            text(&c["branch"]),
+            short(&c["head"]),
+            text(&c["reason"]).trim()
         );
     }
     Ok(())
 }
 
 /// One operation and what it changed.
-pub fn show(s: &Session, spec: &str, json: bool) -> Outcome<()> {
-    let id = resolve(s, spec)?;
-    let ShownOp { op, marks, changes } = s.env.show(&s.actor, &id)?;
-    let changes = changes.unwrap_or_default();
+pub fn show(door: &mut Door, spec: &str, json: bool) -> Outcome<()> {
+    let op = door.call(Method::Show, json!({ "version": spec }))?;
     if json {
-        let mut j = op.to_json();
-        j["marks"] = json!(marks);
-        j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
-        print_json(&j);
+        print_json(&op);
         return Ok(());
     }
-    println!("op {} (#{} on {})", op.id, op.seq, op.branch);
-    println!("actor:  {}", op.actor);
-    println!("intent: {} — {}", op.intent.kind, op.intent.text);
-    let flags = op.flags.names();
+    println!(
+        "op {} (#{} on {})",
+        text(&op["id"]),
+        op["seq"],
+        text(&op["branch"])
+    );
+    println!("actor:  {}", text(&op["actor"]));
+    println!(
+        "intent: {} — {}",
+        text(&op["intent"]["kind"]),
+        text(&op["intent"]["text"])
+    );
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|x| text(x).to_owned())
+            .collect()
+    };
+    let flags = names(&op["flags"]);
     if !flags.is_empty() {
         println!("flags:  {}", flags.join(", "));
     }
-    for p in &op.parents {
-        println!("parent: {}", p.short());
+    for p in op["parents"].as_array().into_iter().flatten() {
+        println!("parent: {}", short(p));
     }
-    if let Some(r) = op.restored_from {
-        println!("restored from: {}", r.short());
+    if op["restored_from"].is_string() {
+        println!("restored from: {}", short(&op["restored_from"]));
     }
+    let marks = names(&op["marks"]);
     if !marks.is_empty() {
         println!("marks:  {}", marks.join(", "));
     }
-    if op.flags.contains(OpFlags::MERGE) && op.flags.contains(OpFlags::CONFLICTS) {
+    if flags.iter().any(|f| f == "merge") && flags.iter().any(|f| f == "conflicts") {
         println!("the merge left conflict objects");
     }
-    let s_ = &op.summary;
-    println!("changes: +{} ~{} -{}", s_.added, s_.modified, s_.removed);
-    for c in &changes {
-        println!("  {} {}", change_letter(c), c.key.display_path());
+    let s = &op["summary"];
+    println!(
+        "changes: +{} ~{} -{}",
+        s["added"], s["modified"], s["removed"]
+    );
+    for c in op["changes"].as_array().into_iter().flatten() {
+        println!("  {} {}", letter(c), text(&c["path"]));
     }
     Ok(())
 }
 
-/// What changed between two versions.
-pub fn diff(s: &Session, from: &str, to: Option<&str>, stat: bool, json: bool) -> Outcome<()> {
-    let a = resolve(s, from)?;
-    let b = resolve(s, to.unwrap_or("HEAD"))?;
-    let changes = s.env.diff(&s.actor, &a, &b, None)?;
-    let (added, modified, removed) = counts(&changes);
+fn letter(c: &Value) -> char {
+    match text(&c["change"]) {
+        "added" => 'A',
+        "removed" => 'D',
+        _ => 'M',
+    }
+}
+
+/// What changed between two versions (the first thousand changes listed, every one counted).
+pub fn diff(door: &mut Door, from: &str, to: Option<&str>, stat: bool, json: bool) -> Outcome<()> {
+    let r = door.call(
+        Method::Diff,
+        json!({ "from": from, "to": to, "limit": MOST }),
+    )?;
     if json {
-        let mut j = json!({
-            "from": a.to_string(),
-            "to": b.to_string(),
-            "added": added,
-            "modified": modified,
-            "removed": removed,
+        let mut out = json!({
+            "from": r["from"],
+            "to": r["to"],
+            "added": r["added"],
+            "modified": r["modified"],
+            "removed": r["removed"],
         });
         if !stat {
-            j["changes"] = json!(changes.iter().map(change_json).collect::<Vec<_>>());
+            out["changes"] = r["changes"].clone();
+            out["truncated"] = r["truncated"].clone();
         }
-        print_json(&j);
+        print_json(&out);
         return Ok(());
     }
     if !stat {
-        for c in &changes {
-            println!("{} {}", change_letter(c), c.key.display_path());
+        let listed = r["changes"].as_array().cloned().unwrap_or_default();
+        for c in &listed {
+            println!("{} {}", letter(c), text(&c["path"]));
+        }
+        let total = r["total"].as_u64().unwrap_or(0);
+        if (listed.len() as u64) < total {
+            println!("… and {} more", total - listed.len() as u64);
         }
     }
     println!(
-        "{} path(s) changed: {added} added, {modified} modified, {removed} removed ({} → {})",
-        changes.len(),
-        a.short(),
-        b.short()
+        "{} path(s) changed: {} added, {} modified, {} removed ({} → {})",
+        r["total"],
+        r["added"],
+        r["modified"],
+        r["removed"],
+        short(&r["from"]),
+        short(&r["to"])
     );
     Ok(())
 }

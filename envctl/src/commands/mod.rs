@@ -11,7 +11,7 @@ pub mod queue;
 mod remote;
 mod rollback;
 
-use environment_core::{ActorId, OpId};
+use environment_core::ActorId;
 
 use crate::cli::{Cli, Command};
 use crate::door::Door;
@@ -53,11 +53,6 @@ fn default_human() -> String {
     }
 }
 
-/// Resolves a version spec (op id or unique prefix, mark, branch, `HEAD`, `~N`).
-pub fn resolve(s: &Session, spec: &str) -> Outcome<OpId> {
-    Ok(s.env.resolve(spec)?)
-}
-
 /// What this invocation presents with every request.
 fn credentials(cli: &Cli) -> environment_core::Credentials {
     environment_core::Credentials {
@@ -71,32 +66,22 @@ fn credentials(cli: &Cli) -> environment_core::Credentials {
 fn stores_only(command: &Command) -> bool {
     matches!(
         command,
-        Command::Mark { name: None, .. }
-            | Command::Branch { .. }
-            | Command::Effects { .. }
+        Command::Effects { .. }
             | Command::Policy(_)
             | Command::Queue(_)
             | Command::Gc
             | Command::Verify
-            | Command::Refused { .. }
     )
 }
 
 /// Runs a [`stores_only`] command on the stores alone.
 fn stores_command(s: &mut Session, command: &Command, json: bool) -> Outcome<i32> {
     match command {
-        Command::Mark { name, version } => {
-            names::mark(s, name.as_deref(), version.as_deref(), json)?
-        }
-        Command::Branch { name, version } => {
-            names::branch(s, name.as_deref(), version.as_deref(), json)?
-        }
         Command::Effects { unfinished } => maintain::effects(s, *unfinished, json)?,
         Command::Policy(p) => policy::run(&s.ws, &s.actor, p, json)?,
         Command::Queue(q) => queue::run(s, q, json)?,
         Command::Gc => maintain::gc(s, json)?,
         Command::Verify => maintain::verify(s, json)?,
-        Command::Refused { branch, limit } => history::refused(s, branch, *limit, json)?,
         _ => return Err(Failure::other("this command needs the workspace")),
     }
     Ok(ExitCode::Ok.status())
@@ -126,7 +111,18 @@ fn rollback_of(command: &Command) -> Option<(rollback::Rollback, bool)> {
 /// Whether a command is a use case of the workspace service, run through [`Door`] the same in
 /// process and through a supervisor.
 fn goes_through_door(command: &Command) -> bool {
-    rollback_of(command).is_some() || matches!(command, Command::Merge { .. } | Command::Exec(_))
+    rollback_of(command).is_some()
+        || matches!(
+            command,
+            Command::Log { .. }
+                | Command::Show { .. }
+                | Command::Refused { .. }
+                | Command::Diff { .. }
+                | Command::Mark { .. }
+                | Command::Branch { .. }
+                | Command::Merge { .. }
+                | Command::Exec(_)
+        )
 }
 
 /// Runs `cli`'s command through the door of `target` when it [`goes_through_door`]: its exit
@@ -161,10 +157,24 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
         rollback::run(&mut door, &what, verbose, cli.json)?;
         return Ok(Some(ExitCode::Ok.status()));
     }
+    let json = cli.json;
     match &cli.command {
-        Command::Merge { branch } => names::merge(&mut door, branch, cli.json).map(Some),
-        _ => Ok(None),
+        Command::Merge { branch } => return names::merge(&mut door, branch, json).map(Some),
+        Command::Log { all, branch, limit } => history::log(&mut door, *all, branch, *limit, json)?,
+        Command::Show { version } => history::show(&mut door, version, json)?,
+        Command::Refused { branch, limit } => history::refused(&mut door, branch, *limit, json)?,
+        Command::Diff { from, to, stat } => {
+            history::diff(&mut door, from, to.as_deref(), *stat, json)?
+        }
+        Command::Mark { name, version } => {
+            names::mark(&mut door, name.as_deref(), version.as_deref(), json)?
+        }
+        Command::Branch { name, version } => {
+            names::branch(&mut door, name.as_deref(), version.as_deref(), json)?
+        }
+        _ => return Ok(None),
     }
+    Ok(Some(ExitCode::Ok.status()))
 }
 
 /// Runs a command; returns the exit status.
@@ -273,16 +283,6 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     }
     let s = target.direct()?;
     match &cli.command {
-        Command::Log { all, branch, limit } => history::log(s, *all, branch, *limit, json)?,
-        Command::Show { version } => history::show(s, version, json)?,
-        Command::Refused { branch, limit } => history::refused(s, branch, *limit, json)?,
-        Command::Diff { from, to, stat } => history::diff(s, from, to.as_deref(), *stat, json)?,
-        Command::Mark { name, version } => {
-            names::mark(s, name.as_deref(), version.as_deref(), json)?
-        }
-        Command::Branch { name, version } => {
-            names::branch(s, name.as_deref(), version.as_deref(), json)?
-        }
         Command::Effects { unfinished } => maintain::effects(s, *unfinished, json)?,
         Command::Gc => maintain::gc(s, json)?,
         Command::Verify => maintain::verify(s, json)?,
@@ -291,6 +291,12 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             return process::tournament(s, a, json, process::Adoption::Live);
         }
         Command::Init { .. }
+        | Command::Log { .. }
+        | Command::Show { .. }
+        | Command::Refused { .. }
+        | Command::Diff { .. }
+        | Command::Mark { .. }
+        | Command::Branch { .. }
         | Command::Restore { .. }
         | Command::Undo { .. }
         | Command::Redo { .. }

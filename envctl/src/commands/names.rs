@@ -1,56 +1,91 @@
 //! `envctl mark`, `branch`, `merge`: naming versions and joining lines of work.
 
 use environment_workspace::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::resolve;
 use crate::door::Door;
 use crate::failure::{ExitCode, Outcome};
 use crate::output::print_json;
-use crate::workspace::Session;
 
-fn listing(pairs: &[(String, environment_core::OpId)], what: &str, json: bool) {
+/// Prints a list of names with the versions they name.
+fn listing(list: &Value, key: &str, at: &str, json: bool) {
+    let pairs: Vec<Value> = list[key]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| json!({ "name": x["name"], "version": x[at] }))
+        .collect();
     if json {
-        let list: Vec<_> = pairs
-            .iter()
-            .map(|(n, v)| json!({"name": n, "version": v.to_string()}))
+        print_json(&json!({ key: pairs }));
+        return;
+    }
+    for p in &pairs {
+        let v: String = p["version"]
+            .as_str()
+            .unwrap_or_default()
+            .chars()
+            .take(12)
             .collect();
-        print_json(&json!({ what: list }));
-    } else {
-        for (n, v) in pairs {
-            println!("{n} {}", v.short());
-        }
+        println!("{} {v}", p["name"].as_str().unwrap_or_default());
     }
 }
 
-/// Names a version, or lists the marks.
-pub fn mark(s: &Session, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
+/// Names a version (default the workspace as it is now), or lists the marks.
+pub fn mark(door: &mut Door, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
     let Some(name) = name else {
-        listing(&s.env.marks()?, "marks", json);
+        listing(
+            &door.call(Method::Marks, json!({}))?,
+            "marks",
+            "version",
+            json,
+        );
         return Ok(());
     };
-    let v = resolve(s, version.unwrap_or("HEAD"))?;
-    s.env.mark(&s.actor, name, &v)?;
+    let r = door.call(Method::Mark, json!({ "name": name, "version": version }))?;
     if json {
-        print_json(&json!({"mark": name, "version": v.to_string()}));
+        print_json(&r);
     } else {
-        println!("Marked {} as {name}.", v.short());
+        let v: String = r["version"]
+            .as_str()
+            .unwrap_or_default()
+            .chars()
+            .take(12)
+            .collect();
+        println!("Marked {v} as {name}.");
     }
     Ok(())
 }
 
-/// Creates a branch, or lists them.
-pub fn branch(s: &Session, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
+/// Creates a branch at a version (default the workspace as it is now), or lists them.
+pub fn branch(
+    door: &mut Door,
+    name: Option<&str>,
+    version: Option<&str>,
+    json: bool,
+) -> Outcome<()> {
     let Some(name) = name else {
-        listing(&s.env.branches()?, "branches", json);
+        listing(
+            &door.call(Method::BranchList, json!({}))?,
+            "branches",
+            "head",
+            json,
+        );
         return Ok(());
     };
-    let v = resolve(s, version.unwrap_or("HEAD"))?;
-    let head = s.env.create_branch(&s.actor, name, &v)?;
+    let r = door.call(
+        Method::BranchCreate,
+        json!({ "name": name, "from": version }),
+    )?;
     if json {
-        print_json(&json!({"branch": name, "from": v.to_string(), "head": head.to_string()}));
+        print_json(&r);
     } else {
-        println!("Created branch {name} at {}.", v.short());
+        let v: String = r["from"]
+            .as_str()
+            .unwrap_or_default()
+            .chars()
+            .take(12)
+            .collect();
+        println!("Created branch {name} at {v}.");
     }
     Ok(())
 }

@@ -19,10 +19,6 @@ fn text(v: &Value) -> String {
     }
 }
 
-fn short(v: &Value) -> String {
-    text(v).chars().take(12).collect()
-}
-
 /// Runs `cli`'s command through the supervisor at `addr`; returns the exit status.
 pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
     let json = cli.json;
@@ -32,34 +28,31 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
     };
     match &cli.command {
         // Answered by the supervisor.
-        Command::Log { .. }
-        | Command::Show { .. }
-        | Command::Diff { .. }
-        | Command::Status
-        | Command::Mark { name: Some(_), .. } => {}
-        Command::Mark { name: None, .. } => {
-            return Err(supervisor_unavailable(addr, "listing marks"));
-        }
+        Command::Status => {}
         Command::Run(_) => {
             return Err(supervisor_unavailable(addr, "another `run`")
                 .hint("one supervisor per workspace: this one already runs an agent"));
         }
-        Command::Branch { .. } => return Err(supervisor_unavailable(addr, "branch")),
         Command::Tournament(_) => return Err(supervisor_unavailable(addr, "tournament")),
         Command::Effects { .. } => return Err(supervisor_unavailable(addr, "effects")),
         Command::Policy(_) => return Err(supervisor_unavailable(addr, "policy")),
         Command::Queue(_) => return Err(supervisor_unavailable(addr, "queue")),
         Command::Gc => return Err(supervisor_unavailable(addr, "gc")),
         Command::Verify => return Err(supervisor_unavailable(addr, "verify")),
-        Command::Refused { .. } => return Err(supervisor_unavailable(addr, "refused")),
-        // Through the one door, before this (see `commands::rollback`).
-        Command::Restore { .. }
+        // Through the workspace's one door, before this (see `crate::door`).
+        Command::Log { .. }
+        | Command::Show { .. }
+        | Command::Diff { .. }
+        | Command::Refused { .. }
+        | Command::Mark { .. }
+        | Command::Branch { .. }
+        | Command::Restore { .. }
         | Command::Undo { .. }
         | Command::Redo { .. }
         | Command::Merge { .. }
         | Command::Exec(_) => {
             return Err(Failure::other(
-                "a rollback goes through the workspace's door",
+                "this command goes through the workspace's door",
             ));
         }
         Command::Init { .. } | Command::Mcp | Command::Demo { .. } | Command::Monitor { .. } => {
@@ -68,73 +61,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
     }
     let mut remote = Remote::connect(addr, &credentials)?;
     match &cli.command {
-        Command::Log { all, branch, limit } => {
-            let limit = (*limit).clamp(1, 1000);
-            let r = remote.call(
-                "history",
-                json!({ "all": all, "branch": branch, "limit": limit }),
-            )?;
-            let r = remote_history(r);
-            if json {
-                print_json(&r);
-            } else {
-                for e in r["entries"].as_array().into_iter().flatten() {
-                    println!("{}", text(&e["text"]));
-                }
-            }
-        }
-        Command::Show { version } => {
-            let r = remote.call("show", json!({ "version": version }))?;
-            if json {
-                print_json(&r);
-            } else {
-                println!(
-                    "{} {} {}: {}",
-                    short(&r["id"]),
-                    text(&r["actor"]),
-                    text(&r["intent"]["kind"]),
-                    text(&r["intent"]["text"])
-                );
-                for k in r["summary"]["keys"].as_array().into_iter().flatten() {
-                    println!("  {}", text(k));
-                }
-            }
-        }
-        Command::Diff { from, to, stat } => {
-            let mut p = json!({ "from": from });
-            if let Some(t) = to {
-                p["to"] = json!(t);
-            }
-            let r = remote.call("diff", p)?;
-            let mut changes = r["changes"].as_array().cloned().unwrap_or_default();
-            for c in &mut changes {
-                c["path"] = c["key"].clone();
-            }
-            let count = |c: &str| changes.iter().filter(|x| x["change"] == c).count();
-            let (a, m, d) = (count("added"), count("modified"), count("removed"));
-            if json {
-                let mut out = json!({
-                    "from": r["from"], "to": r["to"],
-                    "added": a, "modified": m, "removed": d,
-                });
-                if !stat {
-                    out["changes"] = Value::Array(changes);
-                }
-                print_json(&out);
-            } else {
-                if !stat {
-                    for c in &changes {
-                        let letter = match c["change"].as_str() {
-                            Some("added") => 'A',
-                            Some("removed") => 'D',
-                            _ => 'M',
-                        };
-                        println!("{letter} {}", text(&c["key"]));
-                    }
-                }
-                println!("{a} added, {m} modified, {d} removed");
-            }
-        }
         Command::Status => {
             let r = remote.call("status", Value::Null)?;
             if json {
@@ -158,25 +84,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
                 );
             }
         }
-        Command::Mark { name, version } => {
-            let mut p = json!({ "name": name });
-            if let Some(v) = version {
-                p["version"] = json!(v);
-            }
-            let r = remote.call("mark", p)?;
-            if json {
-                print_json(&r);
-            } else {
-                println!("marked {} at {}", text(&r["name"]), short(&r["version"]));
-            }
-        }
         _ => return Err(Failure::other("unreachable command routing")),
     }
     Ok(0)
-}
-
-/// The supervisor's history entries with the field names of `envctl log --json`.
-fn remote_history(mut r: Value) -> Value {
-    r["via"] = json!("supervisor");
-    r
 }

@@ -30,7 +30,7 @@ pub(super) fn answer(method: Method, answer: &Value) -> String {
         ),
         Method::Diff => {
             let mut out = lines(&answer["changes"], "", |c| {
-                format!("{} {}", letter(text(&c["change"])), text(&c["key"]))
+                format!("{} {}", letter(text(&c["change"])), text(&c["path"]))
             });
             if !out.is_empty() {
                 out.push('\n');

@@ -26,6 +26,37 @@ pub struct KeyChange {
     pub after: Option<Value>,
 }
 
+impl KeyChange {
+    /// What happened to the key: `added`, `removed` or `modified`.
+    pub fn change(&self) -> &'static str {
+        match (&self.before, &self.after) {
+            (None, _) => "added",
+            (_, None) => "removed",
+            _ => "modified",
+        }
+    }
+
+    /// The change as every door shows it: the path, its namespace, what happened, and the kind,
+    /// size and mode before and after.
+    pub fn to_json(&self) -> serde_json::Value {
+        let side = |v: &Option<Value>| match v {
+            None => serde_json::Value::Null,
+            Some(v) => serde_json::json!({
+                "kind": format!("{:?}", v.meta.kind).to_lowercase(),
+                "size": v.meta.size,
+                "mode": v.meta.mode,
+            }),
+        };
+        serde_json::json!({
+            "path": self.key.display_path(),
+            "namespace": self.key.namespace().as_str(),
+            "change": self.change(),
+            "before": side(&self.before),
+            "after": side(&self.after),
+        })
+    }
+}
+
 fn ns_segment(ns: Namespace) -> &'static [u8] {
     ns.as_str().as_bytes()
 }
