@@ -74,8 +74,8 @@ resource = { topic = "deploy" }
 approval_from = ["human:operator"]
 "#;
 
-/// A governed supervisor over a small workspace, with a queue.
-fn open(dir: &Path) -> (Supervisor, PathBuf, PathBuf) {
+/// A governed supervisor over a small workspace under `rules`, with a queue, and its policy.
+fn open(dir: &Path, rules: &str) -> (Supervisor, PathBuf, PathBuf, Arc<Policy>) {
     let work = dir.join("work");
     let home = dir.join("home");
     std::fs::create_dir_all(&work).unwrap();
@@ -83,13 +83,13 @@ fn open(dir: &Path) -> (Supervisor, PathBuf, PathBuf) {
     write(&work, "config.toml", b"debug = false\n");
     write(&work, "secrets/token", b"s3cr3t\n");
     let policy = Arc::new(Policy::in_memory(Arc::new(SystemClock)).unwrap());
-    policy.load_rules(RULES).unwrap();
+    policy.load_rules(rules).unwrap();
     let mut c = SupervisorConfig::new(&home, &work, Arc::new(Unconfined::new(&work)), agent());
     // Captures happen at the use cases' own barriers only, never on a timer that the two runs
     // would see fire at different moments.
     c.quiet_period = Duration::from_secs(600);
     c.max_wait = Duration::from_secs(1200);
-    c.policy = Some(policy);
+    c.policy = Some(policy.clone());
     std::fs::create_dir_all(&home).unwrap();
     let bus = Bus::open(home.join("bus.db"), BusConfig::default()).unwrap();
     bus.create_topic("tasks").wait().unwrap();
@@ -97,7 +97,7 @@ fn open(dir: &Path) -> (Supervisor, PathBuf, PathBuf) {
         .wait()
         .unwrap();
     c.bus = Some(bus);
-    (Supervisor::open(c).unwrap(), work, home)
+    (Supervisor::open(c).unwrap(), work, home, policy)
 }
 
 /// What a door answered: the result, or the error's kind and details.
@@ -451,7 +451,7 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
 
 /// Runs the body through `door` on a fresh workspace under `dir`, then checks the stores.
 fn run(dir: &Path, through_socket: bool) -> Vec<(String, Value)> {
-    let (sup, work, home) = open(dir);
+    let (sup, work, home, _) = open(dir, RULES);
     let env = sup.env().clone();
     let mut door: Box<dyn Door> = if through_socket {
         Box::new(Socket(ControlClient::connect(sup.socket_path()).unwrap()))
@@ -511,5 +511,424 @@ fn every_use_case_answers_the_same_in_process_and_through_the_socket() {
         "every_use_case_answers_the_same_in_process_and_through_the_socket",
         always,
         every_use_case_answers_the_same_scenario,
+    );
+}
+
+// ---- the door-by-outcome matrix ------------------------------------------------------------
+
+/// The agent may read and run anything, change `docs/`, `src/` and the files at the top, and
+/// roll main back; never a secret; `held/` only with an operator's approval.
+const MATRIX_RULES: &str = r#"
+[[rule]]
+id = "supervisor-captures"
+effect = "permit"
+principal = "service:supervisor"
+actions = ["read", "write", "delete"]
+resource = "*"
+
+[[rule]]
+id = "agent-reads-and-runs"
+effect = "permit"
+principal = "agent:coder"
+actions = ["read", "execute"]
+resource = "*"
+
+[[rule]]
+id = "agent-docs"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write", "delete"]
+resource = { path = "docs/**" }
+
+[[rule]]
+id = "agent-docs-dir"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write", "delete"]
+resource = { path = "docs" }
+
+[[rule]]
+id = "agent-src"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write", "delete"]
+resource = { path = "src/**" }
+
+[[rule]]
+id = "agent-top-files"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write", "delete"]
+resource = { path = "*.txt" }
+
+[[rule]]
+id = "agent-command-records"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write"]
+resource = { object = "exec", key = "*" }
+
+[[rule]]
+id = "agent-rolls-main"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write"]
+resource = { branch = "main" }
+
+[[rule]]
+id = "operator-works"
+effect = "permit"
+principal = "human:operator"
+actions = ["read", "write", "delete"]
+resource = "*"
+
+[[rule]]
+id = "no-secrets"
+effect = "forbid"
+principal = "agent:coder"
+actions = ["write", "delete"]
+resource = { path = "secrets/**" }
+
+[[rule]]
+id = "held-writes"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write"]
+resource = { path = "held/**" }
+approval_from = ["human:operator"]
+
+[[rule]]
+id = "deploys-need-approval"
+effect = "permit"
+principal = "agent:coder"
+actions = ["publish"]
+resource = { topic = "deploy" }
+approval_from = ["human:operator"]
+"#;
+
+/// What a case must leave: its answer, then the tree and the log as they were (a refusal) or
+/// changed by one operation of the agent (an allow).
+enum Expect {
+    /// Done, as one more operation of the agent's.
+    Done,
+    /// Refused with this kind; nothing changed on disk or in the log.
+    Refused(ErrorKind),
+}
+
+/// One use case under one outcome of the policy, through one door, checked on disk and in
+/// the log.
+fn case(
+    t: &mut Transcript<'_>,
+    env: &LocalEnvironment,
+    work: &Path,
+    (method, params): (&str, Value),
+    expect: Expect,
+) -> Value {
+    let head = env.head("main").unwrap();
+    let tree = disk(work, &no_skip);
+    match expect {
+        Expect::Done => {
+            let answer = t.ok(method, params.clone());
+            let now = env.head("main").unwrap();
+            assert_ne!(now, head, "{method} {params} recorded nothing");
+            assert_eq!(env.op(&now).unwrap().actor, agent(), "{method} {params}");
+            answer
+        }
+        Expect::Refused(kind) => {
+            t.refused(method, params.clone(), kind);
+            assert_eq!(
+                env.head("main").unwrap(),
+                head,
+                "{method} {params} changed the log"
+            );
+            assert_eq!(
+                disk(work, &no_skip),
+                tree,
+                "{method} {params} changed the tree"
+            );
+            Value::Null
+        }
+    }
+}
+
+/// Each use case that changes the workspace, under each outcome: allowed, denied, held for an
+/// approval (then presented once granted, and not twice), and narrowed by a capability token.
+fn matrix(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path, policy: &Policy) {
+    use Expect::{Done, Refused};
+    let operator = ActorId::new("human:operator").unwrap();
+    // Another line of work changes a secret: merging it, or restoring to it, would too.
+    let start = env.head("main").unwrap();
+    env.create_branch(&operator, "ops", &start).unwrap();
+    env.act_blocking(
+        environment_core::ActRequest::new(
+            operator.clone(),
+            environment_core::Intent::edit("rotate the token"),
+        )
+        .on("ops")
+        .put(
+            environment_core::Key::fs("secrets/token").unwrap(),
+            environment_core::Value::file(b"rotated\n".to_vec()),
+        ),
+    )
+    .unwrap();
+    let call = |m: &'static str, p: Value| (m, p);
+
+    // Allowed.
+    case(
+        t,
+        env,
+        work,
+        call(
+            "file.write",
+            json!({ "path": "docs/a.md", "content": "a\n" }),
+        ),
+        Done,
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("docs/a.md")).unwrap(),
+        "a\n"
+    );
+    case(
+        t,
+        env,
+        work,
+        call("file.delete", json!({ "path": "docs/a.md" })),
+        Done,
+    );
+    assert!(!work.join("docs/a.md").exists());
+    case(t, env, work, call("undo", json!({})), Done);
+    assert!(
+        work.join("docs/a.md").exists(),
+        "undo brought the file back"
+    );
+    case(
+        t,
+        env,
+        work,
+        call("restore", json!({ "version": start.to_string() })),
+        Done,
+    );
+    assert!(!work.join("docs/a.md").exists());
+    let ran = case(
+        t,
+        env,
+        work,
+        call("exec", json!({ "argv": ["sh", "-c", "echo b > b.txt"] })),
+        Done,
+    );
+    assert_eq!(ran["refused"], json!([]), "{ran}");
+    assert!(work.join("b.txt").exists());
+
+    // Denied: a secret, however it would change.
+    let secret = || std::fs::read_to_string(work.join("secrets/token")).unwrap();
+    let denied = Refused(ErrorKind::Denied);
+    case(
+        t,
+        env,
+        work,
+        call(
+            "file.write",
+            json!({ "path": "secrets/token", "content": "x" }),
+        ),
+        Refused(ErrorKind::Denied),
+    );
+    case(
+        t,
+        env,
+        work,
+        call("file.delete", json!({ "path": "secrets/token" })),
+        Refused(ErrorKind::Denied),
+    );
+    case(
+        t,
+        env,
+        work,
+        call("merge", json!({ "source": "ops" })),
+        Refused(ErrorKind::Denied),
+    );
+    case(
+        t,
+        env,
+        work,
+        call("restore", json!({ "version": "ops" })),
+        denied,
+    );
+    assert_eq!(secret(), "s3cr3t\n");
+    // A command's change to a secret is put back and kept as refused; its other changes are
+    // the agent's.
+    let ran = case(
+        t,
+        env,
+        work,
+        call(
+            "exec",
+            json!({ "argv": ["sh", "-c", "echo c > c.txt; echo leak > secrets/token"] }),
+        ),
+        Done,
+    );
+    assert_eq!(ran["refused"][0]["path"], "secrets/token", "{ran}");
+    assert_eq!(secret(), "s3cr3t\n");
+    assert!(work.join("c.txt").exists());
+    let op = env.op(&env.head("main").unwrap()).unwrap();
+    assert!(
+        !op.summary
+            .keys
+            .iter()
+            .any(|k| k.display_path() == "secrets/token")
+    );
+
+    // Held for an approval: refused with the request filed; granted, it lets exactly one
+    // write through.
+    let plan = json!({ "path": "held/plan.md", "content": "plan\n" });
+    case(
+        t,
+        env,
+        work,
+        call("file.write", plan.clone()),
+        Refused(ErrorKind::NeedsApproval),
+    );
+    let id = policy
+        .approvals()
+        .into_iter()
+        .find(|a| a.resource.contains("held/plan.md"))
+        .expect("the refusal filed an approval request")
+        .id;
+    policy
+        .grant(
+            &id,
+            "human:operator",
+            environment_policy::GrantScope::once(),
+        )
+        .unwrap();
+    let mut with = plan.clone();
+    with["approval"] = json!(id);
+    case(t, env, work, call("file.write", with.clone()), Done);
+    assert_eq!(
+        std::fs::read_to_string(work.join("held/plan.md")).unwrap(),
+        "plan\n"
+    );
+    with["content"] = json!("again\n");
+    case(
+        t,
+        env,
+        work,
+        call("file.write", with),
+        Refused(ErrorKind::NeedsApproval),
+    );
+    case(
+        t,
+        env,
+        work,
+        call(
+            "queue.publish",
+            json!({ "topic": "deploy", "payload": "v1" }),
+        ),
+        Refused(ErrorKind::NeedsApproval),
+    );
+
+    // Narrowed by a token: it may write under src/ and nothing else, whatever the rules allow.
+    let token = policy
+        .issue_token(
+            agent().as_str(),
+            environment_policy::TokenLimits {
+                actions: Some(vec!["read".into(), "write".into()]),
+                paths: Some(vec!["src/**".into()]),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .encode();
+    case(
+        t,
+        env,
+        work,
+        call(
+            "file.write",
+            json!({ "path": "src/lib.rs", "content": "//\n", "token": token }),
+        ),
+        Done,
+    );
+    case(
+        t,
+        env,
+        work,
+        call(
+            "file.write",
+            json!({ "path": "config.toml", "content": "x", "token": token }),
+        ),
+        Refused(ErrorKind::Denied),
+    );
+    case(
+        t,
+        env,
+        work,
+        call("undo", json!({ "token": token })),
+        Refused(ErrorKind::Denied),
+    );
+    case(
+        t,
+        env,
+        work,
+        call(
+            "exec",
+            json!({ "argv": ["touch", "t.txt"], "token": token }),
+        ),
+        Refused(ErrorKind::Denied),
+    );
+    case(
+        t,
+        env,
+        work,
+        call("mark", json!({ "name": "narrowed", "token": token })),
+        Refused(ErrorKind::Denied),
+    );
+    assert!(!work.join("t.txt").exists());
+}
+
+/// Runs the matrix through `door` on a fresh workspace under `dir`.
+fn run_matrix(dir: &Path, through_socket: bool) -> Vec<(String, Value)> {
+    let (sup, work, _home, policy) = open(dir, MATRIX_RULES);
+    let env = sup.env().clone();
+    let mut door: Box<dyn Door> = if through_socket {
+        Box::new(Socket(ControlClient::connect(sup.socket_path()).unwrap()))
+    } else {
+        Box::new(InProcess(sup.workspace().clone()))
+    };
+    let mut t = Transcript {
+        door: &mut *door,
+        dir: dir.to_owned(),
+        lines: Vec::new(),
+    };
+    matrix(&mut t, &env, &work, &policy);
+    let lines = t.lines;
+    drop(door);
+    sup.shutdown().unwrap();
+    lines
+}
+
+fn every_door_decides_alike_scenario(dir: &Path) {
+    let in_process = run_matrix(&dir.join("in-process"), false);
+    let socket = run_matrix(&dir.join("socket"), true);
+    let differ: Vec<String> = in_process
+        .iter()
+        .zip(&socket)
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((call, a), (_, b))| format!("{call}:\n  in process: {a}\n  socket:     {b}"))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "the doors differ:\n{}",
+        differ.join("\n")
+    );
+}
+
+/// Every use case that changes the workspace, under every outcome of the policy, through both
+/// doors: the same answers, and the tree and the log as each outcome demands.
+#[test]
+fn every_door_decides_every_outcome_alike() {
+    both(
+        "every_door_decides_every_outcome_alike",
+        always,
+        every_door_decides_alike_scenario,
     );
 }
