@@ -494,6 +494,36 @@ async fn every_tool_over_stdio() {
     )
     .await;
 
+    // An effect on the world outside is performed once, whatever the retries.
+    let deploy = json!({"key": "deploy-7", "target": "https://deploy.example", "request": "v7"});
+    let begun = call(&client, "effect_begin", deploy.clone()).await;
+    conforms(&client, "effect_begin", &begun).await;
+    assert!(
+        text(&begun).contains("perform the effect now"),
+        "{}",
+        text(&begun)
+    );
+    let id = begun.structured_content.unwrap()["effect"]["id"].clone();
+    ok(
+        &client,
+        "effect_complete",
+        json!({"id": id, "result": "deployed"}),
+    )
+    .await;
+    let again = ok(&client, "effect_begin", deploy).await;
+    assert!(
+        again.contains("do NOT perform it again") && again.contains("deployed"),
+        "{again}"
+    );
+    assert!(ok(&client, "effects", json!({})).await.contains("deploy-7"));
+    refused(
+        &client,
+        "effect_fail",
+        json!({"id": 424242, "error": "never begun"}),
+    )
+    .await;
+    assert!(ok(&client, "verify", json!({})).await.contains("intact"));
+
     // Bad input: nothing happens, and the text says so first.
     let head = ok(&client, "show", json!({"version": "HEAD"})).await;
     let escape = refused(&client, "read_file", json!({"path": "../etc/passwd"})).await;
@@ -1114,6 +1144,8 @@ async fn tools_are_annotated_and_binary_files_read_as_base64() {
         "marks",
         "branches",
         "approval_status",
+        "effects",
+        "verify",
     ];
     for t in &tools {
         let a = t

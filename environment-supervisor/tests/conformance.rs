@@ -422,6 +422,52 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
         json!({ "id": "apr-nobody-asked" }),
         ErrorKind::NotFound,
     );
+    // Only an approver the request names may decide it; the agent that asked may not.
+    t.refused(
+        "approval.grant",
+        json!({ "id": asked["id"] }),
+        ErrorKind::Denied,
+    );
+    t.refused(
+        "approval.reject",
+        json!({ "id": asked["id"] }),
+        ErrorKind::Denied,
+    );
+    let still = t.ok("approval.status", json!({ "id": asked["id"] }));
+    assert_eq!(still["state"], "pending", "{still}");
+
+    // Effects: begun once under a key, settled, and never performed twice.
+    let deploy = json!({ "key": "deploy-1", "target": "https://deploy.example", "request": "v1" });
+    let begun = t.ok("effect.begin", deploy.clone());
+    assert_eq!(begun["outcome"], "new", "{begun}");
+    let again = t.ok("effect.begin", deploy.clone());
+    assert_eq!(again["outcome"], "in_flight", "{again}");
+    let open = t.ok("effect.list", json!({ "unfinished": true }));
+    assert_eq!(open["effects"][0]["key"], "deploy-1", "{open}");
+    t.ok(
+        "effect.complete",
+        json!({ "id": begun["effect"]["id"], "result": "deployed" }),
+    );
+    let done = t.ok("effect.begin", deploy);
+    assert_eq!(
+        (done["outcome"].clone(), done["effect"]["result"].clone()),
+        (json!("already_done"), json!("deployed"))
+    );
+    t.refused(
+        "effect.fail",
+        json!({ "id": 999_999, "error": "never begun" }),
+        ErrorKind::NotFound,
+    );
+    t.refused(
+        "effect.complete",
+        json!({ "id": begun["effect"]["id"], "error": "both" }),
+        ErrorKind::Invalid,
+    );
+    t.ok("effect.list", json!({}));
+
+    // The stores check out.
+    t.ok("verify", json!({}));
+    t.ok("verify", json!({ "deep": true }));
 
     // Commands: a recorded exec, a background process.
     let ran = t.ok(

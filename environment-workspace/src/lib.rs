@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 mod commands;
+mod effects;
 pub mod error;
 mod files;
 mod methods;

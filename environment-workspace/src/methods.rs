@@ -25,6 +25,10 @@
 //! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name |
 //! | `approval.request` | — (allowed when the policy holds the request for approval) | | |
 //! | `approval.status` | read | environment | `approval.status` |
+//! | `approval.grant`, `approval.reject` | — (the policy: an approver the request names) | | |
+//! | `effect.list` | read | environment | `effects` |
+//! | `effect.begin`, `.complete`, `.fail` | execute | the effect's target (a service) | `effect` |
+//! | `verify` | read | environment | — |
 //! | `file.read`, `file.list` | read | the key, the prefix | `read`, `list` |
 //! | `file.write`, `file.delete` | write, delete | the key | `write`, `delete` |
 //! | `gc` | delete | environment | `gc` |
@@ -43,7 +47,7 @@ use super::commands::{self, PtyOp};
 use super::error::ServiceError;
 use super::session::Session;
 use super::workspace::{Counters, Workspace};
-use super::{files, permissions, queue, versions};
+use super::{effects, files, permissions, queue, versions};
 
 /// The use cases, under the names every door calls them by (the control socket's schema lists
 /// them in this order).
@@ -100,6 +104,20 @@ pub enum Method {
     ApprovalRequest,
     /// Where one of the caller's approval requests stands.
     ApprovalStatus,
+    /// Grants a pending approval request the caller may decide.
+    ApprovalGrant,
+    /// Rejects a pending approval request the caller may decide.
+    ApprovalReject,
+    /// The effect log (or its unsettled effects).
+    EffectList,
+    /// Begins an effect on the world outside under an idempotency key.
+    EffectBegin,
+    /// Records an effect's result.
+    EffectComplete,
+    /// Records that an effect failed without taking effect.
+    EffectFail,
+    /// Checks the stores' integrity.
+    Verify,
     /// Deletes unreferenced blobs (normally refused to agents).
     Gc,
     /// Runs a command to its end as a recorded operation.
@@ -160,6 +178,13 @@ impl Method {
         Method::PolicyWhatMayIDo,
         Method::ApprovalRequest,
         Method::ApprovalStatus,
+        Method::ApprovalGrant,
+        Method::ApprovalReject,
+        Method::EffectList,
+        Method::EffectBegin,
+        Method::EffectComplete,
+        Method::EffectFail,
+        Method::Verify,
         Method::Gc,
         Method::Exec,
         Method::ProcessSpawn,
@@ -205,6 +230,13 @@ impl Method {
             Method::PolicyWhatMayIDo => "policy.what_may_i_do",
             Method::ApprovalRequest => "approval.request",
             Method::ApprovalStatus => "approval.status",
+            Method::ApprovalGrant => "approval.grant",
+            Method::ApprovalReject => "approval.reject",
+            Method::EffectList => "effect.list",
+            Method::EffectBegin => "effect.begin",
+            Method::EffectComplete => "effect.complete",
+            Method::EffectFail => "effect.fail",
+            Method::Verify => "verify",
             Method::Gc => "gc",
             Method::Exec => "exec",
             Method::ProcessSpawn => "process.spawn",
@@ -369,6 +401,13 @@ fn call(
         Method::PolicyWhatMayIDo => permissions::what_may(&session, parse(p)?),
         Method::ApprovalRequest => permissions::approval_request(&session, parse(p)?),
         Method::ApprovalStatus => permissions::approval_status(&session, parse(p)?),
+        Method::ApprovalGrant => permissions::approval_decide(&session, parse(p)?, true),
+        Method::ApprovalReject => permissions::approval_decide(&session, parse(p)?, false),
+        Method::EffectList => effects::list(&session, parse(p)?),
+        Method::EffectBegin => effects::begin(&session, parse(p)?),
+        Method::EffectComplete => effects::settle(&session, parse(p)?, true),
+        Method::EffectFail => effects::settle(&session, parse(p)?, false),
+        Method::Verify => versions::verify(&session, parse(p)?),
         Method::Gc => {
             let _: Empty = parse(p)?;
             versions::gc(&session)

@@ -231,3 +231,45 @@ pub(super) fn approval_status(
         "resource": a.resource,
     }))
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DecideParams {
+    id: String,
+    #[serde(default)]
+    uses: Option<u32>,
+    #[serde(default)]
+    expires_at_ms: Option<i64>,
+}
+
+/// Grants (for `uses` requests, default one, until `expires_at_ms` if given) or rejects a
+/// pending approval request, as the workspace's actor. The policy decides who may: an actor the
+/// request names as its approver (or a member of a group it names), never the one who asked.
+pub(super) fn approval_decide(
+    g: &Session<'_>,
+    p: DecideParams,
+    grant: bool,
+) -> Result<Value, ServiceError> {
+    let policy = policy(g)?;
+    let approver = g.actor().as_str();
+    let a = if grant {
+        let scope = environment_policy::GrantScope {
+            uses: p.uses.unwrap_or(1),
+            expires_at: p.expires_at_ms,
+        };
+        policy.grant(&p.id, approver, scope)
+    } else {
+        if p.uses.is_some() || p.expires_at_ms.is_some() {
+            return Err(ServiceError::invalid("a rejection takes only `id`"));
+        }
+        policy.reject(&p.id, approver)
+    }
+    .map_err(ServiceError::from)?;
+    Ok(json!({
+        "id": a.id,
+        "state": a.state.name(),
+        "actor": a.actor,
+        "action": a.action,
+        "resource": a.resource,
+    }))
+}

@@ -473,6 +473,26 @@ pub(super) fn status(g: &Session<'_>) -> Result<Value, ServiceError> {
     }))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct VerifyParams {
+    #[serde(default)]
+    deep: bool,
+}
+
+/// Re-hashes every operation and tree node and checks every referenced blob is there (with
+/// `deep`, re-hashes the blobs too): a read of the environment, which core decides.
+pub(super) fn verify(g: &Session<'_>, p: VerifyParams) -> Result<Value, ServiceError> {
+    let env = g.env();
+    let r = if p.deep {
+        env.verify_deep(g.actor())
+    } else {
+        env.verify(g.actor())
+    }
+    .map_err(ServiceError::from)?;
+    Ok(json!({ "ok": true, "deep": p.deep, "ops": r.ops, "nodes": r.nodes, "blobs": r.blobs }))
+}
+
 pub(super) fn gc(g: &Session<'_>) -> Result<Value, ServiceError> {
     g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
     let r = g.env().gc(&g.shared().actor).map_err(ServiceError::from)?;

@@ -1,93 +1,71 @@
 //! `envctl effects`, `gc`, `verify`, `status`: looking after the environment.
 
-use environment_core::{EffectRecord, MAIN};
+use environment_core::MAIN;
+use environment_workspace::Method;
 use serde_json::json;
 
+use crate::door::Door;
 use crate::failure::Outcome;
 use crate::output::print_json;
 use crate::progress::Progress;
 use crate::target::probe;
 use crate::workspace::{BUS_FILE, ROOTFS_DIR, SOCKET_FILE, Session};
 
-fn effect_json(e: &EffectRecord) -> serde_json::Value {
-    json!({
-        "id": e.id,
-        "key": e.key,
-        "target": e.target,
-        "state": e.state.as_str(),
-        "actor": e.actor,
-        "attempts": e.attempts,
-        "note": e.note,
-        "request": String::from_utf8_lossy(&e.request),
-        "result": e.result.as_ref().map(|r| String::from_utf8_lossy(r).into_owned()),
-        "created_ms": e.created_ms,
-        "updated_ms": e.updated_ms,
-    })
-}
-
-/// The effect log.
-pub fn effects(s: &Session, unfinished: bool, json: bool) -> Outcome<()> {
-    let list = if unfinished {
-        s.env.effects_unfinished()?
-    } else {
-        s.env.effects()?
-    };
+/// The effect log, through the workspace's door.
+pub fn effects(door: &mut Door, unfinished: bool, json: bool) -> Outcome<()> {
+    let r = door.call(Method::EffectList, json!({ "unfinished": unfinished }))?;
     if json {
-        print_json(&json!({"effects": list.iter().map(effect_json).collect::<Vec<_>>()}));
+        print_json(&r);
         return Ok(());
     }
+    let list = r["effects"].as_array().cloned().unwrap_or_default();
     if list.is_empty() {
         println!("No {}effects.", if unfinished { "unfinished " } else { "" });
     }
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
     for e in &list {
         println!(
             "#{} {} {} → {} ({}, {} attempt(s))",
-            e.id,
-            e.state.as_str(),
-            e.key,
-            e.target,
-            e.actor,
-            e.attempts
+            e["id"],
+            text(&e["state"]),
+            text(&e["key"]),
+            text(&e["target"]),
+            text(&e["actor"]),
+            e["attempts"]
         );
     }
     Ok(())
 }
 
-/// Garbage collection of unreferenced content.
-pub fn gc(s: &Session, json: bool) -> Outcome<()> {
+/// Garbage collection of unreferenced content, through the workspace's door.
+pub fn gc(door: &mut Door, json: bool) -> Outcome<()> {
     let progress = Progress::spinner("collecting unreferenced content");
-    let report = s.env.gc(&s.actor);
+    let r = door.call(Method::Gc, json!({}));
     progress.finish();
-    let r = report?;
+    let r = r?;
     if json {
-        print_json(&json!({
-            "kept": r.kept,
-            "removed": r.removed,
-            "bytes_removed": r.bytes_removed,
-            "temp_removed": r.temp_removed,
-            "nodes_removed": r.nodes_removed,
-        }));
+        print_json(&r);
     } else {
         println!(
             "Removed {} blob(s) ({} bytes) and {} node(s); kept {} blob(s).",
-            r.removed, r.bytes_removed, r.nodes_removed, r.kept
+            r["removed"], r["bytes_removed"], r["nodes_removed"], r["kept"]
         );
     }
     Ok(())
 }
 
-/// The integrity check.
-pub fn verify(s: &Session, json: bool) -> Outcome<()> {
+/// The integrity check, through the workspace's door.
+pub fn verify(door: &mut Door, json: bool) -> Outcome<()> {
     let progress = Progress::spinner("verifying the stores");
-    let report = s.env.verify(&s.actor);
+    let r = door.call(Method::Verify, json!({}));
     progress.finish();
-    let r = report?;
+    let r = r?;
     if json {
-        print_json(&json!({"ok": true, "ops": r.ops, "nodes": r.nodes, "blobs": r.blobs}));
+        print_json(&r);
     } else {
         println!(
             "The environment is intact: {} operation(s), {} node(s), {} blob(s) checked.",
-            r.ops, r.nodes, r.blobs
+            r["ops"], r["nodes"], r["blobs"]
         );
     }
     Ok(())

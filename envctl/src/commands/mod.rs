@@ -64,24 +64,14 @@ fn credentials(cli: &Cli) -> environment_core::Credentials {
 /// Whether a command touches only the stores, never the workspace tree or the branch it is
 /// captured to: it can run beside a supervisor that holds the workspace.
 fn stores_only(command: &Command) -> bool {
-    matches!(
-        command,
-        Command::Effects { .. }
-            | Command::Policy(_)
-            | Command::Queue(_)
-            | Command::Gc
-            | Command::Verify
-    )
+    matches!(command, Command::Policy(_) | Command::Queue(_))
 }
 
 /// Runs a [`stores_only`] command on the stores alone.
 fn stores_command(s: &mut Session, command: &Command, json: bool) -> Outcome<i32> {
     match command {
-        Command::Effects { unfinished } => maintain::effects(s, *unfinished, json)?,
         Command::Policy(p) => policy::run(&s.ws, &s.actor, p, json)?,
         Command::Queue(q) => queue::run(s, q, json)?,
-        Command::Gc => maintain::gc(s, json)?,
-        Command::Verify => maintain::verify(s, json)?,
         _ => return Err(Failure::other("this command needs the workspace")),
     }
     Ok(ExitCode::Ok.status())
@@ -120,6 +110,9 @@ fn goes_through_door(command: &Command) -> bool {
                 | Command::Diff { .. }
                 | Command::Mark { .. }
                 | Command::Branch { .. }
+                | Command::Effects { .. }
+                | Command::Gc
+                | Command::Verify
                 | Command::Merge { .. }
                 | Command::Exec(_)
         )
@@ -172,6 +165,9 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
         Command::Branch { name, version } => {
             names::branch(&mut door, name.as_deref(), version.as_deref(), json)?
         }
+        Command::Effects { unfinished } => maintain::effects(&mut door, *unfinished, json)?,
+        Command::Gc => maintain::gc(&mut door, json)?,
+        Command::Verify => maintain::verify(&mut door, json)?,
         _ => return Ok(None),
     }
     Ok(Some(ExitCode::Ok.status()))
@@ -283,9 +279,6 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     }
     let s = target.direct()?;
     match &cli.command {
-        Command::Effects { unfinished } => maintain::effects(s, *unfinished, json)?,
-        Command::Gc => maintain::gc(s, json)?,
-        Command::Verify => maintain::verify(s, json)?,
         Command::Status => maintain::status(s, json)?,
         Command::Tournament(a) => {
             return process::tournament(s, a, json, process::Adoption::Live);
@@ -297,6 +290,9 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         | Command::Diff { .. }
         | Command::Mark { .. }
         | Command::Branch { .. }
+        | Command::Effects { .. }
+        | Command::Gc
+        | Command::Verify
         | Command::Restore { .. }
         | Command::Undo { .. }
         | Command::Redo { .. }

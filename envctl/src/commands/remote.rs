@@ -34,11 +34,8 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
                 .hint("one supervisor per workspace: this one already runs an agent"));
         }
         Command::Tournament(_) => return Err(supervisor_unavailable(addr, "tournament")),
-        Command::Effects { .. } => return Err(supervisor_unavailable(addr, "effects")),
         Command::Policy(_) => return Err(supervisor_unavailable(addr, "policy")),
         Command::Queue(_) => return Err(supervisor_unavailable(addr, "queue")),
-        Command::Gc => return Err(supervisor_unavailable(addr, "gc")),
-        Command::Verify => return Err(supervisor_unavailable(addr, "verify")),
         // Through the workspace's one door, before this (see `crate::door`).
         Command::Log { .. }
         | Command::Show { .. }
@@ -46,6 +43,9 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
         | Command::Refused { .. }
         | Command::Mark { .. }
         | Command::Branch { .. }
+        | Command::Effects { .. }
+        | Command::Gc
+        | Command::Verify
         | Command::Restore { .. }
         | Command::Undo { .. }
         | Command::Redo { .. }

@@ -239,3 +239,51 @@ arguments!(
         id: String,
     }
 );
+
+arguments!(
+    /// `effects`.
+    EffectsParams {
+        /// Only the effects not settled yet (default false).
+        unfinished: Option<bool>,
+    }
+);
+
+arguments!(
+    /// `effect_begin`.
+    EffectBeginParams {
+        /// The idempotency key: the same key is never performed twice.
+        key: String,
+        /// The service or endpoint acted on, e.g. "https://deploy.example/v1".
+        target: String,
+        /// What is asked of it (text, often JSON).
+        request: Option<String>,
+    }
+);
+
+arguments!(
+    /// `effect_complete`.
+    EffectCompleteParams {
+        /// The effect's id, as effect_begin gave it.
+        id: u64,
+        /// What the effect returned (text).
+        result: Option<String>,
+    }
+);
+
+arguments!(
+    /// `effect_fail`.
+    EffectFailParams {
+        /// The effect's id, as effect_begin gave it.
+        id: u64,
+        /// Why it failed (it did not take effect).
+        error: String,
+    }
+);
+
+arguments!(
+    /// `verify`.
+    VerifyParams {
+        /// Re-hash every stored file too (slower; default false).
+        deep: Option<bool>,
+    }
+);

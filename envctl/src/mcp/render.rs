@@ -156,8 +156,56 @@ pub(super) fn answer(method: Method, answer: &Value) -> String {
                 " Do not do the action before it is granted.".to_owned()
             }
         ),
+        Method::EffectList => lines(&answer["effects"], "No effects.", effect),
+        Method::EffectBegin => format!(
+            "{}\n{}",
+            match text(&answer["outcome"]) {
+                "new" =>
+                    "Recorded: perform the effect now, then call effect_complete or effect_fail.",
+                "already_done" =>
+                    "It was performed already: do NOT perform it again; its result follows.",
+                "in_flight" =>
+                    "It is being performed (or its performer stopped): do NOT perform it again.",
+                "needs_reconciliation" =>
+                    "It may have happened: check with the target before anything else; do NOT perform it again.",
+                _ => "It happened and was compensated: do NOT perform it again.",
+            },
+            effect(&answer["effect"])
+        ),
+        Method::EffectComplete | Method::EffectFail => effect(&answer["effect"]),
+        Method::Verify => format!(
+            "The history is intact: {} operation(s), {} tree node(s) and {} stored file(s) checked{}.",
+            answer["ops"],
+            answer["nodes"],
+            answer["blobs"],
+            if answer["deep"] == true {
+                " and re-hashed"
+            } else {
+                ""
+            }
+        ),
         _ => serde_json::to_string_pretty(answer).unwrap_or_else(|_| answer.to_string()),
     }
+}
+
+/// One effect, on one line.
+fn effect(e: &Value) -> String {
+    let mut line = format!(
+        "#{} {} {} → {} ({}, {} attempt(s))",
+        e["id"],
+        text(&e["state"]),
+        text(&e["key"]),
+        text(&e["target"]),
+        text(&e["actor"]),
+        e["attempts"]
+    );
+    if let Some(r) = e["result"].as_str() {
+        line.push_str(&format!(": {r}"));
+    }
+    if let Some(n) = e["note"].as_str() {
+        line.push_str(&format!(" ({n})"));
+    }
+    line
 }
 
 fn letter(change: &str) -> char {

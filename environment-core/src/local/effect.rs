@@ -109,6 +109,50 @@ pub enum BeginOutcome {
     Compensated(EffectRecord),
 }
 
+impl BeginOutcome {
+    /// What `begin` found, by name: `new`, `already_done`, `in_flight`, `needs_reconciliation`
+    /// or `compensated`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BeginOutcome::New(_) => "new",
+            BeginOutcome::AlreadyDone(_) => "already_done",
+            BeginOutcome::InFlight(_) => "in_flight",
+            BeginOutcome::NeedsReconciliation(_) => "needs_reconciliation",
+            BeginOutcome::Compensated(_) => "compensated",
+        }
+    }
+
+    /// The effect's record.
+    pub fn record(&self) -> &EffectRecord {
+        match self {
+            BeginOutcome::New(r)
+            | BeginOutcome::AlreadyDone(r)
+            | BeginOutcome::InFlight(r)
+            | BeginOutcome::NeedsReconciliation(r)
+            | BeginOutcome::Compensated(r) => r,
+        }
+    }
+}
+
+impl EffectRecord {
+    /// The record as every door shows it (the request and result as text, lossily).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "key": self.key,
+            "target": self.target,
+            "state": self.state.as_str(),
+            "actor": self.actor,
+            "attempts": self.attempts,
+            "note": self.note,
+            "request": String::from_utf8_lossy(&self.request),
+            "result": self.result.as_ref().map(|r| String::from_utf8_lossy(r).into_owned()),
+            "created_ms": self.created_ms,
+            "updated_ms": self.updated_ms,
+        })
+    }
+}
+
 fn record_from(row: &Row<'_>) -> rusqlite::Result<(EffectRecord, String)> {
     Ok((
         EffectRecord {
