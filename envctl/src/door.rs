@@ -2,9 +2,6 @@
 //! this process, or a running supervisor's socket. Either way a command names a use case
 //! ([`Method`]) with its arguments, gets the same answer, and only renders it.
 
-use std::sync::Arc;
-
-use environment_sandbox::Launcher;
 use environment_workspace::{self as service, Method};
 use serde_json::Value;
 
@@ -23,22 +20,16 @@ pub enum Door {
 }
 
 impl Door {
-    /// The door of `target`: its stores opened as the service (running commands confined by
-    /// `launcher`, or none without one), or its supervisor, presenting `credentials`.
+    /// The door of `target`: its stores opened as the service as `serving` says, or its
+    /// supervisor, presenting `credentials`.
     pub fn open(
         target: Target,
         credentials: &environment_core::Credentials,
-        launcher: Option<Arc<dyn Launcher>>,
+        serving: Serving,
     ) -> Outcome<Door> {
         Ok(match target {
             Target::Direct(session) => Door::Service(
-                Box::new(session.into_service(Serving {
-                    launcher,
-                    // Opening the session captured what changed; the use cases capture again
-                    // where they must.
-                    capture_each_call: false,
-                    create_queue: false,
-                })?),
+                Box::new(session.into_service(serving)?),
                 credentials.approval.clone(),
             ),
             Target::Supervisor(addr) => Door::Socket(Remote::connect(&addr, credentials)?),

@@ -185,7 +185,10 @@ impl Authorizer for Gate {
     }
 }
 
-/// How a session serves as the workspace service (see [`Session::into_service`]).
+/// How a session serves as the workspace service (see [`Session::into_service`]); by default
+/// as one command does: no commands run, no capture at each call (opening the session
+/// captured), the queue only if it exists.
+#[derive(Default)]
 pub struct Serving {
     /// Confines the commands of its shell; without one, it runs none.
     pub launcher: Option<Arc<dyn Launcher>>,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rusqlite::{Connection, OpenFlags, Transaction};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction};
 
 use crate::config::BusConfig;
 use crate::consumer::Consumer;
@@ -18,8 +18,8 @@ use crate::ops::{self, Claimed, Ctx, Settle};
 use crate::pending::{self, Pending};
 use crate::schema::{self, ACKED, DEAD, LEASED, READY, WAITING};
 use crate::types::{
-    DeadLetter, GroupOptions, Lease, MessageId, NewMessage, PublishOptions, Published, PurgeReport,
-    Receipt, TopicMetrics,
+    DeadLetter, GroupOptions, Lease, LeaseHolder, MessageId, NewMessage, PublishOptions, Published,
+    PurgeReport, Receipt, TopicMetrics,
 };
 use crate::writer::{Op, Wakers, Work, Writer};
 
@@ -495,6 +495,40 @@ impl Bus {
     pub fn redrive(&self, group: &str, message: Option<MessageId>) -> Pending<u64> {
         let group = group.to_owned();
         self.submit(move |ctx| ops::redrive(ctx, &group, message))
+    }
+
+    /// Who holds the lease `receipt` names, and in which group, so that a service settling
+    /// receipts for callers can decide on the group and settle as the holder (see
+    /// [`Bus::ack_as`]), whichever process claimed. A receipt that names no delivery is
+    /// [`BusError::UnknownReceipt`]; one whose lease was settled, or lapsed and was claimed
+    /// again, is [`BusError::StaleReceipt`].
+    pub fn lease_holder(&self, receipt: &Receipt) -> Result<LeaseHolder> {
+        let (delivery, token) = (receipt.delivery, receipt.token);
+        let row: Option<(String, i64, Option<i64>, Option<String>)> = self.read(|c| {
+            c.prepare_cached(
+                "SELECT g.name, d.state, d.token, d.consumer FROM bus_deliveries d \
+                 JOIN bus_groups g ON g.id = d.group_id WHERE d.id = ?1",
+            )
+            .and_then(|mut s| {
+                s.query_row([delivery], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .optional()
+            })
+            .ctx("reading a lease's holder")
+        })?;
+        match row {
+            None => Err(BusError::UnknownReceipt {
+                receipt: receipt.to_string(),
+            }),
+            Some((group, state, held, consumer)) if state == LEASED && held == Some(token) => {
+                Ok(LeaseHolder {
+                    group,
+                    consumer: consumer.unwrap_or_default(),
+                })
+            }
+            Some(_) => Err(BusError::StaleReceipt { receipt: *receipt }),
+        }
     }
 
     /// The group's dead letters, oldest first (blocks briefly on a read connection).

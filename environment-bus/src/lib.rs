@@ -96,6 +96,7 @@ pub use pending::{Pending, PendingFuture};
 pub use publisher::EventPublisher;
 pub use schema::install;
 pub use types::{
-    Backoff, DeadCause, DeadLetter, GroupMetrics, GroupOptions, Headers, Lease, Limits, Message,
-    MessageId, NewMessage, PublishOptions, Published, PurgeReport, Receipt, TopicMetrics,
+    Backoff, DeadCause, DeadLetter, GroupMetrics, GroupOptions, Headers, Lease, LeaseHolder,
+    Limits, Message, MessageId, NewMessage, PublishOptions, Published, PurgeReport, Receipt,
+    TopicMetrics,
 };

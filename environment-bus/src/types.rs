@@ -369,3 +369,12 @@ mod tests {
         assert!("1.zz00000000000000".parse::<Receipt>().is_err());
     }
 }
+
+/// Who holds a lease (see [`crate::Bus::lease_holder`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseHolder {
+    /// The consumer group the message was claimed from.
+    pub group: String,
+    /// The consumer that claimed it.
+    pub consumer: String,
+}

@@ -52,6 +52,13 @@ actions = ["publish", "consume"]
 resource = { topic = "tasks" }
 
 [[rule]]
+id = "agent-audits"
+effect = "permit"
+principal = "agent:coder"
+actions = ["consume"]
+resource = { topic = "audit" }
+
+[[rule]]
 id = "operator-works"
 effect = "permit"
 principal = "human:operator"
@@ -384,10 +391,20 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
     );
     let claimed = t.ok("queue.claim", json!({ "group": "tasks", "max": 1 }));
     let receipt = claimed["leases"][0]["receipt"].as_str().unwrap().to_owned();
+    t.ok(
+        "queue.extend",
+        json!({ "receipt": receipt, "lease_ms": 60000 }),
+    );
     t.ok("queue.ack", json!({ "receipt": receipt }));
+    // Settled: the same receipt is stale (a conflict); a made-up one is not found.
     t.refused(
         "queue.ack",
         json!({ "receipt": receipt }),
+        ErrorKind::Conflict,
+    );
+    t.refused(
+        "queue.ack",
+        json!({ "receipt": "99.0000000000000abc" }),
         ErrorKind::NotFound,
     );
     let claimed = t.ok("queue.claim", json!({ "group": "tasks", "max": 1 }));
@@ -396,6 +413,20 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
         "queue.nack",
         json!({ "receipt": receipt, "delay_ms": 60000 }),
     );
+    t.ok(
+        "queue.subscribe",
+        json!({ "group": "audit", "topics": ["tasks"] }),
+    );
+    t.refused(
+        "queue.subscribe",
+        json!({ "group": "spies", "topics": ["deploy"] }),
+        ErrorKind::Denied,
+    );
+    let dead = t.ok("queue.dead", json!({ "group": "tasks" }));
+    assert_eq!(dead["dead"], json!([]), "{dead}");
+    t.ok("queue.redrive", json!({ "group": "tasks" }));
+    let stats = t.ok("queue.stats", json!({}));
+    assert!(stats.to_string().contains("\"audit\""), "{stats}");
     t.refused(
         "queue.publish",
         json!({ "topic": "deploy", "payload": "now" }),

@@ -504,8 +504,8 @@ fn authorization_scenario(dir: &Path) {
     let again = c
         .call("queue.ack", json!({ "receipt": lease["receipt"] }))
         .unwrap_err();
-    // A settled receipt is not found, as an unknown one is at every door.
-    assert_eq!(again.code(), Some(rpc::NOT_FOUND), "{again:?}");
+    // A settled receipt is stale (a conflict) at every door; an unknown one is not found.
+    assert_eq!(again.code(), Some(rpc::CONFLICT), "{again:?}");
     // A deploy needs a human's approval: refused with the approval filed.
     let data = denied(
         c.call(

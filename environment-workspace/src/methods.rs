@@ -21,7 +21,9 @@
 //! | `process.read`, `.wait`, `.list`; `pty.read`, `.attach`, `.list` | read | environment | method name |
 //! | `process.signal`; `pty.write`, `.resize`, `.detach`, `.close` | write | environment | method name |
 //! | `queue.publish` | publish | topic | — |
-//! | `queue.claim`, `queue.ack`, `queue.nack` | consume | topic named as the consumer group | — |
+//! | `queue.claim`, `.ack`, `.nack`, `.extend`, `.dead`, `.redrive` | consume | topic named as the consumer group | — |
+//! | `queue.subscribe` | consume | each topic, and the group | — |
+//! | `queue.stats` | read | environment | `queue.stats` |
 //! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name |
 //! | `approval.request` | — (allowed when the policy holds the request for approval) | | |
 //! | `approval.status` | read | environment | `approval.status` |
@@ -96,6 +98,16 @@ pub enum Method {
     QueueAck,
     /// Gives a lease back for a later retry.
     QueueNack,
+    /// Extends a lease the caller holds.
+    QueueExtend,
+    /// Subscribes a consumer group to topics.
+    QueueSubscribe,
+    /// A consumer group's dead letters.
+    QueueDead,
+    /// Sends a group's dead letters back to the queue.
+    QueueRedrive,
+    /// Depth, leases and dead letters per topic and group.
+    QueueStats,
     /// Explains the policy's decision on a request.
     PolicyExplain,
     /// Lists what the caller may do under a resource.
@@ -174,6 +186,11 @@ impl Method {
         Method::QueueClaim,
         Method::QueueAck,
         Method::QueueNack,
+        Method::QueueExtend,
+        Method::QueueSubscribe,
+        Method::QueueDead,
+        Method::QueueRedrive,
+        Method::QueueStats,
         Method::PolicyExplain,
         Method::PolicyWhatMayIDo,
         Method::ApprovalRequest,
@@ -226,6 +243,11 @@ impl Method {
             Method::QueueClaim => "queue.claim",
             Method::QueueAck => "queue.ack",
             Method::QueueNack => "queue.nack",
+            Method::QueueExtend => "queue.extend",
+            Method::QueueSubscribe => "queue.subscribe",
+            Method::QueueDead => "queue.dead",
+            Method::QueueRedrive => "queue.redrive",
+            Method::QueueStats => "queue.stats",
             Method::PolicyExplain => "policy.explain",
             Method::PolicyWhatMayIDo => "policy.what_may_i_do",
             Method::ApprovalRequest => "approval.request",
@@ -397,6 +419,14 @@ fn call(
         Method::QueueClaim => queue::claim(&session, parse(p)?),
         Method::QueueAck => queue::settle(&session, parse(p)?, true),
         Method::QueueNack => queue::settle(&session, parse(p)?, false),
+        Method::QueueExtend => queue::extend(&session, parse(p)?),
+        Method::QueueSubscribe => queue::subscribe(&session, parse(p)?),
+        Method::QueueDead => queue::dead_letters(&session, parse(p)?),
+        Method::QueueRedrive => queue::redrive(&session, parse(p)?),
+        Method::QueueStats => {
+            let _: Empty = parse(p)?;
+            queue::stats(&session)
+        }
         Method::PolicyExplain => permissions::explain(&session, parse(p)?),
         Method::PolicyWhatMayIDo => permissions::what_may(&session, parse(p)?),
         Method::ApprovalRequest => permissions::approval_request(&session, parse(p)?),

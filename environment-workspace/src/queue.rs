@@ -119,6 +119,43 @@ pub(super) struct SettleParams {
     error: Option<String>,
 }
 
+/// Who may settle `receipt`, decided: the consumer group it was claimed from (the caller must
+/// be allowed to consume it) and its holder (a receipt this workspace handed out keeps the
+/// consumer named in its claim; one claimed elsewhere must be held by the caller's own
+/// consumer). An unknown receipt is not found; a settled or lapsed one is a conflict.
+fn holder(g: &Session<'_>, receipt: &str) -> Result<(Receipt, Claimed), ServiceError> {
+    let bus = bus(g)?;
+    let parsed: Receipt = receipt.parse().map_err(ServiceError::from)?;
+    let held = bus.lease_holder(&parsed).map_err(ServiceError::from)?;
+    let claimed = match lock(&g.shared().receipts).get(receipt).cloned() {
+        Some(c) => c,
+        None if held.consumer == g.shared().actor.as_str() => Claimed {
+            group: held.group.clone(),
+            consumer: held.consumer.clone(),
+        },
+        None => {
+            return Err(ServiceError::new(
+                ErrorKind::Denied,
+                "the receipt is another consumer's",
+                "settle only the receipts your own claims handed you.",
+            ));
+        }
+    };
+    if claimed.group != held.group || claimed.consumer != held.consumer {
+        return Err(ServiceError::new(
+            ErrorKind::Conflict,
+            "the receipt's lease was claimed again since",
+            "claim again; this lease is no longer yours.",
+        ));
+    }
+    g.allow(
+        Action::Consume,
+        Resource::Topic(claimed.group.clone()),
+        None,
+    )?;
+    Ok((parsed, claimed))
+}
+
 pub(super) fn settle(g: &Session<'_>, p: SettleParams, ack: bool) -> Result<Value, ServiceError> {
     let bus = bus(g)?;
     if ack && (p.delay_ms.is_some() || p.error.is_some()) {
@@ -126,16 +163,7 @@ pub(super) fn settle(g: &Session<'_>, p: SettleParams, ack: bool) -> Result<Valu
             "`delay_ms` and `error` are for queue.nack",
         ));
     }
-    let Some(claimed) = lock(&g.shared().receipts).get(&p.receipt).cloned() else {
-        return Err(ServiceError::new(
-            ErrorKind::NotFound,
-            "unknown receipt: it was not handed out by queue.claim in this workspace, or it was \
-             settled already",
-            "settle the receipts your own claims hand you, once each.",
-        ));
-    };
-    g.allow(Action::Consume, Resource::Topic(claimed.group), None)?;
-    let receipt: Receipt = p.receipt.parse().map_err(ServiceError::from)?;
+    let (receipt, claimed) = holder(g, &p.receipt)?;
     let pending = if ack {
         bus.ack_as(&claimed.consumer, &receipt)
     } else {
@@ -149,4 +177,113 @@ pub(super) fn settle(g: &Session<'_>, p: SettleParams, ack: bool) -> Result<Valu
     pending.wait().map_err(ServiceError::from)?;
     lock(&g.shared().receipts).remove(&p.receipt);
     Ok(json!({ "receipt": p.receipt, "settled": if ack { "ack" } else { "nack" } }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ExtendParams {
+    receipt: String,
+    lease_ms: u64,
+}
+
+/// Extends a lease the caller holds, so long work is not handed to another consumer.
+pub(super) fn extend(g: &Session<'_>, p: ExtendParams) -> Result<Value, ServiceError> {
+    let bus = bus(g)?;
+    let (receipt, _) = holder(g, &p.receipt)?;
+    bus.extend(&receipt, Duration::from_millis(p.lease_ms))
+        .wait()
+        .map_err(ServiceError::from)?;
+    Ok(json!({ "receipt": p.receipt, "lease_ms": p.lease_ms }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SubscribeParams {
+    group: String,
+    topics: Vec<String>,
+}
+
+/// Subscribes a consumer group to topics (creating both): a consume of each topic and of the
+/// group, as claiming from it will be.
+pub(super) fn subscribe(g: &Session<'_>, p: SubscribeParams) -> Result<Value, ServiceError> {
+    let bus = bus(g)?;
+    if p.topics.is_empty() {
+        return Err(ServiceError::invalid("`topics` is empty"));
+    }
+    for t in p.topics.iter().chain(std::iter::once(&p.group)) {
+        g.allow(Action::Consume, Resource::Topic(t.clone()), None)?;
+    }
+    for t in &p.topics {
+        bus.create_topic(t).wait().map_err(ServiceError::from)?;
+    }
+    let names: Vec<&str> = p.topics.iter().map(String::as_str).collect();
+    bus.create_group(&p.group, &names, environment_bus::GroupOptions::default())
+        .wait()
+        .map_err(ServiceError::from)?;
+    Ok(json!({ "group": p.group, "topics": p.topics }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GroupParams {
+    group: String,
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+/// A group's dead letters, oldest first: read by whoever may consume the group.
+pub(super) fn dead_letters(g: &Session<'_>, p: GroupParams) -> Result<Value, ServiceError> {
+    let bus = bus(g)?;
+    g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
+    let dead = bus
+        .dead_letters(&p.group, p.limit.unwrap_or(100).clamp(1, 1000))
+        .map_err(ServiceError::from)?;
+    Ok(json!({
+        "group": p.group,
+        "dead": dead.iter().map(|d| {
+            let (payload, base64) = bytes_json(&d.message.payload);
+            json!({
+                "message_id": d.message.id.0,
+                "topic": d.message.topic,
+                "attempts": d.attempts,
+                "last_error": d.last_error,
+                "dead_at_ms": d.dead_at_ms,
+                "payload": payload,
+                "payload_base64": base64,
+            })
+        }).collect::<Vec<_>>(),
+    }))
+}
+
+/// Sends a group's dead letters back to the queue (whoever may consume the group may).
+pub(super) fn redrive(g: &Session<'_>, p: GroupParams) -> Result<Value, ServiceError> {
+    let bus = bus(g)?;
+    if p.limit.is_some() {
+        return Err(ServiceError::invalid("queue.redrive takes only `group`"));
+    }
+    g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
+    let n = bus
+        .redrive(&p.group, None)
+        .wait()
+        .map_err(ServiceError::from)?;
+    Ok(json!({ "group": p.group, "redriven": n }))
+}
+
+/// Depth, leases and dead letters per topic and group: a read of the environment.
+pub(super) fn stats(g: &Session<'_>) -> Result<Value, ServiceError> {
+    let bus = bus(g)?;
+    g.allow(Action::Read, Resource::Environment, Some("queue.stats"))?;
+    let m = bus.metrics().map_err(ServiceError::from)?;
+    Ok(json!({ "topics": m.iter().map(|t| json!({
+        "topic": t.topic,
+        "retained": t.retained,
+        "groups": t.groups.iter().map(|g| json!({
+            "group": g.group,
+            "depth": g.depth,
+            "in_flight": g.in_flight,
+            "oldest_age_ms": g.oldest_age_ms,
+            "dead_letters": g.dead_letters,
+            "redeliveries": g.redeliveries,
+        })).collect::<Vec<_>>(),
+    })).collect::<Vec<_>>() }))
 }

@@ -17,7 +17,7 @@ use crate::cli::{Cli, Command};
 use crate::door::Door;
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::target::Target;
-use crate::workspace::{Look, Session, Workspace};
+use crate::workspace::{Look, Serving, Session, Workspace};
 
 /// Parses an actor id given on the command line (`kind:name`).
 pub fn parse_actor(s: &str) -> Outcome<ActorId> {
@@ -64,14 +64,13 @@ fn credentials(cli: &Cli) -> environment_core::Credentials {
 /// Whether a command touches only the stores, never the workspace tree or the branch it is
 /// captured to: it can run beside a supervisor that holds the workspace.
 fn stores_only(command: &Command) -> bool {
-    matches!(command, Command::Policy(_) | Command::Queue(_))
+    matches!(command, Command::Policy(_))
 }
 
 /// Runs a [`stores_only`] command on the stores alone.
 fn stores_command(s: &mut Session, command: &Command, json: bool) -> Outcome<i32> {
     match command {
         Command::Policy(p) => policy::run(&s.ws, &s.actor, p, json)?,
-        Command::Queue(q) => queue::run(s, q, json)?,
         _ => return Err(Failure::other("this command needs the workspace")),
     }
     Ok(ExitCode::Ok.status())
@@ -113,6 +112,7 @@ fn goes_through_door(command: &Command) -> bool {
                 | Command::Effects { .. }
                 | Command::Gc
                 | Command::Verify
+                | Command::Queue(_)
                 | Command::Merge { .. }
                 | Command::Exec(_)
         )
@@ -142,10 +142,19 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
             }
             Target::Supervisor(_) => (None, held.and_then(process::cwd_in)),
         };
-        let mut door = Door::open(target, &credentials(cli), launcher)?;
+        let serving = Serving {
+            launcher,
+            ..Serving::default()
+        };
+        let mut door = Door::open(target, &credentials(cli), serving)?;
         return process::exec(&mut door, a, cwd, cli.json).map(Some);
     }
-    let mut door = Door::open(target, &credentials(cli), None)?;
+    let serving = Serving {
+        // A queue command makes the queue when it is not there yet.
+        create_queue: matches!(cli.command, Command::Queue(_)),
+        ..Serving::default()
+    };
+    let mut door = Door::open(target, &credentials(cli), serving)?;
     if let Some((what, verbose)) = rollback_of(&cli.command) {
         rollback::run(&mut door, &what, verbose, cli.json)?;
         return Ok(Some(ExitCode::Ok.status()));
@@ -168,6 +177,7 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
         Command::Effects { unfinished } => maintain::effects(&mut door, *unfinished, json)?,
         Command::Gc => maintain::gc(&mut door, json)?,
         Command::Verify => maintain::verify(&mut door, json)?,
+        Command::Queue(q) => queue::run(&mut door, q, json)?,
         _ => return Ok(None),
     }
     Ok(Some(ExitCode::Ok.status()))
@@ -256,10 +266,6 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             captured.direct()?;
             drop(captured);
             return policy::run(&ws, &actor, p, json).map(|()| 0);
-        }
-        Command::Queue(q) => {
-            let mut target = Target::open(ws, actor, cli.socket.as_deref())?;
-            return queue::run(target.direct()?, q, json).map(|()| 0);
         }
         _ => {}
     }

@@ -35,7 +35,6 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
         }
         Command::Tournament(_) => return Err(supervisor_unavailable(addr, "tournament")),
         Command::Policy(_) => return Err(supervisor_unavailable(addr, "policy")),
-        Command::Queue(_) => return Err(supervisor_unavailable(addr, "queue")),
         // Through the workspace's one door, before this (see `crate::door`).
         Command::Log { .. }
         | Command::Show { .. }
@@ -46,6 +45,7 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
         | Command::Effects { .. }
         | Command::Gc
         | Command::Verify
+        | Command::Queue(_)
         | Command::Restore { .. }
         | Command::Undo { .. }
         | Command::Redo { .. }
