@@ -468,7 +468,18 @@ async fn every_tool_over_stdio() {
             .unwrap();
     let receipt = claimed["leases"][0]["receipt"].as_str().unwrap().to_owned();
     assert_eq!(claimed["leases"][0]["payload"], "{\"task\": 1}");
+    ok(
+        &client,
+        "queue_extend",
+        json!({"receipt": receipt, "lease_secs": 120}),
+    )
+    .await;
     ok(&client, "queue_ack", json!({"receipt": receipt})).await;
+    assert!(
+        ok(&client, "queue_stats", json!({}))
+            .await
+            .contains("workers")
+    );
     refused(&client, "queue_nack", json!({"receipt": receipt})).await;
     refused(&client, "queue_ack", json!({"receipt": "not-a-receipt"})).await;
     refused(&client, "queue_claim", json!({"group": "nobody"})).await;
@@ -1146,6 +1157,7 @@ async fn tools_are_annotated_and_binary_files_read_as_base64() {
         "approval_status",
         "effects",
         "verify",
+        "queue_stats",
     ];
     for t in &tools {
         let a = t

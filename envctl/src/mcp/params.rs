@@ -287,3 +287,13 @@ arguments!(
         deep: Option<bool>,
     }
 );
+
+arguments!(
+    /// `queue_extend`.
+    ExtendParams {
+        /// The receipt returned by queue_claim.
+        receipt: String,
+        /// How much longer the lease lasts, in seconds, from now.
+        lease_secs: u64,
+    }
+);
