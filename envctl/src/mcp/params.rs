@@ -253,7 +253,7 @@ arguments!(
     EffectBeginParams {
         /// The idempotency key: the same key is never performed twice.
         key: String,
-        /// The service or endpoint acted on, e.g. "https://deploy.example/v1".
+        /// The service or endpoint acted on, e.g. `https://deploy.example/v1`.
         target: String,
         /// What is asked of it (text, often JSON).
         request: Option<String>,
