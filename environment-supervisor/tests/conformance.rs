@@ -667,6 +667,20 @@ actions = ["write", "delete"]
 resource = { path = "secrets/**" }
 
 [[rule]]
+id = "agent-works-the-queue"
+effect = "permit"
+principal = "agent:coder"
+actions = ["publish", "consume"]
+resource = { topic = "work" }
+
+[[rule]]
+id = "no-payments"
+effect = "forbid"
+principal = "agent:coder"
+actions = ["execute"]
+resource = { service = "bank" }
+
+[[rule]]
 id = "held-writes"
 effect = "permit"
 principal = "agent:coder"
@@ -688,6 +702,8 @@ approval_from = ["human:operator"]
 enum Expect {
     /// Done, as one more operation of the agent's.
     Done,
+    /// Done outside the operation log (the queue, the effect log): the log and the tree stay.
+    Answered,
     /// Refused with this kind; nothing changed on disk or in the log.
     Refused(ErrorKind),
 }
@@ -711,6 +727,15 @@ fn case(
             assert_eq!(env.op(&now).unwrap().actor, agent(), "{method} {params}");
             answer
         }
+        Expect::Answered => {
+            let answer = t.ok(method, params.clone());
+            assert_eq!(
+                env.head("main").unwrap(),
+                head,
+                "{method} {params} changed the log"
+            );
+            answer
+        }
         Expect::Refused(kind) => {
             t.refused(method, params.clone(), kind);
             assert_eq!(
@@ -731,7 +756,7 @@ fn case(
 /// Each use case that changes the workspace, under each outcome: allowed, denied, held for an
 /// approval (then presented once granted, and not twice), and narrowed by a capability token.
 fn matrix(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path, policy: &Policy) {
-    use Expect::{Done, Refused};
+    use Expect::{Answered, Done, Refused};
     let operator = ActorId::new("human:operator").unwrap();
     // Another line of work changes a secret: merging it, or restoring to it, would too.
     let start = env.head("main").unwrap();
@@ -778,6 +803,10 @@ fn matrix(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path, policy: &
         work.join("docs/a.md").exists(),
         "undo brought the file back"
     );
+    case(t, env, work, call("redo", json!({})), Done);
+    assert!(!work.join("docs/a.md").exists(), "redo took it away again");
+    case(t, env, work, call("undo", json!({})), Done);
+    assert!(work.join("docs/a.md").exists());
     case(
         t,
         env,
@@ -959,7 +988,119 @@ fn matrix(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path, policy: &
         call("mark", json!({ "name": "narrowed", "token": token })),
         Refused(ErrorKind::Denied),
     );
+    case(
+        t,
+        env,
+        work,
+        call("redo", json!({ "token": token })),
+        Refused(ErrorKind::Denied),
+    );
     assert!(!work.join("t.txt").exists());
+
+    // The queue: a claim's receipt is settled only as the token allows, once.
+    case(
+        t,
+        env,
+        work,
+        call(
+            "queue.subscribe",
+            json!({ "group": "work", "topics": ["work"] }),
+        ),
+        Answered,
+    );
+    case(
+        t,
+        env,
+        work,
+        call("queue.publish", json!({ "topic": "work", "payload": "w1" })),
+        Answered,
+    );
+    let claimed = case(
+        t,
+        env,
+        work,
+        call("queue.claim", json!({ "group": "work" })),
+        Answered,
+    );
+    let receipt = claimed["leases"][0]["receipt"].clone();
+    case(
+        t,
+        env,
+        work,
+        call("queue.ack", json!({ "receipt": receipt, "token": token })),
+        Refused(ErrorKind::Denied),
+    );
+    case(
+        t,
+        env,
+        work,
+        call("queue.ack", json!({ "receipt": receipt })),
+        Answered,
+    );
+    case(
+        t,
+        env,
+        work,
+        call("queue.ack", json!({ "receipt": receipt })),
+        Refused(ErrorKind::Conflict),
+    );
+    case(
+        t,
+        env,
+        work,
+        call(
+            "queue.publish",
+            json!({ "topic": "work", "payload": "w2", "token": token }),
+        ),
+        Refused(ErrorKind::Denied),
+    );
+
+    // Effects: begun and settled as the rules and the token allow.
+    case(
+        t,
+        env,
+        work,
+        call(
+            "effect.begin",
+            json!({ "key": "wire-1", "target": "bank", "request": "100" }),
+        ),
+        Refused(ErrorKind::Denied),
+    );
+    let begun = case(
+        t,
+        env,
+        work,
+        call(
+            "effect.begin",
+            json!({ "key": "ping-1", "target": "status", "request": "ping" }),
+        ),
+        Answered,
+    );
+    let id = begun["effect"]["id"].clone();
+    case(
+        t,
+        env,
+        work,
+        call(
+            "effect.complete",
+            json!({ "id": id, "result": "pong", "token": token }),
+        ),
+        Refused(ErrorKind::Denied),
+    );
+    case(
+        t,
+        env,
+        work,
+        call("effect.complete", json!({ "id": id, "result": "pong" })),
+        Answered,
+    );
+    let listed = t.ok("effect.list", json!({}));
+    assert_eq!(listed["effects"][0]["state"], "done", "{listed}");
+    assert_eq!(
+        listed["effects"].as_array().unwrap().len(),
+        1,
+        "a refused begin filed nothing"
+    );
 }
 
 /// Runs the matrix through `door` on a fresh workspace under `dir`.

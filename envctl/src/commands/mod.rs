@@ -289,27 +289,8 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         Command::Tournament(a) => {
             return process::tournament(s, a, json, process::Adoption::Live);
         }
-        Command::Init { .. }
-        | Command::Log { .. }
-        | Command::Show { .. }
-        | Command::Refused { .. }
-        | Command::Diff { .. }
-        | Command::Mark { .. }
-        | Command::Branch { .. }
-        | Command::Effects { .. }
-        | Command::Gc
-        | Command::Verify
-        | Command::Restore { .. }
-        | Command::Undo { .. }
-        | Command::Redo { .. }
-        | Command::Merge { .. }
-        | Command::Exec(_)
-        | Command::Run(_)
-        | Command::Mcp
-        | Command::Demo { .. }
-        | Command::Monitor { .. }
-        | Command::Policy(_)
-        | Command::Queue(_) => {}
+        // Every other command was dispatched above (through the door, or on its own).
+        _ => {}
     }
     Ok(ExitCode::Ok.status())
 }

@@ -35,28 +35,14 @@ pub fn run(addr: &SupervisorAddr, cli: &Cli) -> Outcome<i32> {
         }
         Command::Tournament(_) => return Err(supervisor_unavailable(addr, "tournament")),
         Command::Policy(_) => return Err(supervisor_unavailable(addr, "policy")),
-        // Through the workspace's one door, before this (see `crate::door`).
-        Command::Log { .. }
-        | Command::Show { .. }
-        | Command::Diff { .. }
-        | Command::Refused { .. }
-        | Command::Mark { .. }
-        | Command::Branch { .. }
-        | Command::Effects { .. }
-        | Command::Gc
-        | Command::Verify
-        | Command::Queue(_)
-        | Command::Restore { .. }
-        | Command::Undo { .. }
-        | Command::Redo { .. }
-        | Command::Merge { .. }
-        | Command::Exec(_) => {
+        Command::Init { .. } | Command::Mcp | Command::Demo { .. } | Command::Monitor { .. } => {
+            return Err(supervisor_unavailable(addr, "this command"));
+        }
+        // The use cases of the workspace go through its one door (`crate::door`), before this.
+        _ => {
             return Err(Failure::other(
                 "this command goes through the workspace's door",
             ));
-        }
-        Command::Init { .. } | Command::Mcp | Command::Demo { .. } | Command::Monitor { .. } => {
-            return Err(supervisor_unavailable(addr, "this command"));
         }
     }
     let mut remote = Remote::connect(addr, &credentials)?;
