@@ -12,7 +12,10 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use environment_core::{ActorId, Credentials};
-use environment_supervisor::{ControlClient, ControlError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use environment_supervisor::{ControlClient, ControlError, HangUp};
 use serde_json::Value;
 
 use crate::failure::{ExitCode, Failure, Outcome};
@@ -101,25 +104,62 @@ pub fn supervisor_unavailable(addr: &SupervisorAddr, what: &str) -> Failure {
 pub struct Remote {
     client: ControlClient,
     approval: Option<String>,
+    token: Option<String>,
     addr: SupervisorAddr,
+    /// Set when a call was called off by hanging up: the next call connects again.
+    hung_up: Arc<AtomicBool>,
+}
+
+/// Calls off a [`Remote`]'s call in flight (see [`Remote::canceller`]).
+pub struct Canceller {
+    hang_up: HangUp,
+    hung_up: Arc<AtomicBool>,
+}
+
+impl Canceller {
+    /// Calls it off: the supervisor kills the command it runs for the call, and records it as
+    /// cancelled.
+    pub fn cancel(&self) {
+        self.hung_up.store(true, Ordering::Release);
+        self.hang_up.hang_up();
+    }
 }
 
 impl Remote {
     /// Connects to `addr`.
     pub fn connect(addr: &SupervisorAddr, credentials: &Credentials) -> Outcome<Remote> {
-        let client = ControlClient::connect(&addr.socket)
-            .map_err(|e| control_failure(addr, e))?
-            .with_token(credentials.token.clone());
         Ok(Remote {
-            client,
+            client: Remote::client(addr, credentials.token.clone())?,
             approval: credentials.approval.clone(),
+            token: credentials.token.clone(),
             addr: addr.clone(),
+            hung_up: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    fn client(addr: &SupervisorAddr, token: Option<String>) -> Outcome<ControlClient> {
+        Ok(ControlClient::connect(&addr.socket)
+            .map_err(|e| control_failure(addr, e))?
+            .with_token(token))
+    }
+
+    /// What calls off the next call (or the one in flight) from another thread.
+    pub fn canceller(&self) -> Outcome<Canceller> {
+        Ok(Canceller {
+            hang_up: self
+                .client
+                .hang_up_handle()
+                .map_err(|e| control_failure(&self.addr, e))?,
+            hung_up: self.hung_up.clone(),
         })
     }
 
     /// Calls `method` with `params` (an object), presenting this invocation's approval unless
     /// the call presents one of its own.
     pub fn call(&mut self, method: &str, mut params: Value) -> Outcome<Value> {
+        if self.hung_up.swap(false, Ordering::AcqRel) {
+            self.client = Remote::client(&self.addr, self.token.clone())?;
+        }
         if let (Some(a), Value::Object(m)) = (&self.approval, &mut params) {
             m.entry("approval")
                 .or_insert_with(|| Value::String(a.clone()));

@@ -178,12 +178,13 @@ async fn resources_name_the_history_and_files_at_versions() {
     client.cancel().await.unwrap();
 }
 
-/// Whether a `sleep 67` runs on this host (inside a sandbox or not).
-fn sleeping() -> bool {
+/// Whether a `sleep SECS` runs on this host (inside a sandbox or not).
+fn sleeping(secs: u32) -> bool {
+    let cmdline = format!("sleep\0{secs}\0").into_bytes();
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
-        .any(|p| std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c == b"sleep\x0067\x00"))
+        .any(|p| std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c == cmdline))
 }
 
 /// Waits (at most 20 s) for `done`.
@@ -202,12 +203,40 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_exec_is_killed_and_recorded_as_cancelled() {
     let ws = workspace();
-    let dir = ws.path();
     let notes = Notes::default();
-    let client = connect_with(dir, notes.clone()).await;
-    // A sleep no other test runs, to be found among the host's processes.
-    let script = "echo started > started.txt; sleep 67 & echo $! > sleeper.pid; wait; \
-                  echo late > late.txt";
+    let client = connect_with(ws.path(), notes.clone()).await;
+    cancelled_exec(&client, &notes, ws.path(), 67).await;
+    client.cancel().await.unwrap();
+}
+
+/// The same through a supervisor: the server hangs its connection up, and the supervisor calls
+/// the command off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_exec_through_a_supervisor_is_killed_too() {
+    let ws = workspace();
+    let notes = Notes::default();
+    let (mut run, client) = supervised(ws.path(), notes.clone()).await;
+    cancelled_exec(&client, &notes, ws.path(), 68).await;
+    // The next call goes through a new connection.
+    ok(&client, "status", json!({})).await;
+    client.cancel().await.unwrap();
+    let _ = run.kill();
+    let _ = run.wait();
+}
+
+/// Cancels an `exec` of a command that sleeps `secs` (a time no other test sleeps, to be found
+/// among the host's processes) once it reported progress, and checks it was killed and recorded
+/// as cancelled with what it did before.
+async fn cancelled_exec<H: ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    notes: &Notes,
+    dir: &Path,
+    secs: u32,
+) {
+    let script = format!(
+        "echo started > started.txt; sleep {secs} & echo $! > sleeper.pid; wait; \
+         echo late > late.txt"
+    );
     let call = CallToolRequestParams::new("exec").with_arguments(
         json!({"command": ["sh", "-c", script]})
             .as_object()
@@ -226,37 +255,46 @@ async fn a_cancelled_exec_is_killed_and_recorded_as_cancelled() {
         notes.progress.load(Ordering::SeqCst) > 0
     })
     .await;
-    assert!(sleeping(), "the command's child runs");
+    assert!(sleeping(secs), "the command's child runs");
     handle
         .cancel(Some("the user changed their mind".into()))
         .await
         .unwrap();
 
     let home = dir.join(".environment");
-    until("the cancelled command's record", || {
+    let recorded = || {
         let env = LocalEnvironment::open(&home, Options::default()).unwrap();
-        let head = env.head("main").unwrap();
-        env.op(&head).unwrap().flags.contains(OpFlags::COMMAND)
-    })
-    .await;
-    let env = LocalEnvironment::open(&home, Options::default()).unwrap();
-    let head = env.head("main").unwrap();
-    assert!(env.op(&head).unwrap().flags.contains(OpFlags::FAILED));
+        let mut at = Some(env.head("main").unwrap());
+        // The command's operation, among the last few (a supervisor may capture after it).
+        for _ in 0..10 {
+            let op = env.op(&at?).unwrap();
+            if op.flags.contains(OpFlags::COMMAND) {
+                return Some((env, op));
+            }
+            at = op.parents.first().copied();
+        }
+        None
+    };
+    until("the cancelled command's record", || recorded().is_some()).await;
+    let (env, op) = recorded().unwrap();
+    assert!(op.flags.contains(OpFlags::FAILED));
     let status = env
-        .read_unchecked(&Key::obj("exec/status").unwrap(), &head)
+        .read_unchecked(&Key::obj("exec/status").unwrap(), &op.id)
         .unwrap()
         .unwrap();
     let status: Value = serde_json::from_slice(&env.content(&status).unwrap()).unwrap();
     assert_eq!(status["exit"], "cancelled", "{status}");
     assert!(
-        env.read_unchecked(&Key::fs("started.txt").unwrap(), &head)
+        env.read_unchecked(&Key::fs("started.txt").unwrap(), &op.id)
             .unwrap()
             .is_some(),
         "what the command did before is its operation's"
     );
-    assert!(!sleeping(), "the command's child survived the cancellation");
+    assert!(
+        !sleeping(secs),
+        "the command's child survived the cancellation"
+    );
     assert!(!dir.join("late.txt").exists());
-    client.cancel().await.unwrap();
 }
 
 async fn call<H: ClientHandler>(
@@ -718,35 +756,7 @@ async fn tools_go_through_a_supervisor_socket() {
     let ws = workspace();
     let dir = ws.path();
     assert!(!dir.join(".environment/bus.db").exists(), "no queue yet");
-    let socket = dir.join(".environment/run/control.sock");
-    let mut run = Command::new(BIN)
-        .arg("-C")
-        .arg(dir)
-        .args(["--actor", "agent:long", "run", "--isolate", "none", "--"])
-        .args(["sh", "-c", "echo one > one.txt; exec sleep 60"])
-        .env_remove("ENVIRONMENT_DIR")
-        .env_remove("ENVIRONMENT_SOCKET")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..400 {
-        if socket.exists() && dir.join("one.txt").exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
-    assert!(socket.exists(), "the supervisor never came up");
-    let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
-        cmd.arg("mcp")
-            .arg("--socket")
-            .arg(&socket)
-            .env_remove("ENVIRONMENT_DIR")
-            .env_remove("ENVIRONMENT_SOCKET");
-    }))
-    .unwrap();
-    let client = ().serve(transport).await.unwrap();
-
+    let (mut run, client) = supervised(dir, ()).await;
     let marked = ok(&client, "mark", json!({"name": "start"})).await;
     assert!(marked.contains("start"), "{marked}");
     let out = ok(
@@ -808,6 +818,42 @@ async fn tools_go_through_a_supervisor_socket() {
         .unwrap();
     assert!(killed.success());
     assert!(run.wait().unwrap().code().is_some());
+}
+
+/// `envctl run` of a long agent in `dir` (as `agent:long`), and an MCP client of `envctl mcp
+/// --socket` through its supervisor, whose notifications `handler` gets.
+async fn supervised<H: ClientHandler>(
+    dir: &Path,
+    handler: H,
+) -> (std::process::Child, RunningService<RoleClient, H>) {
+    let socket = dir.join(".environment/run/control.sock");
+    let run = Command::new(BIN)
+        .arg("-C")
+        .arg(dir)
+        .args(["--actor", "agent:long", "run", "--isolate", "none", "--"])
+        .args(["sh", "-c", "echo one > one.txt; exec sleep 60"])
+        .env_remove("ENVIRONMENT_DIR")
+        .env_remove("ENVIRONMENT_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..400 {
+        if socket.exists() && dir.join("one.txt").exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(socket.exists(), "the supervisor never came up");
+    let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
+        cmd.arg("mcp")
+            .arg("--socket")
+            .arg(&socket)
+            .env_remove("ENVIRONMENT_DIR")
+            .env_remove("ENVIRONMENT_SOCKET");
+    }))
+    .unwrap();
+    (run, handler.serve(transport).await.unwrap())
 }
 
 /// Makes `depth` nested directories of 200-byte names below `root`, one descriptor at a time

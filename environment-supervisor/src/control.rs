@@ -75,6 +75,17 @@ impl ControlError {
     }
 }
 
+/// Hangs a [`ControlClient`]'s connection up (see [`ControlClient::hang_up_handle`]).
+#[derive(Debug)]
+pub struct HangUp(UnixStream);
+
+impl HangUp {
+    /// Hangs up: the request in flight, if any, is called off.
+    pub fn hang_up(&self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// A connection to the control socket. Calls are answered in order.
 #[derive(Debug)]
 pub struct ControlClient {
@@ -140,6 +151,13 @@ impl ControlClient {
             )));
         }
         into_result(answer)
+    }
+
+    /// A handle that calls off, from another thread, the request this client has in flight:
+    /// it hangs the connection up, and the supervisor kills a command it runs for it (recorded
+    /// as cancelled). The client answers nothing more afterwards; connect again.
+    pub fn hang_up_handle(&self) -> Result<HangUp, ControlError> {
+        Ok(HangUp(self.writer.try_clone()?))
     }
 
     /// Sends one raw line and reads one answer line, as JSON. For tools and tests that speak

@@ -64,7 +64,7 @@ use environment_policy::Policy;
 use serde::Serialize;
 
 pub use agent::{AgentExit, AgentSpec, SOCKET_VAR, TOKEN_VAR};
-pub use control::{ControlClient, ControlError};
+pub use control::{ControlClient, ControlError, HangUp};
 pub use methods::{Method, SCHEMA};
 
 use agent::{Agent, Launch};

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
 
+use environment_core::Cancel;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -242,8 +243,11 @@ async fn connection(
                 ),
             )),
             Ok(Some(Line::Message(bytes))) => {
-                let shared = shared.clone();
-                match tokio::task::spawn_blocking(move || handle_message(&shared, &bytes)).await {
+                let (shared, cancel) = (shared.clone(), Cancel::new());
+                let calling = cancel.clone();
+                let work =
+                    tokio::task::spawn_blocking(move || handle_message(&shared, &bytes, &calling));
+                match called_off_on_hangup(work, &mut r, &cancel).await {
                     Ok(reply) => reply,
                     Err(e) => Some(rpc::failure(
                         Value::Null,
@@ -266,9 +270,33 @@ async fn connection(
     }
 }
 
+/// Waits for a request's `work`; if its client hangs up meanwhile (the connection reaches its
+/// end), calls the request off through `cancel`: a command is killed and recorded as
+/// cancelled. A client that sends its next request before the answer is left to wait for it.
+async fn called_off_on_hangup<T>(
+    mut work: tokio::task::JoinHandle<T>,
+    r: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+    cancel: &Cancel,
+) -> Result<T, tokio::task::JoinError> {
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            ended = r.fill_buf(), if watching => {
+                match ended {
+                    Ok([]) | Err(_) => cancel.cancel(),
+                    // A pipelined request: it is read once this one is answered.
+                    Ok(_) => {}
+                }
+                watching = false;
+            }
+        }
+    }
+}
+
 /// Handles one line: a request, a notification or a batch. `None` when nothing is to be sent
-/// back (notifications only, or a blank line).
-pub(crate) fn handle_message(shared: &Workspace, bytes: &[u8]) -> Option<Value> {
+/// back (notifications only, or a blank line). `cancel` calls its commands off.
+pub(crate) fn handle_message(shared: &Workspace, bytes: &[u8], cancel: &Cancel) -> Option<Value> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return None;
     }
@@ -297,21 +325,23 @@ pub(crate) fn handle_message(shared: &Workspace, bytes: &[u8]) -> Option<Value> 
         Value::Array(items) => {
             let replies: Vec<Value> = items
                 .into_iter()
-                .filter_map(|item| handle_one(shared, item))
+                .filter_map(|item| handle_one(shared, item, cancel))
                 .collect();
             (!replies.is_empty()).then_some(Value::Array(replies))
         }
-        single => handle_one(shared, single),
+        single => handle_one(shared, single, cancel),
     }
 }
 
-fn handle_one(shared: &Workspace, v: Value) -> Option<Value> {
+fn handle_one(shared: &Workspace, v: Value, cancel: &Cancel) -> Option<Value> {
     let call = match rpc::parse_call(v) {
         Ok(c) => c,
         Err((id, e)) => return Some(rpc::failure(id, &e)),
     };
     let outcome = match Method::from_name(&call.method) {
-        Some(m) => shared.call(m, call.params).map_err(RpcError::from),
+        Some(m) => shared
+            .call_cancellable(m, call.params, cancel)
+            .map_err(RpcError::from),
         None => {
             Counters::bump(&shared.counters.requests);
             let shown: String = call.method.chars().take(100).collect();

@@ -30,7 +30,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
 
 use crate::failure::{Failure, Outcome};
-use crate::target::{Remote, SupervisorAddr};
+use crate::target::{Canceller, Remote, SupervisorAddr};
 use crate::workspace::{Serving, Session, Workspace};
 use tools::{TOOLS, ToolSpec};
 
@@ -170,8 +170,17 @@ impl EnvServer {
         let cancel = Cancel::new();
         // A call dropped before its end (the server stopping) calls its command off too.
         let mut called_off = CallOffOnDrop(Some(cancel.clone()));
+        // Through a supervisor, a call is called off by hanging its connection up.
+        let hang_up = match &self.backend {
+            Backend::Supervisor(remote) => remote
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .canceller()
+                .ok(),
+            Backend::Local(_) => None,
+        };
         let work = self.spawn(tool.method, args, cancel.clone());
-        let done = running(work, &context, tool.name, &cancel).await;
+        let done = running(work, &context, tool.name, &cancel, hang_up.as_ref()).await;
         called_off.0 = None;
         if done.is_ok() && tool.method == Method::Mark {
             // A mark is listed as a resource.
@@ -256,6 +265,7 @@ async fn running(
     context: &RequestContext<RoleServer>,
     tool: &str,
     cancel: &Cancel,
+    hang_up: Option<&Canceller>,
 ) -> Outcome<Value> {
     let progress = context.meta.get_progress_token();
     let started = tokio::time::Instant::now();
@@ -267,7 +277,12 @@ async fn running(
                     Err(Failure::other(format!("the tool stopped unexpectedly: {e}")))
                 });
             }
-            _ = context.ct.cancelled(), if !cancel.is_cancelled() => cancel.cancel(),
+            _ = context.ct.cancelled(), if !cancel.is_cancelled() => {
+                cancel.cancel();
+                if let Some(h) = hang_up {
+                    h.cancel();
+                }
+            }
             _ = ticks.tick(), if progress.is_some() => {
                 let secs = started.elapsed().as_secs();
                 if let Some(token) = &progress {
