@@ -15,7 +15,7 @@ use environment_core::{
     MAIN, Options, Resource, Spend, SystemClock,
 };
 use environment_policy::Policy;
-use environment_sandbox::{Launcher, NoiseRules, Shell, Tracker, TrackerConfig};
+use environment_sandbox::{ForkConfig, Launcher, NoiseRules, Shell, Tracker, TrackerConfig};
 use environment_workspace as service;
 
 use crate::failure::{Failure, Outcome};
@@ -197,6 +197,8 @@ pub struct Serving {
     pub capture_each_call: bool,
     /// The queue is created when missing (else it is there only if it exists).
     pub create_queue: bool,
+    /// Tournaments run, each fork in a sandbox of its own.
+    pub forking: bool,
 }
 
 /// How much of the tree a command looks at when it opens the workspace.
@@ -372,13 +374,6 @@ impl Session {
         rules
     }
 
-    /// The tracker of the workspace tree.
-    pub fn tracker(&self) -> Outcome<&Tracker> {
-        self.tracker
-            .as_ref()
-            .ok_or_else(|| Failure::other("the workspace is not tracked in this command"))
-    }
-
     /// Stops tracking, so that another tracker can take over (e.g. one attributing captures to
     /// a command's actor).
     pub fn stop_tracker(&mut self) -> Outcome<()> {
@@ -398,7 +393,15 @@ impl Session {
             launcher,
             capture_each_call,
             create_queue,
+            forking,
         } = how;
+        let forking = forking.then(|| service::Forking {
+            config: ForkConfig {
+                noise: self.noise_rules(),
+                ..ForkConfig::default()
+            },
+            sandbox: Arc::new(crate::commands::process::overlay_sandbox),
+        });
         let tracker = Arc::new(
             self.tracker
                 .take()
@@ -433,6 +436,7 @@ impl Session {
             default_token: self.ws.credentials.token.clone(),
             branch: MAIN.to_owned(),
             capture_each_call,
+            forking,
         }))
     }
 

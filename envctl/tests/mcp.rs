@@ -1227,3 +1227,53 @@ async fn tools_are_annotated_and_binary_files_read_as_base64() {
     assert!(head.contains("4 bytes"), "{read}");
     assert_eq!(b64, "/wD+YQ==");
 }
+
+/// A tournament over MCP: each candidate in a fork with a sandbox of its own, the one that
+/// passes the test adopted into the workspace, the report in the structured content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tournament_adopts_its_winner_over_mcp() {
+    if let Err(e) = environment_sandbox::Isolation::probe() {
+        let why = format!("this host refuses unprivileged user namespaces: {e}");
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "a prerequisite is missing under CI=true: {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let ws = workspace();
+    let dir = ws.path();
+    let client = connect(dir).await;
+    let r = call(
+        &client,
+        "tournament",
+        json!({
+            "candidates": ["echo one > pick.txt", "echo two > pick.txt"],
+            "test": "grep -q two pick.txt",
+            "pick_all": true,
+        }),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    conforms(&client, "tournament", &r).await;
+    let report = &r.structured_content.as_ref().unwrap()["report"];
+    assert_eq!(report["winner"], 1, "{report}");
+    assert!(report["adopted"].is_string(), "{report}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("pick.txt")).unwrap(),
+        "two\n"
+    );
+    // Nothing passes: nothing is adopted, and the workspace is as it was.
+    let none = ok(
+        &client,
+        "tournament",
+        json!({ "candidates": ["echo three > pick.txt"], "test": "false" }),
+    )
+    .await;
+    assert!(none.contains("nothing was adopted"), "{none}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("pick.txt")).unwrap(),
+        "two\n"
+    );
+    client.cancel().await.unwrap();
+}

@@ -434,6 +434,8 @@ impl Supervisor {
             branch: config.branch.clone(),
             // The trackers capture in the background, and at each use case's barriers.
             capture_each_call: false,
+            // A tournament's forks run outside the agent's sandbox: not offered to it.
+            forking: None,
         }));
         let server = Server::start(&socket, shared.clone(), config_limits)?;
         let socket_inside = config

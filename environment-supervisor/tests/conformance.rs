@@ -522,6 +522,13 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
     );
     t.ok("pty.list", json!({}));
 
+    // A supervisor runs no tournament: its forks would run outside the agent's sandbox.
+    t.refused(
+        "tournament",
+        json!({ "candidates": ["true"], "test": "true" }),
+        ErrorKind::Unavailable,
+    );
+
     // Upkeep.
     t.ok("gc", json!({}));
 }

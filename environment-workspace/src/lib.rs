@@ -22,10 +22,11 @@ mod methods;
 mod permissions;
 mod queue;
 mod session;
+mod tournament;
 mod versions;
 mod workspace;
 
 pub use commands::bytes_json;
 pub use error::{NOT_DONE, ServiceError};
 pub use methods::Method;
-pub use workspace::{Counters, Parts, ShellHandles, Workspace, lock};
+pub use workspace::{Counters, ForkSandbox, Forking, Parts, ShellHandles, Workspace, lock};

@@ -31,6 +31,7 @@
 //! | `effect.list` | read | environment | `effects` |
 //! | `effect.begin`, `.complete`, `.fail` | execute | the effect's target (a service) | `effect` |
 //! | `verify` | read | environment | — |
+//! | `tournament` | execute | each candidate's and the test's program | `tournament` |
 //! | `file.read`, `file.list` | read | the key, the prefix | `read`, `list` |
 //! | `file.write`, `file.delete` | write, delete | the key | `write`, `delete` |
 //! | `gc` | delete | environment | `gc` |
@@ -49,7 +50,7 @@ use super::commands::{self, PtyOp};
 use super::error::ServiceError;
 use super::session::Session;
 use super::workspace::{Counters, Workspace};
-use super::{effects, files, permissions, queue, versions};
+use super::{effects, files, permissions, queue, tournament, versions};
 
 /// The use cases, under the names every door calls them by (the control socket's schema lists
 /// them in this order).
@@ -132,6 +133,8 @@ pub enum Method {
     Verify,
     /// Deletes unreferenced blobs (normally refused to agents).
     Gc,
+    /// Runs candidate commands in forks, judges them by a test, adopts the winner.
+    Tournament,
     /// Runs a command to its end as a recorded operation.
     Exec,
     /// Starts a background process.
@@ -203,6 +206,7 @@ impl Method {
         Method::EffectFail,
         Method::Verify,
         Method::Gc,
+        Method::Tournament,
         Method::Exec,
         Method::ProcessSpawn,
         Method::ProcessRead,
@@ -260,6 +264,7 @@ impl Method {
             Method::EffectFail => "effect.fail",
             Method::Verify => "verify",
             Method::Gc => "gc",
+            Method::Tournament => "tournament",
             Method::Exec => "exec",
             Method::ProcessSpawn => "process.spawn",
             Method::ProcessRead => "process.read",
@@ -313,6 +318,7 @@ impl Workspace {
     ///     default_token: None,
     ///     branch: MAIN.to_owned(),
     ///     capture_each_call: true,
+    ///     forking: None,
     /// });
     /// let args = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
     ///
@@ -438,6 +444,7 @@ fn call(
         Method::EffectComplete => effects::settle(&session, parse(p)?, true),
         Method::EffectFail => effects::settle(&session, parse(p)?, false),
         Method::Verify => versions::verify(&session, parse(p)?),
+        Method::Tournament => tournament::run(&session, parse(p)?),
         Method::Gc => {
             let _: Empty = parse(p)?;
             versions::gc(&session)

@@ -13,6 +13,7 @@ use environment_core::{
 };
 use environment_policy::Policy;
 
+use environment_sandbox::fork::{ForkConfig, WorkingTree};
 use environment_sandbox::launch::Launcher;
 use environment_sandbox::restore::RestorePlan;
 use environment_sandbox::tracker::Tracker;
@@ -57,6 +58,19 @@ impl std::fmt::Debug for ShellHandles {
     }
 }
 
+/// How a workspace runs tournaments: the configuration of its forks, and the sandbox each
+/// fork's working tree runs in.
+#[derive(Clone)]
+pub struct Forking {
+    /// The forks' configuration (the tree's noise rules and key prefix).
+    pub config: ForkConfig,
+    /// The sandbox of one fork's working tree.
+    pub sandbox: Arc<ForkSandbox>,
+}
+
+/// Makes the sandbox a fork's working tree runs in.
+pub type ForkSandbox = dyn Fn(&WorkingTree) -> Result<Box<dyn Launcher>> + Send + Sync;
+
 /// What a workspace is opened with.
 pub struct Parts {
     /// The environment.
@@ -85,6 +99,8 @@ pub struct Parts {
     /// trackers do not capture in the background): a call then sees, and never overwrites,
     /// what was done outside it.
     pub capture_each_call: bool,
+    /// How tournaments run, when the workspace runs them.
+    pub forking: Option<Forking>,
 }
 
 /// An open workspace, shared by the sessions on it.
@@ -114,6 +130,8 @@ pub struct Workspace {
     pub branch: String,
     /// Whether every call first captures what changed in the trees.
     pub capture_each_call: bool,
+    /// How tournaments run, when the workspace runs them.
+    pub forking: Option<Forking>,
     /// Receipts handed out, with their group and consumer: settling is authorized on the group
     /// the receipt was claimed from, and done as its claimer.
     pub(crate) receipts: Mutex<HashMap<String, Claimed>>,
@@ -144,6 +162,7 @@ impl Workspace {
             default_token: p.default_token,
             branch: p.branch,
             capture_each_call: p.capture_each_call,
+            forking: p.forking,
             receipts: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             agent_pid: Mutex::new(None),

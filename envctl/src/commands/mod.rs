@@ -115,6 +115,7 @@ fn goes_through_door(command: &Command) -> bool {
                 | Command::Queue(_)
                 | Command::Merge { .. }
                 | Command::Exec(_)
+                | Command::Tournament(_)
         )
 }
 
@@ -152,6 +153,7 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
     let serving = Serving {
         // A queue command makes the queue when it is not there yet.
         create_queue: matches!(cli.command, Command::Queue(_)),
+        forking: matches!(cli.command, Command::Tournament(_)),
         ..Serving::default()
     };
     let mut door = Door::open(target, &credentials(cli), serving)?;
@@ -178,6 +180,7 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
         Command::Gc => maintain::gc(&mut door, json)?,
         Command::Verify => maintain::verify(&mut door, json)?,
         Command::Queue(q) => queue::run(&mut door, q, json)?,
+        Command::Tournament(a) => return process::tournament(&mut door, a, json).map(Some),
         _ => return Ok(None),
     }
     Ok(Some(ExitCode::Ok.status()))
@@ -239,12 +242,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             // The candidates run on forks; the supervisor adopts the winner into its tree.
             let mut remote = crate::target::Remote::connect(&addr, &credentials(&cli))?;
             let mut s = Session::open_stores(ws, actor)?;
-            return process::tournament(
-                &mut s,
-                a,
-                json,
-                process::Adoption::Supervisor(&mut remote),
-            );
+            return process::tournament_beside(&mut s, a, json, &mut remote);
         }
         if stores_only(&cli.command) {
             // The supervisor captures the tree; these read or change only the stores, which
@@ -286,9 +284,6 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     let s = target.direct()?;
     match &cli.command {
         Command::Status => maintain::status(s, json)?,
-        Command::Tournament(a) => {
-            return process::tournament(s, a, json, process::Adoption::Live);
-        }
         // Every other command was dispatched above (through the door, or on its own).
         _ => {}
     }

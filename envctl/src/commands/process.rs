@@ -494,7 +494,11 @@ fn spawn_failure(program: &str, e: SandboxError) -> Failure {
 
 /// Each fork's sandbox: the host read-only, its workspace the overlay of its changes over the
 /// shared base, no network.
-fn overlay_sandbox(tree: &WorkingTree) -> environment_sandbox::Result<Box<dyn Launcher>> {
+/// The sandbox of a fork's working tree: the host read-only, the tree's overlay writable, no
+/// network.
+pub(crate) fn overlay_sandbox(
+    tree: &WorkingTree,
+) -> environment_sandbox::Result<Box<dyn Launcher>> {
     let mut spec = IsolationSpec::host(&tree.lower);
     spec.workspace = Some(SandboxWorkspace::Overlay {
         lower: tree.lower.clone(),
@@ -509,22 +513,8 @@ fn sh(script: &str) -> Vec<String> {
     vec!["/bin/sh".into(), "-c".into(), script.into()]
 }
 
-/// `envctl tournament`: exit 0 when a winner was adopted, 1 when none passed.
-/// Where a tournament's winner goes.
-pub enum Adoption<'a> {
-    /// Into main and the live tree, through this session's tracker.
-    Live,
-    /// Through a running supervisor, which merges it into main and writes it into the tree it
-    /// holds.
-    Supervisor(&'a mut crate::target::Remote),
-}
-
-pub fn tournament(
-    s: &mut Session,
-    a: &TournamentArgs,
-    json: bool,
-    adoption: Adoption<'_>,
-) -> Outcome<i32> {
+/// Refuses a tournament this host cannot run, or one asked with no job; nothing runs.
+fn tournament_runs(a: &TournamentArgs) -> Outcome<()> {
     if let Err(why) = namespaces() {
         return Err(Failure::new(
             ExitCode::Unavailable,
@@ -538,6 +528,37 @@ pub fn tournament(
     if a.jobs == 0 {
         return Err(Failure::usage("--jobs must be at least 1").hint("e.g. --jobs 2"));
     }
+    Ok(())
+}
+
+/// `envctl tournament` through the workspace's door: the service runs the candidates in forks
+/// and adopts the winner into the live tree. Exit 0 when a winner was adopted, 1 when none
+/// passed.
+pub fn tournament(door: &mut Door, a: &TournamentArgs, json: bool) -> Outcome<i32> {
+    tournament_runs(a)?;
+    let r = door.call(
+        Method::Tournament,
+        json!({
+            "candidates": a.candidates,
+            "test": a.test,
+            "base": a.base,
+            "jobs": a.jobs,
+            "pick_all": a.pick == PickArg::All,
+        }),
+    )?;
+    Ok(print_tournament(&r["base"], &r["report"], a, json))
+}
+
+/// `envctl tournament` beside a running supervisor, which holds the tree: the candidates run
+/// here, the winner is adopted into a branch of its own, which the supervisor then merges into
+/// main and writes into its tree.
+pub fn tournament_beside(
+    s: &mut Session,
+    a: &TournamentArgs,
+    json: bool,
+    remote: &mut crate::target::Remote,
+) -> Outcome<i32> {
+    tournament_runs(a)?;
     let base = match &a.base {
         Some(v) => s.env.resolve(v)?,
         None => s.head()?,
@@ -564,52 +585,65 @@ pub fn tournament(
             ..ForkConfig::default()
         },
     )?;
-    let report = match adoption {
-        Adoption::Live => t.run(&forks, &overlay_sandbox, Some(s.tracker()?))?,
-        Adoption::Supervisor(remote) => {
-            // The winner is adopted into a branch of its own, which the supervisor then merges
-            // into main and writes into the tree it holds.
-            t.target = format!("{}/adopted", t.name);
-            s.env.create_branch(&s.actor, &t.target, &base)?;
-            let mut report = t.run(&forks, &overlay_sandbox, None)?;
-            if report.adopted.is_some() {
-                let merged = remote.call("merge", json!({ "source": t.target }))?;
-                report.adopted = Some(
-                    s.env
-                        .resolve(merged["version"].as_str().unwrap_or("main"))?,
-                );
-            }
-            report
-        }
-    };
-    let status = if report.adopted.is_some() { 0 } else { 1 };
+    t.target = format!("{}/adopted", t.name);
+    s.env.create_branch(&s.actor, &t.target, &base)?;
+    let mut report = t.run(&forks, &overlay_sandbox, None)?;
+    if report.adopted.is_some() {
+        let merged = remote.call("merge", json!({ "source": t.target }))?;
+        report.adopted = Some(
+            s.env
+                .resolve(merged["version"].as_str().unwrap_or("main"))?,
+        );
+    }
+    Ok(print_tournament(
+        &json!(base.to_string()),
+        &report.to_json(),
+        a,
+        json,
+    ))
+}
+
+/// Prints a tournament's report (its JSON form); its exit status (0 when a winner was
+/// adopted).
+fn print_tournament(
+    base: &serde_json::Value,
+    report: &serde_json::Value,
+    a: &TournamentArgs,
+    json: bool,
+) -> i32 {
+    let adopted = report["adopted"].as_str();
+    let status = if adopted.is_some() { 0 } else { 1 };
     if json {
-        print_json(&json!({ "base": base.to_string(), "report": report }));
-        return Ok(status);
+        print_json(&json!({ "base": base, "report": report }));
+        return status;
     }
     println!("{:<4} {:<6} {:<42} command", "", "test", "branch");
-    for (i, c) in report.contestants.iter().enumerate() {
-        let mark = if Some(i) == report.winner {
+    let contestants = report["contestants"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (i, c) in contestants.iter().enumerate() {
+        let mark = if report["winner"].as_u64() == Some(i as u64) {
             "winner"
         } else {
             ""
         };
         println!(
             "{:<4} {:<6} {:<42} {}  {mark}",
-            c.candidate.name,
-            if c.passed { "pass" } else { "fail" },
-            c.branch,
+            c["candidate"]["name"].as_str().unwrap_or_default(),
+            if c["passed"] == true { "pass" } else { "fail" },
+            c["branch"].as_str().unwrap_or_default(),
             a.candidates.get(i).map(String::as_str).unwrap_or_default(),
         );
     }
-    match report.adopted {
+    match adopted {
         Some(head) => println!(
             "adopted: main is now {} (written into the workspace)",
-            head.short()
+            head.chars().take(12).collect::<String>()
         ),
         None => eprintln!("envctl: no candidate passed the test; nothing was adopted"),
     }
-    Ok(status)
+    status
 }
 
 /// Where in the workspace `dir` envctl was started, when in a subdirectory of it: a command it

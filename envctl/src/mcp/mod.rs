@@ -43,6 +43,7 @@ pub fn serve(ws: Workspace, actor: ActorId) -> Outcome<()> {
         launcher: Some(launcher),
         capture_each_call: true,
         create_queue: true,
+        forking: crate::commands::process::namespaces().is_ok(),
     })?;
     stdio(EnvServer::new(workspace, approval))
 }

@@ -297,3 +297,20 @@ arguments!(
         lease_secs: u64,
     }
 );
+
+arguments!(
+    /// `tournament`.
+    TournamentParams {
+        /// Shell scripts, one per candidate, e.g. ["pip install 'x<2'", "pip install 'x>=2'"].
+        candidates: Vec<String>,
+        /// The shell script that judges each candidate's tree (exit 0 passes), e.g. "pytest -q".
+        test: String,
+        /// The version every candidate starts from (default: the workspace as it is now).
+        base: Option<String>,
+        /// How many candidates run at once (default 4).
+        jobs: Option<usize>,
+        /// Run every candidate to its end; the first passer in candidate order wins (default:
+        /// the first to pass in time).
+        pick_all: Option<bool>,
+    }
+);

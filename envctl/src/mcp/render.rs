@@ -156,6 +156,30 @@ pub(super) fn answer(method: Method, answer: &Value) -> String {
                 " Do not do the action before it is granted.".to_owned()
             }
         ),
+        Method::Tournament => {
+            let report = &answer["report"];
+            let mut out = lines(&report["contestants"], "No candidates.", |c| {
+                format!(
+                    "{} {} on {}",
+                    text(&c["candidate"]["name"]),
+                    if c["passed"] == true {
+                        "passed"
+                    } else {
+                        "failed"
+                    },
+                    text(&c["branch"])
+                )
+            });
+            out.push('\n');
+            out.push_str(&match report["adopted"].as_str() {
+                Some(v) => format!(
+                    "The winner was adopted: the workspace is now {}.",
+                    v.chars().take(12).collect::<String>()
+                ),
+                None => "No candidate passed the test; nothing was adopted.".to_owned(),
+            });
+            out
+        }
         Method::EffectList => lines(&answer["effects"], "No effects.", effect),
         Method::EffectBegin => format!(
             "{}\n{}",

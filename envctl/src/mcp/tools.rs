@@ -247,6 +247,15 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         adapt: exec_args,
     },
     ToolSpec {
+        name: "tournament",
+        method: Method::Tournament,
+        description: "Try several approaches side by side: each candidate script runs in a fork of the workspace with a sandbox of its own (the host read-only, no network), each fork is judged by the test script (exit 0 passes), and the winner's changes are adopted into the workspace as one operation of yours. The losers' branches stay in the history.",
+        effect: Effect::Changes,
+        idempotent: false,
+        input: input::<TournamentParams>,
+        adapt: keep,
+    },
+    ToolSpec {
         name: "read_file",
         method: Method::FileRead,
         description: "Read a file of the workspace as it is now or at an earlier version: its text, or for a file that is not UTF-8 its bytes in base64 after a line `encoding: base64` (structured: `text` or `base64`).",
