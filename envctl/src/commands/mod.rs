@@ -282,10 +282,9 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         return through_door(&cli, target, None).map(Option::unwrap_or_default);
     }
     let s = target.direct()?;
-    match &cli.command {
-        Command::Status => maintain::status(s, json)?,
-        // Every other command was dispatched above (through the door, or on its own).
-        _ => {}
+    // Every other command was dispatched above (through the door, or on its own).
+    if let Command::Status = &cli.command {
+        maintain::status(s, json)?;
     }
     Ok(ExitCode::Ok.status())
 }
