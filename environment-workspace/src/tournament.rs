@@ -3,7 +3,8 @@
 //! workspace's actor (core decides every key it changes).
 
 use environment_core::{Action, Resource};
-use environment_sandbox::{Candidate, Forks, Pick, Tournament};
+use environment_sandbox::fork::tournament::sh;
+use environment_sandbox::{Forks, Pick, Tournament};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -25,10 +26,6 @@ pub(super) struct TournamentParams {
     pick_all: bool,
     #[serde(default)]
     timeout_ms: Option<u64>,
-}
-
-fn sh(script: &str) -> Vec<String> {
-    vec!["/bin/sh".into(), "-c".into(), script.into()]
 }
 
 /// Runs the candidates, then adopts the winner (if any passed) into the live tree.
@@ -63,16 +60,7 @@ pub(super) fn run(g: &Session<'_>, p: TournamentParams) -> Result<Value, Service
             g.env().head(g.branch()).map_err(ServiceError::from)?
         }
     };
-    let candidates = p
-        .candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| Candidate {
-            name: format!("c{}", i + 1),
-            argv: sh(c),
-        })
-        .collect();
-    let mut t = Tournament::new(shared.actor.clone(), base, candidates, sh(&p.test));
+    let mut t = Tournament::of_scripts(shared.actor.clone(), base, &p.candidates, &p.test);
     if let Some(jobs) = p.jobs {
         t.concurrency = jobs;
     }

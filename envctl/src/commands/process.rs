@@ -14,9 +14,8 @@ use std::time::Duration;
 
 use environment_core::{Action, ActorId, Exit, Resource};
 use environment_sandbox::{
-    Bind, Candidate, CgroupLimits, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec,
-    Launcher, Pick, SandboxError, Shell, Tournament, Unconfined, WorkingTree,
-    Workspace as SandboxWorkspace,
+    Bind, CgroupLimits, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec, Launcher, Pick,
+    SandboxError, Shell, Tournament, Unconfined, WorkingTree, Workspace as SandboxWorkspace,
 };
 use environment_supervisor::{AgentSpec, ShellHandles, Supervisor, SupervisorConfig, TrackedRoot};
 use serde_json::json;
@@ -509,10 +508,6 @@ pub(crate) fn overlay_sandbox(
     Ok(Box::new(Sandbox::new(spec)?))
 }
 
-fn sh(script: &str) -> Vec<String> {
-    vec!["/bin/sh".into(), "-c".into(), script.into()]
-}
-
 /// Refuses a tournament this host cannot run, or one asked with no job; nothing runs.
 fn tournament_runs(a: &TournamentArgs) -> Outcome<()> {
     if let Err(why) = namespaces() {
@@ -563,16 +558,7 @@ pub fn tournament_beside(
         Some(v) => s.env.resolve(v)?,
         None => s.head()?,
     };
-    let candidates = a
-        .candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| Candidate {
-            name: format!("c{}", i + 1),
-            argv: sh(c),
-        })
-        .collect();
-    let mut t = Tournament::new(s.actor.clone(), base, candidates, sh(&a.test));
+    let mut t = Tournament::of_scripts(s.actor.clone(), base, &a.candidates, &a.test);
     t.concurrency = a.jobs;
     t.pick = match a.pick {
         PickArg::First => Pick::FirstToPass,

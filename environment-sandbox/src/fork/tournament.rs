@@ -72,6 +72,20 @@ pub struct Tournament {
 }
 
 impl Tournament {
+    /// A tournament of shell scripts (`c1`, `c2`… each run as `/bin/sh -c SCRIPT`) from
+    /// `base`, judged by the `test` script, adopted into `main`.
+    pub fn of_scripts(actor: ActorId, base: OpId, scripts: &[String], test: &str) -> Self {
+        let candidates = scripts
+            .iter()
+            .enumerate()
+            .map(|(i, script)| Candidate {
+                name: format!("c{}", i + 1),
+                argv: sh(script),
+            })
+            .collect();
+        Tournament::new(actor, base, candidates, sh(test))
+    }
+
     /// A tournament of `candidates` from `base`, judged by `test`, adopted into `main`.
     pub fn new(actor: ActorId, base: OpId, candidates: Vec<Candidate>, test: Vec<String>) -> Self {
         let name = format!("tournament/{}", &base.to_string()[..12]);
@@ -359,4 +373,9 @@ impl Tournament {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A shell script as a command line.
+pub fn sh(script: &str) -> Vec<String> {
+    vec!["/bin/sh".into(), "-c".into(), script.into()]
 }
