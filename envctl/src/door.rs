@@ -36,6 +36,14 @@ impl Door {
         })
     }
 
+    /// The supervisor's socket, when the door goes through one.
+    pub fn socket(&self) -> Option<&std::path::Path> {
+        match self {
+            Door::Service(..) => None,
+            Door::Socket(remote) => Some(remote.socket()),
+        }
+    }
+
     /// How a report names the way a command went: nothing in process, else through the
     /// supervisor.
     pub fn via(&self) -> &'static str {

@@ -143,6 +143,11 @@ impl Remote {
             .with_token(token))
     }
 
+    /// The socket it is connected to.
+    pub fn socket(&self) -> &Path {
+        &self.addr.socket
+    }
+
     /// What calls off the next call (or the one in flight) from another thread.
     pub fn canceller(&self) -> Outcome<Canceller> {
         Ok(Canceller {

@@ -649,7 +649,7 @@ fn the_policy_denies_and_nothing_changes() {
     assert_eq!(named, ["README.md", "top.txt"], "{refused}");
     // Nothing found later launders them: the next capture records nothing.
     let head = ws.json(&["--actor", "human:alice", "show", "HEAD"])["id"].clone();
-    ws.ok(&["status"]);
+    ws.ok(&["--actor", "human:alice", "status"]);
     assert_eq!(
         ws.json(&["--actor", "human:alice", "show", "HEAD"])["id"],
         head

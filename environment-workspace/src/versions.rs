@@ -456,13 +456,22 @@ pub(super) fn status(g: &Session<'_>) -> Result<Value, ServiceError> {
     )?;
     let s = g.shared();
     let head = s.env.head(g.branch()).map_err(ServiceError::from)?;
+    let op = s.env.op(&head).map_err(ServiceError::from)?;
     let captures = s
         .with_tracker(|t| Ok(t.captures()))
         .map_err(ServiceError::from)?;
+    let names = |list: Vec<(String, OpId)>| list.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
     Ok(json!({
         "actor": s.actor.as_str(),
         "branch": g.branch(),
         "head": head.to_string(),
+        "seq": op.seq,
+        "head_actor": op.actor.as_str(),
+        "head_intent": op.intent.text,
+        "branches": names(s.env.branches().map_err(ServiceError::from)?),
+        "marks": names(s.env.marks().map_err(ServiceError::from)?),
+        "unfinished_effects": s.env.effects_unfinished().map_err(ServiceError::from)?.len(),
+        "policy_version": s.policy.as_ref().map(|p| p.version()),
         "workspace": s.launcher.as_ref().map(|l| l.workspace_inside().display().to_string()),
         "sandbox": s.launcher.as_ref().map(|l| l.describe()),
         "agent_pid": *lock(&s.agent_pid),

@@ -1,6 +1,5 @@
 //! `envctl effects`, `gc`, `verify`, `status`: looking after the environment.
 
-use environment_core::MAIN;
 use environment_workspace::Method;
 use serde_json::json;
 
@@ -8,8 +7,7 @@ use crate::door::Door;
 use crate::failure::Outcome;
 use crate::output::print_json;
 use crate::progress::Progress;
-use crate::target::probe;
-use crate::workspace::{BUS_FILE, ROOTFS_DIR, SOCKET_FILE, Session};
+use crate::workspace::{ROOTFS_DIR, Workspace};
 
 /// The effect log, through the workspace's door.
 pub fn effects(door: &mut Door, unfinished: bool, json: bool) -> Outcome<()> {
@@ -71,63 +69,82 @@ pub fn verify(door: &mut Door, json: bool) -> Outcome<()> {
     Ok(())
 }
 
-/// Where the environment is and what it holds.
-pub fn status(s: &Session, json: bool) -> Outcome<()> {
-    let head = s.head()?;
-    let op = s.env.op(&head)?;
-    let branches = s.env.branches()?;
-    let marks = s.env.marks()?;
-    let unfinished = s.env.effects_unfinished()?.len();
-    let policy = s.policy.as_ref().map(|p| p.version());
-    let socket = s.ws.home.join(SOCKET_FILE);
-    let supervisor = socket.exists() && probe(&socket).is_ok();
-    let rootfs = s.ws.home.join(ROOTFS_DIR);
-    let queue = s.ws.home.join(BUS_FILE).exists();
+/// Where the environment is and what it holds, through the workspace's door; `ws` is the
+/// workspace when this process knows it (not through a socket named by `--socket`).
+pub fn status(door: &mut Door, ws: Option<&Workspace>, json: bool) -> Outcome<()> {
+    let r = door.call(Method::Status, json!({}))?;
+    let supervisor = door.socket().map(|socket| {
+        json!({
+            "socket": socket.display().to_string(),
+            "actor": r["actor"],
+            "agent_pid": r["agent_pid"],
+            "sandbox": r["sandbox"],
+            "workspace": r["workspace"],
+            "captures": r["captures"],
+            "rollbacks": r["rollbacks"],
+        })
+    });
+    let rootfs = ws
+        .map(|w| w.home.join(ROOTFS_DIR))
+        .filter(|r| r.is_dir())
+        .map(|r| r.display().to_string());
     if json {
         print_json(&json!({
-            "dir": s.ws.dir.display().to_string(),
-            "home": s.ws.home.display().to_string(),
-            "actor": s.actor.as_str(),
-            "branch": MAIN,
-            "head": head.to_string(),
-            "head_intent": op.intent.text,
-            "seq": op.seq,
-            "branches": branches.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-            "marks": marks.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-            "unfinished_effects": unfinished,
-            "policy_version": policy,
-            "queue": queue,
-            "supervisor": supervisor,
-            "rootfs": rootfs.is_dir().then(|| rootfs.display().to_string()),
+            "dir": ws.map(|w| w.dir.display().to_string()),
+            "home": ws.map(|w| w.home.display().to_string()),
+            "actor": r["actor"],
+            "branch": r["branch"],
+            "head": r["head"],
+            "head_intent": r["head_intent"],
+            "seq": r["seq"],
+            "branches": r["branches"],
+            "marks": r["marks"],
+            "unfinished_effects": r["unfinished_effects"],
+            "policy_version": r["policy_version"],
+            "queue": r["queue"],
+            "supervisor": supervisor.clone().unwrap_or(json!(false)),
+            "rootfs": rootfs,
         }));
         return Ok(());
     }
-    println!("workspace: {}", s.ws.dir.display());
-    println!("home:      {}", s.ws.home.display());
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    if let Some(w) = ws {
+        println!("workspace: {}", w.dir.display());
+        println!("home:      {}", w.home.display());
+    }
     println!(
         "head:      {} #{} ({}: {})",
-        head.short(),
-        op.seq,
-        op.actor,
-        op.intent.text
+        text(&r["head"]).chars().take(12).collect::<String>(),
+        r["seq"],
+        text(&r["head_actor"]),
+        text(&r["head_intent"])
     );
-    println!(
-        "branches:  {}",
-        branches
-            .iter()
-            .map(|(n, _)| n.as_str())
+    let names = |v: &serde_json::Value| {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
             .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!("marks:     {}", marks.len());
-    println!("effects:   {unfinished} unfinished");
-    match policy {
+    };
+    println!("branches:  {}", names(&r["branches"]).join(", "));
+    println!("marks:     {}", names(&r["marks"]).len());
+    println!("effects:   {} unfinished", r["unfinished_effects"]);
+    match r["policy_version"].as_u64() {
         Some(v) => println!("policy:    loaded (version {v})"),
         None => println!("policy:    none loaded (every action is allowed)"),
     }
-    println!(
-        "supervisor: {}",
-        if supervisor { "running" } else { "not running" }
-    );
+    match &supervisor {
+        Some(s) => {
+            println!("supervisor: running at {}", text(&s["socket"]));
+            for k in ["actor", "agent_pid", "sandbox", "workspace"] {
+                println!("  {k:<10} {}", text(&s[k]));
+            }
+            println!(
+                "  captures {} · rollbacks {}",
+                s["captures"], s["rollbacks"]
+            );
+        }
+        None => println!("supervisor: not running"),
+    }
     Ok(())
 }

@@ -116,13 +116,14 @@ fn goes_through_door(command: &Command) -> bool {
                 | Command::Merge { .. }
                 | Command::Exec(_)
                 | Command::Tournament(_)
+                | Command::Status
         )
 }
 
 /// Runs `cli`'s command through the door of `target` when it [`goes_through_door`]: its exit
 /// status, or `None` for a command that does not. `held` is the workspace a supervisor holds,
 /// when known (a command's working directory is given relative to it).
-fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Outcome<Option<i32>> {
+fn through_door(cli: &Cli, target: Target, held: Option<&Workspace>) -> Outcome<Option<i32>> {
     if !goes_through_door(&cli.command) {
         return Ok(None);
     }
@@ -141,7 +142,7 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
                 )
                 .hint("give them to `envctl run`, or run exec when no supervisor runs"));
             }
-            Target::Supervisor(_) => (None, held.and_then(process::cwd_in)),
+            Target::Supervisor(_) => (None, held.and_then(|w| process::cwd_in(&w.dir))),
         };
         let serving = Serving {
             launcher,
@@ -150,6 +151,11 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
         let mut door = Door::open(target, &credentials(cli), serving)?;
         return process::exec(&mut door, a, cwd, cli.json).map(Some);
     }
+    // The workspace this process knows: the one held by a supervisor, or the one it opened.
+    let known = match &target {
+        Target::Direct(s) => Some(s.ws.clone()),
+        Target::Supervisor(_) => held.cloned(),
+    };
     let serving = Serving {
         // A queue command makes the queue when it is not there yet.
         create_queue: matches!(cli.command, Command::Queue(_)),
@@ -181,6 +187,7 @@ fn through_door(cli: &Cli, target: Target, held: Option<&std::path::Path>) -> Ou
         Command::Verify => maintain::verify(&mut door, json)?,
         Command::Queue(q) => queue::run(&mut door, q, json)?,
         Command::Tournament(a) => return process::tournament(&mut door, a, json).map(Some),
+        Command::Status => maintain::status(&mut door, known.as_ref(), json)?,
         _ => return Ok(None),
     }
     Ok(Some(ExitCode::Ok.status()))
@@ -230,7 +237,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()), None)? {
             return Ok(status);
         }
-        return remote::run(&addr, &cli);
+        return Err(remote::refusal(&addr, &cli.command));
     }
     let mut ws = Workspace::find(cli.chdir.as_deref())?;
     ws.credentials = credentials(&cli);
@@ -250,10 +257,10 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             let mut s = Session::open_stores(ws, actor)?;
             return stores_command(&mut s, &cli.command, json);
         }
-        if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()), Some(&ws.dir))? {
+        if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()), Some(&ws))? {
             return Ok(status);
         }
-        return remote::run(&addr, &cli);
+        return Err(remote::refusal(&addr, &cli.command));
     }
     match &cli.command {
         Command::Run(a) => return process::run(ws, actor, a, json),
@@ -277,16 +284,11 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         | Command::Verify => Look::Known,
         _ => Look::Changes,
     };
-    let mut target = Target::open_looking(ws, actor, cli.socket.as_deref(), look)?;
-    if goes_through_door(&cli.command) {
-        return through_door(&cli, target, None).map(Option::unwrap_or_default);
-    }
-    let s = target.direct()?;
-    // Every other command was dispatched above (through the door, or on its own).
-    if let Command::Status = &cli.command {
-        maintain::status(s, json)?;
-    }
-    Ok(ExitCode::Ok.status())
+    // Every other command was dispatched above, on its own: these are the workspace's use
+    // cases, through its one door.
+    let target = Target::open_looking(ws, actor, cli.socket.as_deref(), look)?;
+    through_door(&cli, target, None)?
+        .ok_or_else(|| Failure::other("this command is not a use case of the workspace"))
 }
 
 #[cfg(test)]
