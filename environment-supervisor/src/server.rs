@@ -283,15 +283,33 @@ async fn called_off_on_hangup<T>(
         tokio::select! {
             done = &mut work => return done,
             ended = r.fill_buf(), if watching => {
-                match ended {
-                    Ok([]) | Err(_) => cancel.cancel(),
-                    // A pipelined request: it is read once this one is answered.
-                    Ok(_) => {}
+                let ended = matches!(ended, Ok([]) | Err(_));
+                // Gone for good; a client that only shut its writing down (`nc -N`, a script's
+                // half-close) still waits for its answer. A pipelined request is read once
+                // this one is answered.
+                if ended && hung_up(r.get_ref()) {
+                    cancel.cancel();
                 }
                 watching = false;
             }
         }
     }
+}
+
+/// Whether the client closed its end entirely (not only its writing): the socket polls as hung
+/// up.
+fn hung_up(r: &tokio::net::unix::OwnedReadHalf) -> bool {
+    let stream: &UnixStream = r.as_ref();
+    let mut fds = [rustix::event::PollFd::new(
+        stream,
+        rustix::event::PollFlags::empty(),
+    )];
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+        && fds[0].revents().contains(rustix::event::PollFlags::HUP)
 }
 
 /// Handles one line: a request, a notification or a batch. `None` when nothing is to be sent

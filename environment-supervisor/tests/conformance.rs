@@ -1157,3 +1157,76 @@ fn every_door_decides_every_outcome_alike() {
         every_door_decides_alike_scenario,
     );
 }
+
+/// A client that only shuts its writing down after its request (a script's half-close) still
+/// gets its answer, and its command runs to its end; one that closes its end entirely calls
+/// its command off.
+fn a_half_close_is_not_a_hang_up_scenario(dir: &Path) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let (sup, work, _home, _) = open(dir, RULES);
+    let request = |argv: Value| {
+        let mut line = serde_json::to_vec(
+            &json!({ "jsonrpc": "2.0", "id": 1, "method": "exec", "params": { "argv": argv } }),
+        )
+        .unwrap();
+        line.push(b'\n');
+        line
+    };
+    let mut half = UnixStream::connect(sup.socket_path()).unwrap();
+    half.write_all(&request(json!([
+        "sh",
+        "-c",
+        "sleep 0.3; echo done > half.txt"
+    ])))
+    .unwrap();
+    half.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    BufReader::new(&half).read_line(&mut answer).unwrap();
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["result"]["exit"], json!({ "code": 0 }), "{answer}");
+    assert!(work.join("half.txt").exists());
+
+    let gone = UnixStream::connect(sup.socket_path()).unwrap();
+    (&gone)
+        .write_all(&request(json!([
+            "sh",
+            "-c",
+            "sleep 30; echo late > gone.txt"
+        ])))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(gone);
+    // The command is called off and recorded as cancelled.
+    let env = sup.env().clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let cancelled = loop {
+        let head = env.head("main").unwrap();
+        let status = env
+            .read_unchecked(&environment_core::Key::obj("exec/status").unwrap(), &head)
+            .unwrap()
+            .map(|v| serde_json::from_slice::<Value>(&env.content(&v).unwrap()).unwrap());
+        if status.as_ref().is_some_and(|s| s["exit"] == "cancelled") {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        cancelled,
+        "a client that went away did not call its command off"
+    );
+    assert!(!work.join("gone.txt").exists());
+    sup.shutdown().unwrap();
+}
+
+#[test]
+fn a_half_close_is_not_a_hang_up() {
+    both(
+        "a_half_close_is_not_a_hang_up",
+        always,
+        a_half_close_is_not_a_hang_up_scenario,
+    );
+}
