@@ -1,22 +1,28 @@
-//! The one door of a command to the workspace's use cases: the workspace service opened in
-//! this process, or a running supervisor's socket. Either way a command names a use case
-//! ([`Method`]) with its arguments, gets the same answer, and only renders it.
+//! The one door of a command (or an MCP tool) to the workspace's use cases: the workspace
+//! service opened in this process, or a running supervisor's socket. Either way a caller names
+//! a use case ([`Method`]) with its arguments, gets the same answer, and only renders it.
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use environment_core::Cancel;
 use environment_workspace::{self as service, Method};
 use serde_json::Value;
 
 use crate::failure::{Failure, Outcome};
-use crate::target::{Remote, Target};
+use crate::target::{Canceller, Remote, Target};
 use crate::workspace::Serving;
 
-/// Where a command's use cases run.
+/// Where use cases run. Cloning shares it: calls in process run side by side, calls through
+/// the socket one at a time.
+#[derive(Clone)]
 pub enum Door {
-    /// The workspace service, in this process, and the approval the command presents (its
-    /// token is the service's default).
-    Service(Box<service::Workspace>, Option<String>),
-    /// A running supervisor, through its control socket (which presents the command's
+    /// The workspace service, in this process, and the approval presented with every call
+    /// that presents none (its token is the service's default).
+    Service(Arc<service::Workspace>, Option<String>),
+    /// A running supervisor, through its control socket (which presents the caller's
     /// credentials itself).
-    Socket(Remote),
+    Socket(Arc<Mutex<Remote>>),
 }
 
 impl Door {
@@ -29,18 +35,27 @@ impl Door {
     ) -> Outcome<Door> {
         Ok(match target {
             Target::Direct(session) => Door::Service(
-                Box::new(session.into_service(serving)?),
+                Arc::new(session.into_service(serving)?),
                 credentials.approval.clone(),
             ),
-            Target::Supervisor(addr) => Door::Socket(Remote::connect(&addr, credentials)?),
+            Target::Supervisor(addr) => Door::through(Remote::connect(&addr, credentials)?),
         })
     }
 
+    /// The door through a supervisor's connection.
+    pub fn through(remote: Remote) -> Door {
+        Door::Socket(Arc::new(Mutex::new(remote)))
+    }
+
+    fn remote(remote: &Mutex<Remote>) -> std::sync::MutexGuard<'_, Remote> {
+        remote.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The supervisor's socket, when the door goes through one.
-    pub fn socket(&self) -> Option<&std::path::Path> {
+    pub fn socket(&self) -> Option<PathBuf> {
         match self {
             Door::Service(..) => None,
-            Door::Socket(remote) => Some(remote.socket()),
+            Door::Socket(remote) => Some(Door::remote(remote).socket().to_owned()),
         }
     }
 
@@ -53,8 +68,27 @@ impl Door {
         }
     }
 
+    /// What calls off, from another thread, a call through the socket (by hanging its
+    /// connection up); `None` in process, where [`Door::call_cancellable`]'s `cancel` does.
+    pub fn canceller(&self) -> Option<Canceller> {
+        match self {
+            Door::Service(..) => None,
+            Door::Socket(remote) => Door::remote(remote).canceller().ok(),
+        }
+    }
+
     /// Calls `method` with `params` (an object; nulls are left out).
-    pub fn call(&mut self, method: Method, params: Value) -> Outcome<Value> {
+    pub fn call(&self, method: Method, params: Value) -> Outcome<Value> {
+        self.call_cancellable(method, params, &Cancel::new())
+    }
+
+    /// [`Door::call`], with `cancel` able to call a command off in process.
+    pub fn call_cancellable(
+        &self,
+        method: Method,
+        params: Value,
+        cancel: &Cancel,
+    ) -> Outcome<Value> {
         let Value::Object(mut params) = params else {
             return Err(Failure::other("the parameters of a use case are an object"));
         };
@@ -66,9 +100,10 @@ impl Door {
                         .entry("approval")
                         .or_insert_with(|| Value::String(a.clone()));
                 }
-                ws.call(method, params).map_err(Failure::from)
+                ws.call_cancellable(method, params, cancel)
+                    .map_err(Failure::from)
             }
-            Door::Socket(remote) => remote.call(method.name(), Value::Object(params)),
+            Door::Socket(remote) => Door::remote(remote).call(method.name(), Value::Object(params)),
         }
     }
 }

@@ -574,10 +574,8 @@ impl Tracker {
                     Some(_) => return Err(refused("exists and is not a regular file")),
                     None => 0o644,
                 };
-                file_with_parents(&env, req, &before, key, content, mode).map_err(|e| {
-                    e.unwrap_or_else(|| {
-                        refused("a directory on its path is a file or a symlink in the workspace")
-                    })
+                file_with_parents(&env, req, &before, key, content, mode)?.ok_or_else(|| {
+                    refused("a directory on its path is a file or a symlink in the workspace")
                 })?
             }
         };
@@ -1027,9 +1025,9 @@ fn capture_loop(shared: &Shared) {
     }
 }
 
-/// `req` putting a file at `key`, and every ancestor directory the version `before` lacks. A
-/// write below a file or a symlink (`a.txt/notes.md`, `link/notes.md`) is `Err(None)`, before
-/// anything is recorded.
+/// `req` putting a file at `key`, and every ancestor directory the version `before` lacks; `None`
+/// for a write below a file or a symlink (`a.txt/notes.md`, `link/notes.md`), before anything
+/// is recorded.
 fn file_with_parents(
     env: &LocalEnvironment,
     mut req: ActRequest,
@@ -1037,23 +1035,20 @@ fn file_with_parents(
     key: Key,
     content: Vec<u8>,
     mode: u32,
-) -> std::result::Result<ActRequest, Option<SandboxError>> {
+) -> Result<Option<ActRequest>> {
     let mut parent = key.parent();
     while let Some(dir) = parent {
         if dir.path().is_empty() {
             break;
         }
         parent = dir.parent();
-        match env
-            .read_unchecked(&dir, before)
-            .map_err(|e| Some(e.into()))?
-        {
+        match env.read_unchecked(&dir, before)? {
             Some(v) if v.meta.kind == EntryKind::Dir => break,
-            Some(_) => return Err(None),
+            Some(_) => return Ok(None),
             None => req = req.put(dir, Value::dir()),
         }
     }
-    Ok(req.put(key, Value::file(content).mode(mode)))
+    Ok(Some(req.put(key, Value::file(content).mode(mode))))
 }
 
 /// `env`, presenting `credentials` when some are given (none presented leaves the tracker's

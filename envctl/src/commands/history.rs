@@ -20,7 +20,7 @@ fn short(v: &Value) -> String {
 const MOST: usize = 1000;
 
 /// The history of a branch.
-pub fn log(door: &mut Door, all: bool, branch: &str, limit: usize, json: bool) -> Outcome<()> {
+pub fn log(door: &Door, all: bool, branch: &str, limit: usize, json: bool) -> Outcome<()> {
     let mut r = door.call(
         Method::History,
         json!({ "all": all, "branch": branch, "limit": limit.clamp(1, MOST) }),
@@ -40,7 +40,7 @@ pub fn log(door: &mut Door, all: bool, branch: &str, limit: usize, json: bool) -
 }
 
 /// The refused changes of a branch, newest first.
-pub fn refused(door: &mut Door, branch: &str, limit: usize, json: bool) -> Outcome<()> {
+pub fn refused(door: &Door, branch: &str, limit: usize, json: bool) -> Outcome<()> {
     let r = door.call(
         Method::Refused,
         json!({ "branch": branch, "limit": limit.clamp(1, MOST) }),
@@ -65,7 +65,7 @@ pub fn refused(door: &mut Door, branch: &str, limit: usize, json: bool) -> Outco
 }
 
 /// One operation and what it changed.
-pub fn show(door: &mut Door, spec: &str, json: bool) -> Outcome<()> {
+pub fn show(door: &Door, spec: &str, json: bool) -> Outcome<()> {
     let op = door.call(Method::Show, json!({ "version": spec }))?;
     if json {
         print_json(&op);
@@ -127,7 +127,7 @@ fn letter(c: &Value) -> char {
 }
 
 /// What changed between two versions (the first thousand changes listed, every one counted).
-pub fn diff(door: &mut Door, from: &str, to: Option<&str>, stat: bool, json: bool) -> Outcome<()> {
+pub fn diff(door: &Door, from: &str, to: Option<&str>, stat: bool, json: bool) -> Outcome<()> {
     let r = door.call(
         Method::Diff,
         json!({ "from": from, "to": to, "limit": MOST }),

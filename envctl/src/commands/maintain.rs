@@ -10,7 +10,7 @@ use crate::progress::Progress;
 use crate::workspace::{ROOTFS_DIR, Workspace};
 
 /// The effect log, through the workspace's door.
-pub fn effects(door: &mut Door, unfinished: bool, json: bool) -> Outcome<()> {
+pub fn effects(door: &Door, unfinished: bool, json: bool) -> Outcome<()> {
     let r = door.call(Method::EffectList, json!({ "unfinished": unfinished }))?;
     if json {
         print_json(&r);
@@ -36,7 +36,7 @@ pub fn effects(door: &mut Door, unfinished: bool, json: bool) -> Outcome<()> {
 }
 
 /// Garbage collection of unreferenced content, through the workspace's door.
-pub fn gc(door: &mut Door, json: bool) -> Outcome<()> {
+pub fn gc(door: &Door, json: bool) -> Outcome<()> {
     let progress = Progress::spinner("collecting unreferenced content");
     let r = door.call(Method::Gc, json!({}));
     progress.finish();
@@ -53,7 +53,7 @@ pub fn gc(door: &mut Door, json: bool) -> Outcome<()> {
 }
 
 /// The integrity check, through the workspace's door.
-pub fn verify(door: &mut Door, json: bool) -> Outcome<()> {
+pub fn verify(door: &Door, json: bool) -> Outcome<()> {
     let progress = Progress::spinner("verifying the stores");
     let r = door.call(Method::Verify, json!({}));
     progress.finish();
@@ -71,7 +71,7 @@ pub fn verify(door: &mut Door, json: bool) -> Outcome<()> {
 
 /// Where the environment is and what it holds, through the workspace's door; `ws` is the
 /// workspace when this process knows it (not through a socket named by `--socket`).
-pub fn status(door: &mut Door, ws: Option<&Workspace>, json: bool) -> Outcome<()> {
+pub fn status(door: &Door, ws: Option<&Workspace>, json: bool) -> Outcome<()> {
     let r = door.call(Method::Status, json!({}))?;
     let supervisor = door.socket().map(|socket| {
         json!({

@@ -148,8 +148,8 @@ fn through_door(cli: &Cli, target: Target, held: Option<&Workspace>) -> Outcome<
             launcher,
             ..Serving::default()
         };
-        let mut door = Door::open(target, &credentials(cli), serving)?;
-        return process::exec(&mut door, a, cwd, cli.json).map(Some);
+        let door = Door::open(target, &credentials(cli), serving)?;
+        return process::exec(&door, a, cwd, cli.json).map(Some);
     }
     // The workspace this process knows: the one held by a supervisor, or the one it opened.
     let known = match &target {
@@ -159,35 +159,34 @@ fn through_door(cli: &Cli, target: Target, held: Option<&Workspace>) -> Outcome<
     let serving = Serving {
         // A queue command makes the queue when it is not there yet.
         create_queue: matches!(cli.command, Command::Queue(_)),
-        forking: matches!(cli.command, Command::Tournament(_)),
+        // Forks run in sandboxes of their own; without them the service says it cannot.
+        forking: matches!(cli.command, Command::Tournament(_)) && process::namespaces().is_ok(),
         ..Serving::default()
     };
-    let mut door = Door::open(target, &credentials(cli), serving)?;
+    let door = Door::open(target, &credentials(cli), serving)?;
     if let Some((what, verbose)) = rollback_of(&cli.command) {
-        rollback::run(&mut door, &what, verbose, cli.json)?;
+        rollback::run(&door, &what, verbose, cli.json)?;
         return Ok(Some(ExitCode::Ok.status()));
     }
     let json = cli.json;
     match &cli.command {
-        Command::Merge { branch } => return names::merge(&mut door, branch, json).map(Some),
-        Command::Log { all, branch, limit } => history::log(&mut door, *all, branch, *limit, json)?,
-        Command::Show { version } => history::show(&mut door, version, json)?,
-        Command::Refused { branch, limit } => history::refused(&mut door, branch, *limit, json)?,
-        Command::Diff { from, to, stat } => {
-            history::diff(&mut door, from, to.as_deref(), *stat, json)?
-        }
+        Command::Merge { branch } => return names::merge(&door, branch, json).map(Some),
+        Command::Log { all, branch, limit } => history::log(&door, *all, branch, *limit, json)?,
+        Command::Show { version } => history::show(&door, version, json)?,
+        Command::Refused { branch, limit } => history::refused(&door, branch, *limit, json)?,
+        Command::Diff { from, to, stat } => history::diff(&door, from, to.as_deref(), *stat, json)?,
         Command::Mark { name, version } => {
-            names::mark(&mut door, name.as_deref(), version.as_deref(), json)?
+            names::mark(&door, name.as_deref(), version.as_deref(), json)?
         }
         Command::Branch { name, version } => {
-            names::branch(&mut door, name.as_deref(), version.as_deref(), json)?
+            names::branch(&door, name.as_deref(), version.as_deref(), json)?
         }
-        Command::Effects { unfinished } => maintain::effects(&mut door, *unfinished, json)?,
-        Command::Gc => maintain::gc(&mut door, json)?,
-        Command::Verify => maintain::verify(&mut door, json)?,
-        Command::Queue(q) => queue::run(&mut door, q, json)?,
-        Command::Tournament(a) => return process::tournament(&mut door, a, json).map(Some),
-        Command::Status => maintain::status(&mut door, known.as_ref(), json)?,
+        Command::Effects { unfinished } => maintain::effects(&door, *unfinished, json)?,
+        Command::Gc => maintain::gc(&door, json)?,
+        Command::Verify => maintain::verify(&door, json)?,
+        Command::Queue(q) => queue::run(&door, q, json)?,
+        Command::Tournament(a) => return process::tournament(&door, a, json).map(Some),
+        Command::Status => maintain::status(&door, known.as_ref(), json)?,
         _ => return Ok(None),
     }
     Ok(Some(ExitCode::Ok.status()))

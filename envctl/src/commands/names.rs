@@ -31,7 +31,7 @@ fn listing(list: &Value, key: &str, at: &str, json: bool) {
 }
 
 /// Names a version (default the workspace as it is now), or lists the marks.
-pub fn mark(door: &mut Door, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
+pub fn mark(door: &Door, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
     let Some(name) = name else {
         listing(
             &door.call(Method::Marks, json!({}))?,
@@ -57,12 +57,7 @@ pub fn mark(door: &mut Door, name: Option<&str>, version: Option<&str>, json: bo
 }
 
 /// Creates a branch at a version (default the workspace as it is now), or lists them.
-pub fn branch(
-    door: &mut Door,
-    name: Option<&str>,
-    version: Option<&str>,
-    json: bool,
-) -> Outcome<()> {
+pub fn branch(door: &Door, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
     let Some(name) = name else {
         listing(
             &door.call(Method::BranchList, json!({}))?,
@@ -93,7 +88,7 @@ pub fn branch(
 /// Merges `branch` into main through `door` and renders what the workspace service did: the
 /// files written into the tree, and each conflict with both sides. Exits 5 when the merge
 /// recorded conflict objects.
-pub fn merge(door: &mut Door, branch: &str, json: bool) -> Outcome<i32> {
+pub fn merge(door: &Door, branch: &str, json: bool) -> Outcome<i32> {
     let answer = door.call(Method::Merge, json!({ "source": branch }))?;
     let conflicts = answer["conflicts"].as_array().cloned().unwrap_or_default();
     let (written, removed) = (&answer["steps"]["writes"], &answer["steps"]["removals"]);

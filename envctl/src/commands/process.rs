@@ -131,7 +131,7 @@ pub fn host_sandbox(ws: &Workspace, args: &SandboxArgs) -> Outcome<Arc<dyn Launc
 /// `envctl exec -- CMD...` through `door`: one recorded operation of the command's actor, its
 /// output passed through, its exit status the command's. Changes its actor may not make are put
 /// back and kept as refused; the command then fails (denied) saying all of what happened.
-pub fn exec(door: &mut Door, a: &ExecArgs, cwd: Option<String>, json: bool) -> Outcome<i32> {
+pub fn exec(door: &Door, a: &ExecArgs, cwd: Option<String>, json: bool) -> Outcome<i32> {
     program_of(&a.command)?;
     let r = door.call(
         Method::Exec,
@@ -529,8 +529,7 @@ fn tournament_runs(a: &TournamentArgs) -> Outcome<()> {
 /// `envctl tournament` through the workspace's door: the service runs the candidates in forks
 /// and adopts the winner into the live tree. Exit 0 when a winner was adopted, 1 when none
 /// passed.
-pub fn tournament(door: &mut Door, a: &TournamentArgs, json: bool) -> Outcome<i32> {
-    tournament_runs(a)?;
+pub fn tournament(door: &Door, a: &TournamentArgs, json: bool) -> Outcome<i32> {
     let r = door.call(
         Method::Tournament,
         json!({

@@ -20,7 +20,7 @@ fn read_payload(payload: &str) -> Outcome<Vec<u8>> {
 }
 
 /// Runs a queue command.
-pub fn run(door: &mut Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
+pub fn run(door: &Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
     let (method, params) = match cmd {
         QueueCommand::Publish {
             topic,

@@ -27,7 +27,7 @@ pub enum Rollback {
 
 /// Runs `what` through `door` and renders its answer: every path with `verbose`, else the
 /// counts under each top-level entry (a venv restored away is one line, not 1,500).
-pub fn run(door: &mut Door, what: &Rollback, verbose: bool, json: bool) -> Outcome<()> {
+pub fn run(door: &Door, what: &Rollback, verbose: bool, json: bool) -> Outcome<()> {
     let (method, params, dry_run) = match what {
         Rollback::Restore { version, dry_run } => (
             Method::Restore,

@@ -15,10 +15,8 @@ mod render;
 mod resources;
 mod tools;
 
-use std::sync::{Arc, Mutex};
-
 use environment_core::{ActorId, Cancel};
-use environment_workspace::{self as service, Method};
+use environment_workspace::Method;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
@@ -29,23 +27,25 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
 
+use crate::door::Door;
 use crate::failure::{Failure, Outcome};
-use crate::target::{Canceller, Remote, SupervisorAddr};
+use crate::target::{Canceller, SupervisorAddr, Target};
 use crate::workspace::{Serving, Session, Workspace};
 use tools::{TOOLS, ToolSpec};
 
 /// Serves MCP on stdio until the client disconnects.
 pub fn serve(ws: Workspace, actor: ActorId) -> Outcome<()> {
-    let approval = ws.credentials.approval.clone();
     let launcher =
         crate::commands::process::host_sandbox(&ws, &crate::cli::SandboxArgs::default())?;
-    let workspace = Session::open(ws, actor)?.into_service(Serving {
+    let credentials = ws.credentials.clone();
+    let session = Target::Direct(Box::new(Session::open(ws, actor)?));
+    let serving = Serving {
         launcher: Some(launcher),
         capture_each_call: true,
         create_queue: true,
         forking: crate::commands::process::namespaces().is_ok(),
-    })?;
-    stdio(EnvServer::new(workspace, approval))
+    };
+    stdio(EnvServer::new(Door::open(session, &credentials, serving)?))
 }
 
 /// MCP over stdio with the tools going through the supervisor at `addr` (its actor acts:
@@ -55,8 +55,8 @@ pub fn serve_remote(
     _actor: ActorId,
     credentials: environment_core::Credentials,
 ) -> Outcome<()> {
-    let remote = Remote::connect(&addr, &credentials)?;
-    stdio(EnvServer::through(remote))
+    let door = Door::open(Target::Supervisor(addr), &credentials, Serving::default())?;
+    stdio(EnvServer::new(door))
 }
 
 fn stdio(server: EnvServer) -> Outcome<()> {
@@ -114,39 +114,16 @@ fn for_model(tool: &str, f: &Failure) -> String {
     format!("{head} {rest}")
 }
 
-/// Where the tools' use cases run.
-#[derive(Clone)]
-enum Backend {
-    /// The workspace service, in this process.
-    Local(Arc<service::Workspace>),
-    /// A running supervisor, through its control socket.
-    Supervisor(Arc<Mutex<Remote>>),
-}
-
 /// The MCP server: one workspace (or a supervisor's socket), one actor.
 #[derive(Clone)]
 pub struct EnvServer {
-    backend: Backend,
-    /// The approval presented with every call that presents none (in process; a supervisor's
-    /// connection presents its own).
-    approval: Option<String>,
+    door: Door,
 }
 
 impl EnvServer {
-    /// A server over the workspace service, presenting `approval` with calls that present none.
-    pub fn new(workspace: service::Workspace, approval: Option<String>) -> EnvServer {
-        EnvServer {
-            backend: Backend::Local(Arc::new(workspace)),
-            approval,
-        }
-    }
-
-    /// A server whose tools go through a supervisor's control socket.
-    pub fn through(remote: Remote) -> EnvServer {
-        EnvServer {
-            backend: Backend::Supervisor(Arc::new(Mutex::new(remote))),
-            approval: None,
-        }
+    /// A server whose tools go through `door`.
+    pub fn new(door: Door) -> EnvServer {
+        EnvServer { door }
     }
 
     /// Runs `tool` with the arguments given: renamed into the service's, then called. While it
@@ -164,22 +141,11 @@ impl EnvServer {
         if let Err(e) = (tool.adapt)(&mut args) {
             return failed(tool, &e.into());
         }
-        if let Some(a) = &self.approval {
-            args.entry("approval")
-                .or_insert_with(|| Value::String(a.clone()));
-        }
         let cancel = Cancel::new();
         // A call dropped before its end (the server stopping) calls its command off too.
         let mut called_off = CallOffOnDrop(Some(cancel.clone()));
         // Through a supervisor, a call is called off by hanging its connection up.
-        let hang_up = match &self.backend {
-            Backend::Supervisor(remote) => remote
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .canceller()
-                .ok(),
-            Backend::Local(_) => None,
-        };
+        let hang_up = self.door.canceller();
         let work = self.spawn(tool.method, args, cancel.clone());
         let done = running(work, &context, tool.name, &cancel, hang_up.as_ref()).await;
         called_off.0 = None;
@@ -202,23 +168,17 @@ impl EnvServer {
 }
 
 impl EnvServer {
-    /// Calls the use case `method` with `args` on the blocking pool, in process or through the
-    /// supervisor; `cancel` calls its command off.
+    /// Calls the use case `method` with `args` on the blocking pool, through the door;
+    /// `cancel` calls its command off.
     fn spawn(
         &self,
         method: Method,
         args: JsonObject,
         cancel: Cancel,
     ) -> tokio::task::JoinHandle<Outcome<Value>> {
-        let backend = self.backend.clone();
-        tokio::task::spawn_blocking(move || match backend {
-            Backend::Local(ws) => ws
-                .call_cancellable(method, args, &cancel)
-                .map_err(Failure::from),
-            Backend::Supervisor(remote) => remote
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .call(method.name(), Value::Object(args)),
+        let door = self.door.clone();
+        tokio::task::spawn_blocking(move || {
+            door.call_cancellable(method, Value::Object(args), &cancel)
         })
     }
 

@@ -577,25 +577,28 @@ pub(crate) fn summarize(applied: &[Applied]) -> ChangeSummary {
 /// a file written into a new directory): each is decided by what it holds, not on its own, so
 /// that one decision (one approval) covers writing `approved/plan.md` and making `approved`.
 fn implied_directories(changes: &[Change]) -> BTreeSet<Key> {
-    let mut ancestors = BTreeSet::new();
-    for c in changes {
-        if let Change::Put(k, _) = c {
-            let mut parent = k.parent();
-            while let Some(p) = parent {
-                if p.path().is_empty() || !ancestors.insert(p.clone()) {
-                    break;
-                }
-                parent = p.parent();
-            }
-        }
-    }
-    changes
+    let dirs: BTreeSet<&Key> = changes
         .iter()
         .filter_map(|c| match c {
-            Change::Put(k, v) if v.meta.kind == EntryKind::Dir && ancestors.contains(k) => {
-                Some(k.clone())
-            }
+            Change::Put(k, v) if v.meta.kind == EntryKind::Dir => Some(k),
             _ => None,
         })
-        .collect()
+        .collect();
+    let mut implied = BTreeSet::new();
+    if dirs.is_empty() {
+        // The common act: no directory put, nothing to walk.
+        return implied;
+    }
+    for c in changes {
+        let Change::Put(k, _) = c else { continue };
+        let mut parent = k.parent();
+        while let Some(p) = parent {
+            // An ancestor met before had its own ancestors walked then.
+            if p.path().is_empty() || (dirs.contains(&p) && !implied.insert(p.clone())) {
+                break;
+            }
+            parent = p.parent();
+        }
+    }
+    implied
 }
