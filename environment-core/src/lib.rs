@@ -39,6 +39,7 @@ pub mod environment;
 pub mod error;
 pub mod event;
 pub mod hash;
+pub mod json;
 mod heads;
 pub mod key;
 pub mod local;

@@ -292,33 +292,6 @@ struct OpBody<'a> {
 }
 
 impl Operation {
-    /// The operation as JSON for tools and agents (the shape `envctl --json` and the
-    /// supervisor's control socket give): ids as hex text, the intent and the change summary
-    /// as objects, keys as escaped paths.
-    pub fn to_json(&self) -> serde_json::Value {
-        let ids = |v: &[OpId]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
-        serde_json::json!({
-            "id": self.id.to_string(),
-            "seq": self.seq,
-            "parents": ids(&self.parents),
-            "branch": self.branch,
-            "actor": self.actor.as_str(),
-            "intent": { "kind": self.intent.kind.to_string(), "text": self.intent.text },
-            "base_version": self.base_version.map(|v| v.to_string()),
-            "summary": {
-                "added": self.summary.added,
-                "modified": self.summary.modified,
-                "removed": self.summary.removed,
-                "files": self.summary.files,
-                "keys": self.summary.keys.iter().map(Key::display_path).collect::<Vec<_>>(),
-            },
-            "flags": self.flags.names(),
-            "time_ms": self.time_ms,
-            "restored_from": self.restored_from.map(|v| v.to_string()),
-            "effects": self.effects,
-        })
-    }
-
     fn body(&self) -> OpBody<'_> {
         OpBody {
             parents: &self.parents,

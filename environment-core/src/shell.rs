@@ -224,7 +224,7 @@ impl ExecRequest {
 spec_builders!(ExecRequest);
 
 /// How a command ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Exit {
     /// It exited with this code.
@@ -344,7 +344,7 @@ pub struct OutputChunk {
 }
 
 /// A signal to send to a process and everything it started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Signal {

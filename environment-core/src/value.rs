@@ -226,7 +226,7 @@ impl Value {
 /// A reference to a secret held elsewhere (a vault, an environment variable of the supervisor,
 /// a keyring). The environment stores only this reference; the value is resolved at the moment of
 /// use into a [`SecretValue`] and never written down.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SecretRef {
     /// The secret's name at its provider.
     pub name: String,

@@ -9,8 +9,8 @@
 //! let mut control = ControlClient::from_env()?;
 //! control.mark("before-refactor")?;
 //! // … the refactor goes wrong …
-//! let answer = control.restore("before-refactor", false)?;
-//! println!("restored; the head is now {}", answer["version"]);
+//! let restored = control.restore("before-refactor", false)?;
+//! println!("restored; the head is now {:?}", restored.version);
 //! # Ok(()) }
 //! ```
 
@@ -18,6 +18,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
+use environment_workspace::{Request, commands, versions};
 use serde_json::{Value, json};
 
 use crate::{SOCKET_VAR, TOKEN_VAR};
@@ -176,32 +177,60 @@ impl ControlClient {
         serde_json::from_str(&answer).map_err(|e| ControlError::Protocol(e.to_string()))
     }
 
-    /// The branch's history: key nodes, automatic captures squashed.
-    pub fn history(&mut self, limit: usize) -> Result<Value, ControlError> {
-        self.call("history", json!({ "limit": limit }))
+    /// Sends a typed request and reads its typed answer: the same API as the service's
+    /// [`Workspace::request`](environment_workspace::Workspace::request), through the socket.
+    pub fn request<R: Request>(&mut self, request: R) -> Result<R::Answer, ControlError> {
+        let params = serde_json::to_value(request).map_err(|e| ControlError::Protocol(e.to_string()))?;
+        let answer = self.call(R::METHOD.name(), params)?;
+        serde_json::from_value(answer).map_err(|e| {
+            ControlError::Protocol(format!("the answer to {} does not read as its type: {e}", R::METHOD.name()))
+        })
     }
 
-    /// The supervisor's state: head, agent pid, captures, rollbacks.
-    pub fn status(&mut self) -> Result<Value, ControlError> {
-        self.call("status", Value::Null)
+    /// The branch's history: key nodes, automatic captures squashed.
+    pub fn history(&mut self, limit: usize) -> Result<versions::History, ControlError> {
+        self.request(versions::HistoryParams {
+            limit: Some(limit),
+            ..Default::default()
+        })
+    }
+
+    /// The workspace's state: its head, the agent's pid, captures, rollbacks.
+    pub fn status(&mut self) -> Result<versions::Status, ControlError> {
+        self.request(versions::StatusParams {})
     }
 
     /// Names the current state of the workspace (captured first) as `name`.
-    pub fn mark(&mut self, name: &str) -> Result<Value, ControlError> {
-        self.call("mark", json!({ "name": name }))
+    pub fn mark(&mut self, name: &str) -> Result<versions::Marked, ControlError> {
+        self.request(versions::MarkParams {
+            name: name.to_owned(),
+            version: None,
+        })
     }
 
     /// Runs a command in the sandbox as a recorded operation; the answer carries its exit,
     /// output and the operation that records it.
-    pub fn exec<S: AsRef<str>>(&mut self, argv: &[S]) -> Result<Value, ControlError> {
-        let argv: Vec<&str> = argv.iter().map(AsRef::as_ref).collect();
-        self.call("exec", json!({ "argv": argv }))
+    pub fn exec<S: AsRef<str>>(&mut self, argv: &[S]) -> Result<commands::Executed, ControlError> {
+        self.request(commands::ExecParams {
+            argv: argv.iter().map(|a| a.as_ref().to_owned()).collect(),
+            cwd: None,
+            env: Default::default(),
+            secrets: Default::default(),
+            intent: None,
+            stdin: None,
+            timeout_ms: None,
+            output_limit: None,
+        })
     }
 
     /// Restores the workspace to `version` (an id, a prefix, a mark, `main~1`); with `dry_run`,
     /// only says what would change.
-    pub fn restore(&mut self, version: &str, dry_run: bool) -> Result<Value, ControlError> {
-        self.call("restore", json!({ "version": version, "dry_run": dry_run }))
+    pub fn restore(&mut self, version: &str, dry_run: bool) -> Result<versions::Restored, ControlError> {
+        self.request(versions::RestoreParams {
+            version: version.to_owned(),
+            dry_run,
+            intent: None,
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! A [`Supervisor`] holds the environment, a [`Tracker`] with automatic capture over the
 //! workspace, and a Unix socket speaking JSON-RPC 2.0 (one message per line; the methods, their
-//! parameters, results and error codes are published in [`methods::SCHEMA`]). It runs outside
+//! parameters, results and error codes are published by [`schema`]). It runs outside
 //! the rollback scope: its database, blobs and socket live under the environment's home, which
 //! must not be inside the workspace.
 //!
@@ -65,7 +65,7 @@ use serde::Serialize;
 
 pub use agent::{AgentExit, AgentSpec, SOCKET_VAR, TOKEN_VAR};
 pub use control::{ControlClient, ControlError, HangUp};
-pub use methods::{Method, SCHEMA};
+pub use methods::{Method, schema};
 
 use agent::{Agent, Launch};
 use environment_sandbox::error::{Result, SandboxError};
@@ -76,7 +76,7 @@ use environment_workspace::{Counters, Parts, Workspace, lock};
 pub use server::ControlLimits;
 use server::Server;
 
-pub use environment_workspace::{ShellHandles, bytes_json};
+pub use environment_workspace::ShellHandles;
 
 /// How a supervisor is set up.
 #[derive(Clone)]

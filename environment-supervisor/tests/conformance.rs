@@ -222,6 +222,15 @@ struct Transcript<'a> {
 impl Transcript<'_> {
     fn call(&mut self, method: &str, params: Value) -> Answer {
         let answer = self.door.call(method, params.clone());
+        if let Ok(v) = &answer {
+            // The published contract describes what the dispatcher took and gave.
+            let c = Method::from_name(method).unwrap().contract();
+            for (what, schema, value) in [("params", &c.params, &params), ("answer", &c.result, v)] {
+                let validator = jsonschema::validator_for(schema).unwrap();
+                let errors: Vec<String> = validator.iter_errors(value).map(|e| e.to_string()).collect();
+                assert!(errors.is_empty(), "{method} {params}: the {what} break the schema: {errors:?}\n{value}");
+            }
+        }
         let shown = match &answer {
             Ok(v) => json!({ "ok": normalized(v, &self.dir) }),
             Err((kind, data)) => json!({ "error": kind, "data": normalized(data, &self.dir) }),
@@ -1228,5 +1237,121 @@ fn a_half_close_is_not_a_hang_up() {
         "a_half_close_is_not_a_hang_up",
         always,
         a_half_close_is_not_a_hang_up_scenario,
+    );
+}
+
+/// The typed API is the same at both doors: a request type sent in process
+/// (`Workspace::request`) and through the socket (`ControlClient::request`) gets the same typed
+/// answer, and what one door wrote the other reads.
+fn typed_requests_scenario(dir: &Path) {
+    use environment_workspace::{files, versions};
+    let (sup, work, _home, _) = open(dir, RULES);
+    let service = sup.workspace().clone();
+    let mut socket = ControlClient::connect(sup.socket_path()).unwrap();
+
+    let written = service
+        .request(files::WriteParams {
+            path: "notes/typed.md".into(),
+            content: "typed\n".into(),
+            intent: None,
+        })
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(work.join("notes/typed.md")).unwrap(),
+        "typed\n"
+    );
+    let read = files::ReadParams {
+        path: "notes/typed.md".into(),
+        version: Some(written.version.clone()),
+    };
+    let here = service.request(read.clone()).unwrap();
+    let there = socket.request(read).unwrap();
+    assert_eq!(here, there);
+    assert_eq!(there.content.text.as_deref(), Some("typed\n"));
+
+    let history = versions::HistoryParams {
+        all: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        service.request(history.clone()).unwrap(),
+        socket.request(history).unwrap()
+    );
+    let diff = versions::DiffParams {
+        from: format!("{}~1", written.version),
+        to: Some(written.version.clone()),
+        prefix: None,
+        limit: None,
+    };
+    let d = socket.request(diff.clone()).unwrap();
+    assert_eq!(d, service.request(diff).unwrap());
+    assert_eq!((d.total, d.added), (2, 2), "notes/ and notes/typed.md: {d:?}");
+
+    // A refusal is the same kind at both doors, and changes nothing.
+    let head = sup.env().head("main").unwrap();
+    let secret = files::WriteParams {
+        path: "secrets/typed".into(),
+        content: "no\n".into(),
+        intent: None,
+    };
+    assert_eq!(
+        service.request(secret.clone()).unwrap_err().kind(),
+        ErrorKind::Denied
+    );
+    match socket.request(secret).unwrap_err() {
+        ControlError::Rpc { code, data, .. } => {
+            assert_eq!(rpc::kind_of_error(code, &data), ErrorKind::Denied)
+        }
+        other => panic!("the socket failed: {other}"),
+    }
+    assert!(!work.join("secrets/typed").exists());
+    assert_eq!(sup.env().head("main").unwrap(), head);
+    sup.shutdown().unwrap();
+}
+
+#[test]
+fn typed_requests_answer_alike_in_process_and_through_the_socket() {
+    both(
+        "typed_requests_answer_alike_in_process_and_through_the_socket",
+        always,
+        typed_requests_scenario,
+    );
+}
+
+/// Every method, at both doors, refuses a parameter it does not take as invalid, its schema
+/// refuses it too, and nothing changes: not the log, not the disk.
+fn unknown_parameters_scenario(dir: &Path) {
+    let (sup, work, _home, _) = open(dir, RULES);
+    let service = sup.workspace().clone();
+    let mut socket = Socket(ControlClient::connect(sup.socket_path()).unwrap());
+    let mut in_process = InProcess(service);
+    let head = sup.env().head("main").unwrap();
+    let before = disk(&work, &no_skip);
+    for m in Method::ALL {
+        let params = json!({ "surely_not_a_parameter": true });
+        let schema = m.contract().params;
+        assert!(
+            !jsonschema::validator_for(&schema).unwrap().is_valid(&params),
+            "{}: the schema takes an unknown parameter",
+            m.name()
+        );
+        for door in [&mut in_process as &mut dyn Door, &mut socket] {
+            match door.call(m.name(), params.clone()) {
+                Err((kind, _)) => assert_eq!(kind, ErrorKind::Invalid, "{}", m.name()),
+                Ok(v) => panic!("{} took an unknown parameter: {v}", m.name()),
+            }
+        }
+    }
+    assert_eq!(sup.env().head("main").unwrap(), head);
+    assert_eq!(disk(&work, &no_skip), before);
+    sup.shutdown().unwrap();
+}
+
+#[test]
+fn every_method_refuses_unknown_parameters_at_every_door() {
+    both(
+        "every_method_refuses_unknown_parameters_at_every_door",
+        always,
+        unknown_parameters_scenario,
     );
 }

@@ -29,7 +29,7 @@ use environment_sandbox::{Isolation, Unconfined};
 use environment_supervisor::ControlClient;
 use environment_supervisor::rpc;
 use environment_supervisor::{
-    AgentSpec, Method, RollbackMode, SCHEMA, ShellHandles, Supervisor, SupervisorConfig,
+    AgentSpec, Method, RollbackMode, ShellHandles, Supervisor, SupervisorConfig,
 };
 use serde_json::{Value, json};
 
@@ -137,25 +137,22 @@ fn self_rollback_agent(report: &Path) {
     let ws = std::env::current_dir().unwrap();
     let mut control = ControlClient::from_env().unwrap();
     let marked = control.mark("before").unwrap();
-    assert_eq!(marked["name"], "before");
+    assert_eq!(marked.name, "before");
 
     std::fs::remove_dir_all(ws.join("src")).unwrap();
     std::fs::write(ws.join("config.toml"), "debug = true # broken\n").unwrap();
     std::fs::write(ws.join("junk.txt"), "scratch").unwrap();
 
     let preview = control.restore("before", true).unwrap();
-    assert_eq!(preview["dry_run"], true);
-    assert!(
-        preview["steps"]["writes"].as_u64().unwrap() >= 3,
-        "{preview}"
-    );
-    assert_eq!(preview["steps"]["remove"], json!(["junk.txt"]), "{preview}");
+    assert!(preview.dry_run);
+    assert!(preview.steps.writes >= 3, "{preview:?}");
+    assert_eq!(preview.steps.remove, ["junk.txt"], "{preview:?}");
     // A preview changes nothing on disk.
     assert!(ws.join("junk.txt").exists());
 
     let restored = control.restore("before", false).unwrap();
-    let version = restored["version"].as_str().unwrap().to_owned();
-    assert_eq!(restored["restored_to"], marked["version"]);
+    let version = restored.version.unwrap();
+    assert_eq!(restored.restored_to, Some(marked.version));
 
     // Same process, files back.
     assert_eq!(
@@ -168,13 +165,13 @@ fn self_rollback_agent(report: &Path) {
     );
     assert!(!ws.join("junk.txt").exists());
     let status = control.status().unwrap();
-    assert_eq!(status["head"], version.as_str());
+    assert_eq!(status.head, version);
     std::fs::write(
         report,
         json!({
             "pid_before": pid_before,
             "pid_after": std::process::id(),
-            "pid_seen_by_supervisor": status["agent_pid"],
+            "pid_seen_by_supervisor": status.agent_pid,
             "version": version,
         })
         .to_string(),
@@ -422,19 +419,11 @@ fn authorization_scenario(dir: &Path) {
     assert_eq!(read["text"], "debug = false\n");
 
     // What the rules allow works: history, mark, a restore.
-    let good = c.mark("good").unwrap()["version"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert!(
-        !c.history(10).unwrap()["entries"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    );
+    let good = c.mark("good").unwrap().version;
+    assert!(!c.history(10).unwrap().entries.is_empty());
     std::fs::write(work.join("config.toml"), "broken").unwrap();
     let restored = c.restore("good", false).unwrap();
-    assert_eq!(restored["restored_to"], good.as_str());
+    assert_eq!(restored.restored_to, Some(good));
     assert_eq!(
         std::fs::read_to_string(work.join("config.toml")).unwrap(),
         "debug = false\n"
@@ -1120,7 +1109,7 @@ fn a_second_supervisor_on_the_same_socket_is_refused_scenario(dir: &Path) {
 
 #[test]
 fn the_schema_and_the_dispatcher_list_the_same_methods() {
-    let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+    let schema = environment_supervisor::schema();
     let in_schema: BTreeSet<String> = schema["methods"]
         .as_array()
         .unwrap()
@@ -1161,7 +1150,12 @@ fn the_schema_and_the_dispatcher_list_the_same_methods() {
             let name = r.rsplit('/').next().unwrap();
             assert!(schema["components"]["errors"][name].is_object(), "{r}");
         }
-        assert!(m["x-authorization"]["action"].is_string(), "{}", m["name"]);
+        // Every method's params refuse what they do not name, and accept the credentials.
+        let params = &m["x-params-schema"];
+        assert_eq!(params["additionalProperties"], false, "{}", m["name"]);
+        assert!(params["properties"]["token"].is_object(), "{}", m["name"]);
+        assert_eq!(m["result"]["schema"]["type"], "object", "{}", m["name"]);
+        assert!(!m["summary"].as_str().unwrap().is_empty(), "{}", m["name"]);
     }
     // A method the schema does not list is not dispatched.
     assert!(Method::from_name("rpc.discover").is_none());
@@ -1351,10 +1345,7 @@ fn the_agent_runs_commands_through_the_sandbox_shell_scenario(dir: &Path) {
         "{op}"
     );
     let failed = c.exec(&["sh", "-c", "exit 3"]).unwrap();
-    assert_eq!(
-        (failed["success"].clone(), failed["exit"].clone()),
-        (json!(false), json!({ "code": 3 }))
-    );
+    assert_eq!((failed.success, failed.exit), (false, Exit::Code(3)));
     let err = c
         .call("exec", json!({ "argv": ["true"], "cwd": "../.." }))
         .unwrap_err();

@@ -4,22 +4,31 @@
 //! and settling an effect are an `execute` of its target, reading the log is a read of the
 //! environment.
 
-use environment_core::{Action, EffectRecord, Resource};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use environment_core::{Action, Resource, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use super::error::ServiceError;
 use super::session::Session;
 
-#[derive(Deserialize)]
+/// The effect log, or only the effects not settled yet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ListParams {
+pub struct ListParams {
+    /// Only the effects not settled yet (default false).
     #[serde(default)]
-    unfinished: bool,
+    pub unfinished: bool,
 }
 
-/// The effect log, or only the effects not settled yet.
-pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Value, ServiceError> {
+/// Effects, oldest first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Effects {
+    /// Oldest first.
+    pub effects: Vec<json::Effect>,
+}
+
+pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Effects, ServiceError> {
     g.allow(Action::Read, Resource::Environment, Some("effects"))?;
     let env = g.env();
     let list = if p.unfinished {
@@ -28,20 +37,37 @@ pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Value, ServiceError
         env.effects()
     }
     .map_err(ServiceError::from)?;
-    Ok(json!({ "effects": list.iter().map(EffectRecord::to_json).collect::<Vec<_>>() }))
+    Ok(Effects {
+        effects: list.iter().map(json::Effect::from).collect(),
+    })
 }
 
-#[derive(Deserialize)]
+/// Begins an effect on the world outside (a deploy, a payment, a message) under an
+/// idempotency key, unless the key was seen: what was found says whether to perform it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct BeginParams {
-    key: String,
-    target: String,
+pub struct BeginParams {
+    /// The idempotency key: the same key is never performed twice.
+    pub key: String,
+    /// The service or endpoint acted on, e.g. `https://deploy.example/v1`.
+    pub target: String,
+    /// What is asked of it (text, often JSON).
     #[serde(default)]
-    request: String,
+    pub request: String,
 }
 
-/// Begins an effect, unless its key was seen: what was found says whether to perform it.
-pub(super) fn begin(g: &Session<'_>, p: BeginParams) -> Result<Value, ServiceError> {
+/// What beginning an effect found.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Begun {
+    /// `perform` (new: do it now), `done` (already performed: use its result), `in_flight`,
+    /// `needs_reconciliation` or `compensated`.
+    pub outcome: String,
+    /// The effect's record.
+    pub effect: json::Effect,
+}
+
+pub(super) fn begin(g: &Session<'_>, p: BeginParams) -> Result<Begun, ServiceError> {
     // Core asks the same again when it records the beginning.
     g.allow_rechecked(
         Action::Execute,
@@ -52,39 +78,59 @@ pub(super) fn begin(g: &Session<'_>, p: BeginParams) -> Result<Value, ServiceErr
         .env()
         .effect_begin(g.actor(), &p.key, &p.target, p.request.as_bytes())
         .map_err(ServiceError::from)?;
-    Ok(json!({ "outcome": found.name(), "effect": found.record().to_json() }))
+    Ok(Begun {
+        outcome: found.name().to_owned(),
+        effect: json::Effect::from(found.record()),
+    })
 }
 
-#[derive(Deserialize)]
+/// Records an effect's result: it took effect. Core authorizes it as the effect's beginning
+/// was.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct SettleParams {
-    id: u64,
+pub struct CompleteParams {
+    /// The effect's id, as effect.begin gave it.
+    pub id: u64,
+    /// What the effect returned (text).
     #[serde(default)]
-    result: Option<String>,
-    #[serde(default)]
-    error: Option<String>,
+    pub result: Option<String>,
 }
 
-/// Records how an effect ended: done with its result, or failed without taking effect. Core
-/// authorizes it as the effect's beginning was.
-pub(super) fn settle(g: &Session<'_>, p: SettleParams, done: bool) -> Result<Value, ServiceError> {
-    let env = g.env();
-    let record = match (done, p.result, p.error) {
-        (true, result, None) => {
-            env.effect_complete(g.actor(), p.id, result.unwrap_or_default().as_bytes())
-        }
-        (false, None, Some(error)) => env.effect_fail(g.actor(), p.id, &error),
-        (true, _, Some(_)) => {
-            return Err(ServiceError::invalid(
-                "a completion takes `result`, not `error`",
-            ));
-        }
-        (false, _, _) => {
-            return Err(ServiceError::invalid(
-                "a failure takes `error` (and no `result`)",
-            ));
-        }
-    }
-    .map_err(ServiceError::from)?;
-    Ok(json!({ "effect": record.to_json() }))
+/// Records that an effect failed without taking effect.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailParams {
+    /// The effect's id, as effect.begin gave it.
+    pub id: u64,
+    /// Why it failed.
+    pub error: String,
+}
+
+/// An effect settled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Settled {
+    /// Its record now.
+    pub effect: json::Effect,
+}
+
+pub(super) fn complete(g: &Session<'_>, p: CompleteParams) -> Result<Settled, ServiceError> {
+    let result = p.result.unwrap_or_default();
+    let record = g
+        .env()
+        .effect_complete(g.actor(), p.id, result.as_bytes())
+        .map_err(ServiceError::from)?;
+    Ok(Settled {
+        effect: json::Effect::from(&record),
+    })
+}
+
+pub(super) fn fail(g: &Session<'_>, p: FailParams) -> Result<Settled, ServiceError> {
+    let record = g
+        .env()
+        .effect_fail(g.actor(), p.id, &p.error)
+        .map_err(ServiceError::from)?;
+    Ok(Settled {
+        effect: json::Effect::from(&record),
+    })
 }

@@ -5,10 +5,10 @@
 use environment_core::{
     Action, EntryKind, ErrorKind, Intent, Key, KeyPrefix, Namespace, OpId, Resource,
 };
-use serde::Deserialize;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
-use super::commands::bytes_json;
+use super::commands::Bytes;
 use super::error::ServiceError;
 use super::session::{Session, resolve};
 use environment_sandbox::error::SandboxError;
@@ -37,15 +37,35 @@ fn version(g: &Session<'_>, spec: Option<&str>) -> Result<OpId, ServiceError> {
     }
 }
 
-#[derive(Deserialize)]
+/// Reads a workspace file, at the workspace as it is now or at a version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ReadParams {
-    path: String,
+pub struct ReadParams {
+    /// The path relative to the workspace.
+    pub path: String,
+    /// The version to read (default: the workspace as it is now).
     #[serde(default)]
-    version: Option<String>,
+    pub version: Option<String>,
 }
 
-pub(super) fn read(g: &Session<'_>, p: ReadParams) -> Result<Value, ServiceError> {
+/// A file's content at a version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileRead {
+    /// The path, escaped.
+    pub path: String,
+    /// The version read.
+    pub version: String,
+    /// In bytes.
+    pub size: usize,
+    /// The Unix mode bits.
+    pub mode: u32,
+    /// The content.
+    #[serde(flatten)]
+    pub content: Bytes,
+}
+
+pub(super) fn read(g: &Session<'_>, p: ReadParams) -> Result<FileRead, ServiceError> {
     let key = fs_key(&p.path)?;
     // Core checks the same again when it reads.
     g.allow_rechecked(Action::Read, Resource::Key(key.clone()), Some("read"))?;
@@ -63,27 +83,52 @@ pub(super) fn read(g: &Session<'_>, p: ReadParams) -> Result<Value, ServiceError
             )
         })?;
     let bytes = env.content(&value).map_err(ServiceError::from)?;
-    let (text, base64) = bytes_json(&bytes);
-    Ok(json!({
-        "path": key.display_path(),
-        "version": v.to_string(),
-        "size": bytes.len(),
-        "mode": value.meta.mode,
-        "text": text,
-        "base64": base64,
-    }))
+    Ok(FileRead {
+        path: key.display_path(),
+        version: v.to_string(),
+        size: bytes.len(),
+        mode: value.meta.mode,
+        content: Bytes::of(&bytes),
+    })
 }
 
-#[derive(Deserialize)]
+/// Lists workspace files, at the workspace as it is now or at a version.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ListParams {
+pub struct ListParams {
+    /// A directory relative to the workspace (default: all).
     #[serde(default)]
-    prefix: Option<String>,
+    pub prefix: Option<String>,
+    /// The version (default: the workspace as it is now).
     #[serde(default)]
-    version: Option<String>,
+    pub version: Option<String>,
 }
 
-pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Value, ServiceError> {
+/// Files at a version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileList {
+    /// The version listed.
+    pub version: String,
+    /// Every entry under the prefix.
+    pub total: usize,
+    /// The first 10,000 of them, by path.
+    pub entries: Vec<Listed>,
+}
+
+/// An entry of a listing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Listed {
+    /// The path, escaped.
+    pub path: String,
+    /// `file`, `dir`, `symlink`…
+    pub kind: String,
+    /// In bytes.
+    pub size: u64,
+}
+
+pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<FileList, ServiceError> {
     let prefix = match p.prefix.as_deref().map(|d| d.trim_matches('/')) {
         None | Some("") | Some(".") => KeyPrefix::all(Namespace::Fs),
         Some(d) => KeyPrefix::new(Namespace::Fs, d)
@@ -96,42 +141,61 @@ pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Value, ServiceError
         .list(&g.shared().actor, &prefix, &v)
         .map_err(ServiceError::from)?;
     let total = entries.len();
-    let listed: Vec<Value> = entries
+    let entries = entries
         .iter()
         .take(MAX_LISTED)
-        .map(|(k, value)| {
-            json!({
-                "path": k.display_path(),
-                "kind": format!("{:?}", value.meta.kind).to_lowercase(),
-                "size": value.meta.size,
-            })
+        .map(|(k, value)| Listed {
+            path: k.display_path(),
+            kind: format!("{:?}", value.meta.kind).to_lowercase(),
+            size: value.meta.size,
         })
         .collect();
-    Ok(json!({ "version": v.to_string(), "total": total, "entries": listed }))
+    Ok(FileList {
+        version: v.to_string(),
+        total,
+        entries,
+    })
 }
 
-#[derive(Deserialize)]
+/// Writes a whole workspace file (creating its directories), recorded as one operation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct WriteParams {
-    path: String,
-    content: String,
+pub struct WriteParams {
+    /// The path relative to the workspace.
+    pub path: String,
+    /// The whole new content (UTF-8 text).
+    pub content: String,
+    /// Why, for the history (default "write PATH").
     #[serde(default)]
-    intent: Option<String>,
+    pub intent: Option<String>,
 }
 
-pub(super) fn write(g: &Session<'_>, p: WriteParams) -> Result<Value, ServiceError> {
+/// A file written or deleted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Edited {
+    /// The path, escaped.
+    pub path: String,
+    /// The operation that recorded it.
+    pub version: String,
+}
+
+pub(super) fn write(g: &Session<'_>, p: WriteParams) -> Result<Edited, ServiceError> {
     edit(g, &p.path, Some(p.content), p.intent)
 }
 
-#[derive(Deserialize)]
+/// Deletes a workspace file or symlink (not a directory), recorded as one operation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct DeleteParams {
-    path: String,
+pub struct DeleteParams {
+    /// The path relative to the workspace.
+    pub path: String,
+    /// Why, for the history (default "delete PATH").
     #[serde(default)]
-    intent: Option<String>,
+    pub intent: Option<String>,
 }
 
-pub(super) fn delete(g: &Session<'_>, p: DeleteParams) -> Result<Value, ServiceError> {
+pub(super) fn delete(g: &Session<'_>, p: DeleteParams) -> Result<Edited, ServiceError> {
     edit(g, &p.path, None, p.intent)
 }
 
@@ -142,7 +206,7 @@ fn edit(
     path: &str,
     content: Option<String>,
     intent: Option<String>,
-) -> Result<Value, ServiceError> {
+) -> Result<Edited, ServiceError> {
     let key = fs_key(path)?;
     let (action, verb) = match content {
         Some(_) => (Action::Write, "write"),
@@ -165,5 +229,8 @@ fn edit(
             SandboxError::NotWritable { .. } => ServiceError::invalid(e),
             other => ServiceError::from(other),
         })?;
-    Ok(json!({ "path": rel, "version": obs.version.to_string() }))
+    Ok(Edited {
+        path: rel,
+        version: obs.version.to_string(),
+    })
 }

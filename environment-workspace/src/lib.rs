@@ -14,19 +14,21 @@
 //! methods of the same names; it parses, calls and renders, and decides nothing itself.
 #![warn(missing_docs)]
 
-mod commands;
-mod effects;
+pub mod commands;
+mod contract;
+pub mod effects;
 pub mod error;
-mod files;
+pub mod files;
 mod methods;
-mod permissions;
-mod queue;
+pub mod permissions;
+pub mod queue;
 mod session;
-mod tournament;
-mod versions;
+pub mod tournament;
+pub mod versions;
 mod workspace;
 
-pub use commands::bytes_json;
+pub use commands::Bytes;
+pub use contract::{Contract, Request};
 pub use error::{NOT_DONE, ServiceError};
 pub use methods::Method;
 pub use workspace::{Counters, ForkSandbox, Forking, Parts, ShellHandles, Workspace, lock};

@@ -42,15 +42,12 @@
 //! can narrow those, not widen them past the actor's own rules.
 
 use environment_core::Cancel;
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::commands::{self, PtyOp};
+use super::contract::{self, Request};
 use super::error::ServiceError;
 use super::session::Session;
 use super::workspace::{Counters, Workspace};
-use super::{effects, files, permissions, queue, tournament, versions};
 
 /// The use cases, under the names every door calls them by (the control socket's schema lists
 /// them in this order).
@@ -346,6 +343,46 @@ impl Workspace {
     ) -> Result<Value, ServiceError> {
         call(self, m, params, cancel)
     }
+
+    /// Answers a typed request, as [`Workspace::call`] answers its method: the same parsing,
+    /// authorization and work, the answer typed.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use environment_core::{ActorId, AllowAll, LocalEnvironment, MAIN, Options};
+    /// # use environment_sandbox::{Tracker, TrackerConfig};
+    /// # use environment_workspace::{Parts, ShellHandles, Workspace};
+    /// use environment_workspace::files::{ReadParams, WriteParams};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (tree, home) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    /// # let env = LocalEnvironment::open(home.path(), Options::default())?;
+    /// # let tracker = Tracker::open(env.clone(), TrackerConfig::new(tree.path(), ActorId::new("service:watcher")?))?;
+    /// # let workspace = Workspace::new(Parts {
+    /// #     env, tracker: Arc::new(tracker), extra: Vec::new(), shell: ShellHandles::default(),
+    /// #     authorizer: Arc::new(AllowAll), policy: None, bus: None, launcher: None,
+    /// #     actor: ActorId::new("agent:coder")?, default_token: None, branch: MAIN.to_owned(),
+    /// #     capture_each_call: true, forking: None,
+    /// # });
+    /// let written = workspace.request(WriteParams {
+    ///     path: "notes.md".into(),
+    ///     content: "hi\n".into(),
+    ///     intent: None,
+    /// })?;
+    /// let read = workspace.request(ReadParams { path: "notes.md".into(), version: Some(written.version) })?;
+    /// assert_eq!(read.content.text.as_deref(), Some("hi\n"));
+    /// # Ok(()) }
+    /// ```
+    pub fn request<R: Request>(&self, request: R) -> Result<R::Answer, ServiceError> {
+        let params = match serde_json::to_value(request) {
+            Ok(Value::Object(params)) => params,
+            Ok(other) => return Err(ServiceError::internal(format!("a request is not an object: {other}"))),
+            Err(e) => return Err(ServiceError::internal(format!("a request failed to serialize: {e}"))),
+        };
+        let answer = self.call(R::METHOD, params)?;
+        serde_json::from_value(answer)
+            .map_err(|e| ServiceError::internal(format!("an answer does not read as its type: {e}")))
+    }
 }
 
 fn call(
@@ -369,115 +406,5 @@ fn call(
     if shared.capture_each_call {
         session.capture_first(&format!("changes found before a {} call", m.name()))?;
     }
-    match m {
-        Method::Exec => {
-            let (c, own) = commands::split(params, commands::EXEC_FIELDS)?;
-            return commands::exec(&session, c, own);
-        }
-        Method::ProcessSpawn => {
-            let (c, Empty {}) = commands::split(params, &[])?;
-            return commands::spawn(&session, c);
-        }
-        Method::PtyOpen => {
-            let (c, own) = commands::split(params, commands::PTY_OPEN_FIELDS)?;
-            return commands::pty_open(&session, c, own);
-        }
-        _ => {}
-    }
-    let p = Value::Object(params);
-    let pty = |op| -> Result<Value, ServiceError> {
-        commands::pty_call(&session, op, m.name(), parse(p.clone())?)
-    };
-    match m {
-        Method::History => versions::history(&session, parse(p)?),
-        Method::Refused => versions::refused(&session, parse(p)?),
-        Method::Show => versions::show(&session, parse(p)?),
-        Method::Diff => versions::diff(&session, parse(p)?),
-        Method::Mark => versions::mark(&session, parse(p)?),
-        Method::Marks => {
-            let _: Empty = parse(p)?;
-            versions::marks(&session)
-        }
-        Method::BranchList => {
-            let _: Empty = parse(p)?;
-            versions::branches(&session)
-        }
-        Method::BranchCreate => versions::branch_create(&session, parse(p)?),
-        Method::Restore => versions::restore(&session, parse(p)?),
-        Method::Undo => {
-            let _: Empty = parse(p)?;
-            versions::step(&session, versions::Way::Undo)
-        }
-        Method::Redo => {
-            let _: Empty = parse(p)?;
-            versions::step(&session, versions::Way::Redo)
-        }
-        Method::Merge => versions::merge(&session, parse(p)?),
-        Method::FileRead => files::read(&session, parse(p)?),
-        Method::FileList => files::list(&session, parse(p)?),
-        Method::FileWrite => files::write(&session, parse(p)?),
-        Method::FileDelete => files::delete(&session, parse(p)?),
-        Method::Status => {
-            let _: Empty = parse(p)?;
-            versions::status(&session)
-        }
-        Method::QueuePublish => queue::publish(&session, parse(p)?),
-        Method::QueueClaim => queue::claim(&session, parse(p)?),
-        Method::QueueAck => queue::settle(&session, parse(p)?, true),
-        Method::QueueNack => queue::settle(&session, parse(p)?, false),
-        Method::QueueExtend => queue::extend(&session, parse(p)?),
-        Method::QueueSubscribe => queue::subscribe(&session, parse(p)?),
-        Method::QueueDead => queue::dead_letters(&session, parse(p)?),
-        Method::QueueRedrive => queue::redrive(&session, parse(p)?),
-        Method::QueueStats => {
-            let _: Empty = parse(p)?;
-            queue::stats(&session)
-        }
-        Method::PolicyExplain => permissions::explain(&session, parse(p)?),
-        Method::PolicyWhatMayIDo => permissions::what_may(&session, parse(p)?),
-        Method::ApprovalRequest => permissions::approval_request(&session, parse(p)?),
-        Method::ApprovalStatus => permissions::approval_status(&session, parse(p)?),
-        Method::ApprovalGrant => permissions::approval_decide(&session, parse(p)?, true),
-        Method::ApprovalReject => permissions::approval_decide(&session, parse(p)?, false),
-        Method::EffectList => effects::list(&session, parse(p)?),
-        Method::EffectBegin => effects::begin(&session, parse(p)?),
-        Method::EffectComplete => effects::settle(&session, parse(p)?, true),
-        Method::EffectFail => effects::settle(&session, parse(p)?, false),
-        Method::Verify => versions::verify(&session, parse(p)?),
-        Method::Tournament => tournament::run(&session, parse(p)?),
-        Method::Gc => {
-            let _: Empty = parse(p)?;
-            versions::gc(&session)
-        }
-        Method::ProcessRead => commands::process_read(&session, parse(p)?),
-        Method::ProcessWait => commands::process_wait(&session, parse(p)?),
-        Method::ProcessSignal => commands::process_signal(&session, parse(p)?),
-        Method::ProcessList => {
-            let _: Empty = parse(p)?;
-            commands::process_list(&session)
-        }
-        Method::PtyWrite => pty(PtyOp::Write),
-        Method::PtyRead => pty(PtyOp::Read),
-        Method::PtyResize => pty(PtyOp::Resize),
-        Method::PtyDetach => pty(PtyOp::Detach),
-        Method::PtyAttach => pty(PtyOp::Attach),
-        Method::PtyClose => pty(PtyOp::Close),
-        Method::PtyList => {
-            let _: Empty = parse(p)?;
-            commands::pty_list(&session)
-        }
-        // Dispatched above, with their command parameters taken apart.
-        Method::Exec | Method::ProcessSpawn | Method::PtyOpen => {
-            Err(ServiceError::internal("dispatch error"))
-        }
-    }
+    contract::answer(&session, m, params)
 }
-
-fn parse<T: DeserializeOwned>(v: Value) -> Result<T, ServiceError> {
-    serde_json::from_value(v).map_err(ServiceError::invalid)
-}
-
-/// Authorizes requests as the connection's actor.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Empty {}

@@ -3,27 +3,47 @@
 
 use environment_core::{Action, EnvError, ErrorKind, Key, KeyPrefix, Namespace, Resource};
 use environment_policy::ApprovalState;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use super::error::ServiceError;
 use super::session::Session;
 
-/// A resource as the policy methods name it: exactly one field set.
-#[derive(Deserialize, Default)]
+/// A resource as the policy methods name it: exactly one field set (`args` goes with
+/// `program`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ResourceParam {
-    path: Option<String>,
-    prefix: Option<String>,
-    object: Option<String>,
-    branch: Option<String>,
-    topic: Option<String>,
-    program: Option<String>,
+pub struct ResourceParam {
+    /// A workspace path.
     #[serde(default)]
-    args: Vec<String>,
-    service: Option<String>,
-    secret: Option<String>,
-    environment: Option<bool>,
+    pub path: Option<String>,
+    /// A workspace directory and everything under it.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// An object key (outside the files).
+    #[serde(default)]
+    pub object: Option<String>,
+    /// A branch.
+    #[serde(default)]
+    pub branch: Option<String>,
+    /// A queue topic or consumer group.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// A program, run with `args`.
+    #[serde(default)]
+    pub program: Option<String>,
+    /// The program's arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// A service outside, e.g. `https://deploy.example/v1`.
+    #[serde(default)]
+    pub service: Option<String>,
+    /// A secret, by name.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// The environment as a whole.
+    #[serde(default)]
+    pub environment: Option<bool>,
 }
 
 impl ResourceParam {
@@ -77,13 +97,36 @@ pub(super) fn action_of(name: &str) -> Result<Action, ServiceError> {
     Ok(Action::named(name))
 }
 
-#[derive(Deserialize)]
+/// Explains what the policy would decide on an action of the workspace's actor, and why
+/// (nothing is spent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ExplainParams {
-    action: String,
-    resource: ResourceParam,
+pub struct ExplainParams {
+    /// read, write, delete, execute, publish or consume (or an action the policy declares).
+    pub action: String,
+    /// What it is done to.
+    pub resource: ResourceParam,
+    /// The `operation` attribute of the request (e.g. `restore`).
     #[serde(default)]
-    operation: Option<String>,
+    pub operation: Option<String>,
+}
+
+/// The policy's decision on a request, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Explained {
+    /// It would be allowed.
+    pub allowed: bool,
+    /// `allow`, `deny` or `needsapproval`.
+    pub outcome: String,
+    /// The rules that decide.
+    pub rules: Vec<String>,
+    /// Who may approve it, when it needs an approval.
+    pub approvers: Vec<String>,
+    /// The policy's version.
+    pub policy_version: u64,
+    /// Why, in words.
+    pub explanation: String,
 }
 
 pub(super) fn policy<'a>(
@@ -95,7 +138,7 @@ pub(super) fn policy<'a>(
         .ok_or_else(|| ServiceError::unavailable("a policy"))
 }
 
-pub(super) fn explain(g: &Session<'_>, p: ExplainParams) -> Result<Value, ServiceError> {
+pub(super) fn explain(g: &Session<'_>, p: ExplainParams) -> Result<Explained, ServiceError> {
     g.allow(Action::Read, Resource::Environment, Some("policy.explain"))?;
     let req = g.request(
         action_of(&p.action)?,
@@ -111,34 +154,64 @@ pub(super) fn explain(g: &Session<'_>, p: ExplainParams) -> Result<Value, Servic
             }
             _ => d.explanation.clone(),
         };
-        return Ok(json!({
-            "allowed": d.is_allowed(),
-            "outcome": if d.is_allowed() { "allow" } else { "deny" },
-            "rules": d.rules,
-            "approvers": [],
-            "policy_version": d.policy_version,
-            "explanation": explanation,
-        }));
+        return Ok(Explained {
+            allowed: d.is_allowed(),
+            outcome: if d.is_allowed() { "allow" } else { "deny" }.to_owned(),
+            rules: d.rules,
+            approvers: Vec::new(),
+            policy_version: d.policy_version,
+            explanation,
+        });
     };
     // A dry run: explaining spends no quota, approval or token use.
     let d = policy.evaluate(&req);
-    Ok(json!({
-        "allowed": d.is_allowed(),
-        "outcome": format!("{:?}", d.outcome()).to_lowercase(),
-        "rules": d.rule_ids().collect::<Vec<_>>(),
-        "approvers": d.approvers(),
-        "policy_version": d.policy_version(),
-        "explanation": d.explain(&req),
-    }))
+    Ok(Explained {
+        allowed: d.is_allowed(),
+        outcome: format!("{:?}", d.outcome()).to_lowercase(),
+        rules: d.rule_ids().map(str::to_owned).collect(),
+        approvers: d.approvers(),
+        policy_version: d.policy_version(),
+        explanation: d.explain(&req),
+    })
 }
 
-#[derive(Deserialize)]
+/// Lists what the workspace's actor may do under a resource, by rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct WhatMayParams {
-    resource: ResourceParam,
+pub struct WhatMayParams {
+    /// Where to look.
+    pub resource: ResourceParam,
 }
 
-pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Value, ServiceError> {
+/// What the actor may do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Permissions {
+    /// A policy is loaded (without one, every action is allowed and nothing is listed).
+    pub policy: bool,
+    /// By rule.
+    pub permissions: Vec<Permission>,
+}
+
+/// One thing the actor may do, and the rule that lets it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Permission {
+    /// The action.
+    pub action: String,
+    /// The rule.
+    pub rule: String,
+    /// What it covers.
+    pub resource: String,
+    /// Its conditions, in words.
+    pub conditions: String,
+    /// What it leaves out.
+    pub except: Vec<String>,
+    /// The group or role it comes through.
+    pub via: Option<String>,
+}
+
+pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions, ServiceError> {
     g.allow(
         Action::Read,
         Resource::Environment,
@@ -147,36 +220,91 @@ pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Value, Servi
     let under = p.resource.resource()?;
     let Some(policy) = g.shared().policy.as_deref() else {
         // No rules to list: `policy: false` says so, and policy.explain still answers.
-        return Ok(json!({ "policy": false, "permissions": [] }));
+        return Ok(Permissions {
+            policy: false,
+            permissions: Vec::new(),
+        });
     };
     let perms = policy.what_may(g.shared().actor.as_str(), &under);
-    Ok(json!({
-        "policy": true,
-        "permissions": perms.iter().map(|p| json!({
-            "action": p.action,
-            "rule": p.rule,
-            "resource": p.resource,
-            "conditions": p.conditions,
-            "except": p.except,
-            "via": p.via,
-        })).collect::<Vec<_>>(),
-    }))
+    Ok(Permissions {
+        policy: true,
+        permissions: perms
+            .into_iter()
+            .map(|p| Permission {
+                action: p.action,
+                rule: p.rule,
+                resource: p.resource,
+                conditions: p.conditions,
+                except: p.except,
+                via: p.via,
+            })
+            .collect(),
+    })
 }
 
-#[derive(Deserialize)]
+/// Files an approval request for an action of the workspace's actor that the policy holds for
+/// approval.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ApprovalParams {
-    action: String,
-    resource: ResourceParam,
+pub struct ApprovalParams {
+    /// The action, as policy.explain takes it.
+    pub action: String,
+    /// What it is done to.
+    pub resource: ResourceParam,
+    /// The `operation` attribute of the request.
     #[serde(default)]
-    operation: Option<String>,
+    pub operation: Option<String>,
+}
+
+/// An approval request and where it stands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Approval {
+    /// Its id: present it with the request once granted.
+    pub id: String,
+    /// `pending`, `granted`, `rejected`, `expired` or `used`.
+    pub state: String,
+    /// Who asked.
+    pub actor: String,
+    /// Who may decide.
+    pub from: Vec<String>,
+    /// The rules that hold the action for approval.
+    pub rules: Vec<String>,
+    /// The action asked for.
+    pub action: String,
+    /// What it is done to.
+    pub resource: String,
+    /// Uses left, once granted.
+    pub uses_left: Option<u32>,
+}
+
+impl From<environment_policy::Approval> for Approval {
+    fn from(a: environment_policy::Approval) -> Approval {
+        let uses_left = match a.state {
+            ApprovalState::Granted { uses_left, .. } => Some(uses_left),
+            _ => None,
+        };
+        Approval {
+            state: a.state.name().to_owned(),
+            id: a.id,
+            actor: a.actor,
+            from: a.from,
+            rules: a.rules,
+            action: a.action,
+            resource: a.resource,
+            uses_left,
+        }
+    }
 }
 
 /// Files the approval request for an action of the caller's that the policy holds for
 /// approval. Nothing else gates it: the rule that asks for an approval lets the actor ask (as
 /// the action itself would file the request), and a request the policy does not hold is
 /// refused.
-pub(super) fn approval_request(g: &Session<'_>, p: ApprovalParams) -> Result<Value, ServiceError> {
+pub(super) fn approval_request(
+    g: &Session<'_>,
+    p: ApprovalParams,
+) -> Result<Approval, ServiceError> {
     let policy = policy(g)?;
     let req = g.request(
         action_of(&p.action)?,
@@ -184,20 +312,15 @@ pub(super) fn approval_request(g: &Session<'_>, p: ApprovalParams) -> Result<Val
         p.operation.as_deref(),
     );
     let a = policy.request_approval(&req).map_err(ServiceError::from)?;
-    Ok(json!({
-        "id": a.id,
-        "state": a.state.name(),
-        "from": a.from,
-        "rules": a.rules,
-        "action": a.action,
-        "resource": a.resource,
-    }))
+    Ok(Approval::from(a))
 }
 
-#[derive(Deserialize)]
+/// Where one of the workspace actor's approval requests stands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ApprovalStatusParams {
-    id: String,
+pub struct ApprovalStatusParams {
+    /// The approval request's id, as approval.request or a refusal gave it.
+    pub id: String,
 }
 
 /// Where an approval request of the caller's stands. Another actor's request is not found: the
@@ -205,7 +328,7 @@ pub(super) struct ApprovalStatusParams {
 pub(super) fn approval_status(
     g: &Session<'_>,
     p: ApprovalStatusParams,
-) -> Result<Value, ServiceError> {
+) -> Result<Approval, ServiceError> {
     let policy = policy(g)?;
     g.allow(Action::Read, Resource::Environment, Some("approval.status"))?;
     let a = policy
@@ -218,58 +341,47 @@ pub(super) fn approval_status(
                 "file one with approval.request.",
             )
         })?;
-    let uses_left = match a.state {
-        ApprovalState::Granted { uses_left, .. } => Some(uses_left),
-        _ => None,
-    };
-    Ok(json!({
-        "id": a.id,
-        "state": a.state.name(),
-        "uses_left": uses_left,
-        "from": a.from,
-        "action": a.action,
-        "resource": a.resource,
-    }))
+    Ok(Approval::from(a))
 }
 
-#[derive(Deserialize)]
+/// Grants a pending approval request, as the workspace's actor. The policy decides who may: an
+/// actor the request names as its approver (or a member of a group it names), never the one
+/// who asked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct DecideParams {
-    id: String,
+pub struct GrantParams {
+    /// The approval request's id.
+    pub id: String,
+    /// For this many requests (default 1).
     #[serde(default)]
-    uses: Option<u32>,
+    pub uses: Option<u32>,
+    /// Until then, ms since the epoch (default: no end).
     #[serde(default)]
-    expires_at_ms: Option<i64>,
+    pub expires_at_ms: Option<i64>,
 }
 
-/// Grants (for `uses` requests, default one, until `expires_at_ms` if given) or rejects a
-/// pending approval request, as the workspace's actor. The policy decides who may: an actor the
-/// request names as its approver (or a member of a group it names), never the one who asked.
-pub(super) fn approval_decide(
-    g: &Session<'_>,
-    p: DecideParams,
-    grant: bool,
-) -> Result<Value, ServiceError> {
-    let policy = policy(g)?;
-    let approver = g.actor().as_str();
-    let a = if grant {
-        let scope = environment_policy::GrantScope {
-            uses: p.uses.unwrap_or(1),
-            expires_at: p.expires_at_ms,
-        };
-        policy.grant(&p.id, approver, scope)
-    } else {
-        if p.uses.is_some() || p.expires_at_ms.is_some() {
-            return Err(ServiceError::invalid("a rejection takes only `id`"));
-        }
-        policy.reject(&p.id, approver)
-    }
-    .map_err(ServiceError::from)?;
-    Ok(json!({
-        "id": a.id,
-        "state": a.state.name(),
-        "actor": a.actor,
-        "action": a.action,
-        "resource": a.resource,
-    }))
+/// Rejects a pending approval request, as the workspace's actor (who may, as for a grant).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RejectParams {
+    /// The approval request's id.
+    pub id: String,
+}
+
+pub(super) fn approval_grant(g: &Session<'_>, p: GrantParams) -> Result<Approval, ServiceError> {
+    let scope = environment_policy::GrantScope {
+        uses: p.uses.unwrap_or(1),
+        expires_at: p.expires_at_ms,
+    };
+    let a = policy(g)?
+        .grant(&p.id, g.actor().as_str(), scope)
+        .map_err(ServiceError::from)?;
+    Ok(Approval::from(a))
+}
+
+pub(super) fn approval_reject(g: &Session<'_>, p: RejectParams) -> Result<Approval, ServiceError> {
+    let a = policy(g)?
+        .reject(&p.id, g.actor().as_str())
+        .map_err(ServiceError::from)?;
+    Ok(Approval::from(a))
 }

@@ -6,27 +6,46 @@ use std::time::Duration;
 
 use environment_bus::{Headers, PublishOptions, Receipt};
 use environment_core::{Action, ErrorKind, Resource};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
-use super::commands::bytes_json;
+use super::commands::Bytes;
 use super::error::ServiceError;
 use super::session::Session;
-use super::workspace::{Claimed, lock};
+use super::versions::no_params;
+use super::workspace::{Claimed as Claim, lock};
 
-#[derive(Deserialize)]
+/// Publishes a message to a queue topic (creating it), with the workspace's actor as its
+/// publisher.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct PublishParams {
-    topic: String,
-    payload: String,
+pub struct PublishParams {
+    /// The topic, e.g. "task.created".
+    pub topic: String,
+    /// The message (text, often JSON).
+    pub payload: String,
+    /// Messages with the same ordering key are handled one at a time, in order.
     #[serde(default)]
-    ordering_key: Option<String>,
+    pub ordering_key: Option<String>,
+    /// Publishing the same dedup id again is accepted but not delivered twice.
     #[serde(default)]
-    dedup_id: Option<String>,
+    pub dedup_id: Option<String>,
+    /// Deliver it no sooner than this many milliseconds from now.
     #[serde(default)]
-    delay_ms: Option<u64>,
+    pub delay_ms: Option<u64>,
+    /// Ties the message to a conversation or a task.
     #[serde(default)]
-    correlation_id: Option<String>,
+    pub correlation_id: Option<String>,
+}
+
+/// A message published.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Published {
+    /// The message's id.
+    pub id: i64,
+    /// Its dedup id was seen: it will not be delivered twice.
+    pub duplicate: bool,
 }
 
 pub(super) fn bus<'a>(g: &'a Session<'_>) -> Result<&'a environment_bus::Bus, ServiceError> {
@@ -36,7 +55,7 @@ pub(super) fn bus<'a>(g: &'a Session<'_>) -> Result<&'a environment_bus::Bus, Se
         .ok_or_else(|| ServiceError::unavailable("the queue"))
 }
 
-pub(super) fn publish(g: &Session<'_>, p: PublishParams) -> Result<Value, ServiceError> {
+pub(super) fn publish(g: &Session<'_>, p: PublishParams) -> Result<Published, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Publish, Resource::Topic(p.topic.clone()), None)?;
     let mut opts = PublishOptions::default().headers(Headers {
@@ -52,22 +71,67 @@ pub(super) fn publish(g: &Session<'_>, p: PublishParams) -> Result<Value, Servic
         .publish_creating(&p.topic, p.payload.into_bytes(), opts)
         .wait()
         .map_err(ServiceError::from)?;
-    Ok(json!({ "id": published.id.0, "duplicate": published.duplicate }))
+    Ok(Published {
+        id: published.id.0,
+        duplicate: published.duplicate,
+    })
 }
 
-#[derive(Deserialize)]
+/// Leases messages of a consumer group: each is the caller's until its lease runs out, to ack
+/// when done or nack to retry later.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ClaimParams {
-    group: String,
+pub struct ClaimParams {
+    /// The consumer group.
+    pub group: String,
+    /// The consumer's name (default: the workspace's actor).
     #[serde(default)]
-    consumer: Option<String>,
+    pub consumer: Option<String>,
+    /// At most this many messages (default 1).
     #[serde(default)]
-    max: Option<u32>,
+    pub max: Option<u32>,
+    /// How long the lease lasts (default 30 s).
     #[serde(default)]
-    lease_ms: Option<u64>,
+    pub lease_ms: Option<u64>,
 }
 
-pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Value, ServiceError> {
+/// The leases handed out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Claimed {
+    /// Oldest message first.
+    pub leases: Vec<Lease>,
+}
+
+/// A message leased to the caller.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    /// What settles it (queue.ack, queue.nack, queue.extend).
+    pub receipt: String,
+    /// The consumer group.
+    pub group: String,
+    /// The message's topic.
+    pub topic: String,
+    /// The message's id.
+    pub message_id: i64,
+    /// The message, when it is UTF-8 text.
+    pub payload: Option<String>,
+    /// The message in base64, when it is not.
+    pub payload_base64: Option<String>,
+    /// Its ordering key.
+    pub ordering_key: Option<String>,
+    /// Its correlation id.
+    pub correlation_id: Option<String>,
+    /// Who published it.
+    pub publisher: Option<String>,
+    /// Which delivery this is (1 is the first).
+    pub attempt: u32,
+    /// When the lease runs out, ms since the epoch.
+    pub lease_until_ms: i64,
+}
+
+pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Claimed, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
     let consumer = p.consumer.unwrap_or_else(|| g.shared().actor.to_string());
@@ -81,55 +145,78 @@ pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Value, ServiceErr
         .wait()
         .map_err(ServiceError::from)?;
     let mut receipts = lock(&g.shared().receipts);
-    let out: Vec<Value> = leases
+    let leases = leases
         .iter()
         .map(|l| {
             let receipt = l.receipt.to_string();
-            let claimed = Claimed {
+            let claim = Claim {
                 group: l.group.clone(),
                 consumer: consumer.clone(),
             };
-            receipts.insert(receipt.clone(), claimed);
-            let (payload, base64) = bytes_json(&l.message.payload);
-            json!({
-                "receipt": receipt,
-                "group": l.group,
-                "topic": l.message.topic,
-                "message_id": l.message.id.0,
-                "payload": payload,
-                "payload_base64": base64,
-                "ordering_key": l.message.ordering_key,
-                "correlation_id": l.message.headers.correlation_id,
-                "publisher": l.message.headers.actor,
-                "attempt": l.attempt,
-                "lease_until_ms": l.lease_until_ms,
-            })
+            receipts.insert(receipt.clone(), claim);
+            let payload = Bytes::of(&l.message.payload);
+            Lease {
+                receipt,
+                group: l.group.clone(),
+                topic: l.message.topic.clone(),
+                message_id: l.message.id.0,
+                payload: payload.text,
+                payload_base64: payload.base64,
+                ordering_key: l.message.ordering_key.clone(),
+                correlation_id: l.message.headers.correlation_id.clone(),
+                publisher: l.message.headers.actor.clone(),
+                attempt: l.attempt,
+                lease_until_ms: l.lease_until_ms,
+            }
         })
         .collect();
-    Ok(json!({ "leases": out }))
+    Ok(Claimed { leases })
 }
 
-#[derive(Deserialize)]
+/// Acknowledges a lease: the message was handled and is not delivered again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct SettleParams {
-    receipt: String,
+pub struct AckParams {
+    /// The receipt queue.claim gave.
+    pub receipt: String,
+}
+
+/// Gives a lease back: the message is delivered again later (or dead-lettered after its last
+/// attempt).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NackParams {
+    /// The receipt queue.claim gave.
+    pub receipt: String,
+    /// Deliver it again no sooner than this many milliseconds from now.
     #[serde(default)]
-    delay_ms: Option<u64>,
+    pub delay_ms: Option<u64>,
+    /// Why the work failed.
     #[serde(default)]
-    error: Option<String>,
+    pub error: Option<String>,
+}
+
+/// A lease settled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Settled {
+    /// The receipt.
+    pub receipt: String,
+    /// `ack` or `nack`.
+    pub settled: String,
 }
 
 /// Who may settle `receipt`, decided: the consumer group it was claimed from (the caller must
 /// be allowed to consume it) and its holder (a receipt this workspace handed out keeps the
 /// consumer named in its claim; one claimed elsewhere must be held by the caller's own
 /// consumer). An unknown receipt is not found; a settled or lapsed one is a conflict.
-fn holder(g: &Session<'_>, receipt: &str) -> Result<(Receipt, Claimed), ServiceError> {
+fn holder(g: &Session<'_>, receipt: &str) -> Result<(Receipt, Claim), ServiceError> {
     let bus = bus(g)?;
     let parsed: Receipt = receipt.parse().map_err(ServiceError::from)?;
     let held = bus.lease_holder(&parsed).map_err(ServiceError::from)?;
     let claimed = match lock(&g.shared().receipts).get(receipt).cloned() {
         Some(c) => c,
-        None if held.consumer == g.shared().actor.as_str() => Claimed {
+        None if held.consumer == g.shared().actor.as_str() => Claim {
             group: held.group.clone(),
             consumer: held.consumer.clone(),
         },
@@ -156,56 +243,89 @@ fn holder(g: &Session<'_>, receipt: &str) -> Result<(Receipt, Claimed), ServiceE
     Ok((parsed, claimed))
 }
 
-pub(super) fn settle(g: &Session<'_>, p: SettleParams, ack: bool) -> Result<Value, ServiceError> {
-    let bus = bus(g)?;
-    if ack && (p.delay_ms.is_some() || p.error.is_some()) {
-        return Err(ServiceError::invalid(
-            "`delay_ms` and `error` are for queue.nack",
-        ));
-    }
-    let (receipt, claimed) = holder(g, &p.receipt)?;
-    let pending = if ack {
-        bus.ack_as(&claimed.consumer, &receipt)
-    } else {
-        bus.nack_as(
-            &claimed.consumer,
-            &receipt,
-            p.delay_ms.map(Duration::from_millis),
-            p.error.as_deref(),
-        )
-    };
-    pending.wait().map_err(ServiceError::from)?;
-    lock(&g.shared().receipts).remove(&p.receipt);
-    Ok(json!({ "receipt": p.receipt, "settled": if ack { "ack" } else { "nack" } }))
+pub(super) fn ack(g: &Session<'_>, p: AckParams) -> Result<Settled, ServiceError> {
+    settle(g, p.receipt, None)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ExtendParams {
-    receipt: String,
-    lease_ms: u64,
+pub(super) fn nack(g: &Session<'_>, p: NackParams) -> Result<Settled, ServiceError> {
+    let retry = (p.delay_ms.map(Duration::from_millis), p.error);
+    settle(g, p.receipt, Some(retry))
+}
+
+/// Acks the lease of `receipt`, or nacks it with when to retry and why (`Some`).
+fn settle(
+    g: &Session<'_>,
+    receipt_text: String,
+    nack: Option<(Option<Duration>, Option<String>)>,
+) -> Result<Settled, ServiceError> {
+    let bus = bus(g)?;
+    let (receipt, claim) = holder(g, &receipt_text)?;
+    let pending = match &nack {
+        None => bus.ack_as(&claim.consumer, &receipt),
+        Some((delay, error)) => bus.nack_as(&claim.consumer, &receipt, *delay, error.as_deref()),
+    };
+    pending.wait().map_err(ServiceError::from)?;
+    lock(&g.shared().receipts).remove(&receipt_text);
+    Ok(Settled {
+        receipt: receipt_text,
+        settled: if nack.is_none() { "ack" } else { "nack" }.to_owned(),
+    })
 }
 
 /// Extends a lease the caller holds, so long work is not handed to another consumer.
-pub(super) fn extend(g: &Session<'_>, p: ExtendParams) -> Result<Value, ServiceError> {
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendParams {
+    /// The receipt queue.claim gave.
+    pub receipt: String,
+    /// How much longer the lease lasts, from now.
+    pub lease_ms: u64,
+}
+
+/// A lease extended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Extended {
+    /// The receipt.
+    pub receipt: String,
+    /// How much longer the lease lasts, from when it was extended.
+    pub lease_ms: u64,
+}
+
+pub(super) fn extend(g: &Session<'_>, p: ExtendParams) -> Result<Extended, ServiceError> {
     let bus = bus(g)?;
     let (receipt, _) = holder(g, &p.receipt)?;
     bus.extend(&receipt, Duration::from_millis(p.lease_ms))
         .wait()
         .map_err(ServiceError::from)?;
-    Ok(json!({ "receipt": p.receipt, "lease_ms": p.lease_ms }))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct SubscribeParams {
-    group: String,
-    topics: Vec<String>,
+    Ok(Extended {
+        receipt: p.receipt,
+        lease_ms: p.lease_ms,
+    })
 }
 
 /// Subscribes a consumer group to topics (creating both): a consume of each topic and of the
 /// group, as claiming from it will be.
-pub(super) fn subscribe(g: &Session<'_>, p: SubscribeParams) -> Result<Value, ServiceError> {
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubscribeParams {
+    /// The consumer group.
+    pub group: String,
+    /// The topics it reads (at least one).
+    pub topics: Vec<String>,
+}
+
+/// A group subscribed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Subscribed {
+    /// The consumer group.
+    pub group: String,
+    /// The topics it reads.
+    pub topics: Vec<String>,
+}
+
+pub(super) fn subscribe(g: &Session<'_>, p: SubscribeParams) -> Result<Subscribed, ServiceError> {
     let bus = bus(g)?;
     if p.topics.is_empty() {
         return Err(ServiceError::invalid("`topics` is empty"));
@@ -220,70 +340,177 @@ pub(super) fn subscribe(g: &Session<'_>, p: SubscribeParams) -> Result<Value, Se
     bus.create_group(&p.group, &names, environment_bus::GroupOptions::default())
         .wait()
         .map_err(ServiceError::from)?;
-    Ok(json!({ "group": p.group, "topics": p.topics }))
+    Ok(Subscribed {
+        group: p.group,
+        topics: p.topics,
+    })
 }
 
-#[derive(Deserialize)]
+/// A consumer group's dead letters, oldest first: read by whoever may consume the group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct GroupParams {
-    group: String,
+pub struct DeadParams {
+    /// The consumer group.
+    pub group: String,
+    /// At most this many (default 100, at most 1000).
     #[serde(default)]
-    limit: Option<u32>,
+    pub limit: Option<u32>,
 }
 
-/// A group's dead letters, oldest first: read by whoever may consume the group.
-pub(super) fn dead_letters(g: &Session<'_>, p: GroupParams) -> Result<Value, ServiceError> {
+/// A group's dead letters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetters {
+    /// The consumer group.
+    pub group: String,
+    /// Oldest first.
+    pub dead: Vec<DeadLetter>,
+}
+
+/// A message that ran out of attempts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetter {
+    /// The message's id.
+    pub message_id: i64,
+    /// Its topic.
+    pub topic: String,
+    /// Deliveries tried.
+    pub attempts: u32,
+    /// The last nack's error.
+    pub last_error: Option<String>,
+    /// When it died, ms since the epoch.
+    pub dead_at_ms: i64,
+    /// The message, when it is UTF-8 text.
+    pub payload: Option<String>,
+    /// The message in base64, when it is not.
+    pub payload_base64: Option<String>,
+}
+
+pub(super) fn dead_letters(g: &Session<'_>, p: DeadParams) -> Result<DeadLetters, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
     let dead = bus
         .dead_letters(&p.group, p.limit.unwrap_or(100).clamp(1, 1000))
         .map_err(ServiceError::from)?;
-    Ok(json!({
-        "group": p.group,
-        "dead": dead.iter().map(|d| {
-            let (payload, base64) = bytes_json(&d.message.payload);
-            json!({
-                "message_id": d.message.id.0,
-                "topic": d.message.topic,
-                "attempts": d.attempts,
-                "last_error": d.last_error,
-                "dead_at_ms": d.dead_at_ms,
-                "payload": payload,
-                "payload_base64": base64,
-            })
-        }).collect::<Vec<_>>(),
-    }))
+    let dead = dead
+        .iter()
+        .map(|d| {
+            let payload = Bytes::of(&d.message.payload);
+            DeadLetter {
+                message_id: d.message.id.0,
+                topic: d.message.topic.clone(),
+                attempts: d.attempts,
+                last_error: d.last_error.clone(),
+                dead_at_ms: d.dead_at_ms,
+                payload: payload.text,
+                payload_base64: payload.base64,
+            }
+        })
+        .collect();
+    Ok(DeadLetters {
+        group: p.group,
+        dead,
+    })
 }
 
-/// Sends a group's dead letters back to the queue (whoever may consume the group may).
-pub(super) fn redrive(g: &Session<'_>, p: GroupParams) -> Result<Value, ServiceError> {
+/// Sends a consumer group's dead letters back to the queue (whoever may consume the group may).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveParams {
+    /// The consumer group.
+    pub group: String,
+}
+
+/// Dead letters sent back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Redriven {
+    /// The consumer group.
+    pub group: String,
+    /// How many.
+    pub redriven: u64,
+}
+
+pub(super) fn redrive(g: &Session<'_>, p: RedriveParams) -> Result<Redriven, ServiceError> {
     let bus = bus(g)?;
-    if p.limit.is_some() {
-        return Err(ServiceError::invalid("queue.redrive takes only `group`"));
-    }
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
     let n = bus
         .redrive(&p.group, None)
         .wait()
         .map_err(ServiceError::from)?;
-    Ok(json!({ "group": p.group, "redriven": n }))
+    Ok(Redriven {
+        group: p.group,
+        redriven: n,
+    })
+}
+
+no_params! {
+    /// Depth, leases and dead letters per topic and consumer group.
+    StatsParams;
+}
+
+/// The queue's figures.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Stats {
+    /// Per topic.
+    pub topics: Vec<TopicStats>,
+}
+
+/// A topic's figures.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TopicStats {
+    /// The topic.
+    pub topic: String,
+    /// Messages kept.
+    pub retained: u64,
+    /// Per consumer group.
+    pub groups: Vec<GroupStats>,
+}
+
+/// A consumer group's figures.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupStats {
+    /// The group.
+    pub group: String,
+    /// Messages waiting.
+    pub depth: u64,
+    /// Messages leased.
+    pub in_flight: u64,
+    /// The oldest waiting message's age.
+    pub oldest_age_ms: i64,
+    /// Dead letters.
+    pub dead_letters: u64,
+    /// Deliveries after the first.
+    pub redeliveries: u64,
 }
 
 /// Depth, leases and dead letters per topic and group: a read of the environment.
-pub(super) fn stats(g: &Session<'_>) -> Result<Value, ServiceError> {
+pub(super) fn stats(g: &Session<'_>, _: StatsParams) -> Result<Stats, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Read, Resource::Environment, Some("queue.stats"))?;
     let m = bus.metrics().map_err(ServiceError::from)?;
-    Ok(json!({ "topics": m.iter().map(|t| json!({
-        "topic": t.topic,
-        "retained": t.retained,
-        "groups": t.groups.iter().map(|g| json!({
-            "group": g.group,
-            "depth": g.depth,
-            "in_flight": g.in_flight,
-            "oldest_age_ms": g.oldest_age_ms,
-            "dead_letters": g.dead_letters,
-            "redeliveries": g.redeliveries,
-        })).collect::<Vec<_>>(),
-    })).collect::<Vec<_>>() }))
+    let topics = m
+        .iter()
+        .map(|t| TopicStats {
+            topic: t.topic.clone(),
+            retained: t.retained,
+            groups: t
+                .groups
+                .iter()
+                .map(|g| GroupStats {
+                    group: g.group.clone(),
+                    depth: g.depth,
+                    in_flight: g.in_flight,
+                    oldest_age_ms: g.oldest_age_ms,
+                    dead_letters: g.dead_letters,
+                    redeliveries: g.redeliveries,
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(Stats { topics })
 }

@@ -2,11 +2,11 @@
 //! and the upkeep an agent normally may not call (gc).
 
 use environment_core::{
-    Action, Conflict, ConflictSide, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind,
-    Key, KeyChange, KeyPrefix, Namespace, OpId, RefusedChange, Resource,
+    Action, Conflict, ConflictSide, EnvError, HistoryOptions, Intent, IntentKind, Key, KeyPrefix,
+    Namespace, OpId, Resource, json,
 };
-use serde::Deserialize;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use super::error::ServiceError;
 use super::session::{Session, resolve};
@@ -15,26 +15,69 @@ use std::collections::BTreeMap;
 
 use environment_sandbox::restore::{RestorePlan, RestoreStep};
 
-#[derive(Deserialize)]
+/// A use case that takes no parameters (but the credentials every request may present).
+macro_rules! no_params {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {}
+    )*};
+}
+pub(crate) use no_params;
+
+/// The branch's history, newest first: key nodes, with runs of automatic captures squashed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct HistoryParams {
+pub struct HistoryParams {
+    /// The branch (default: the workspace's).
     #[serde(default)]
-    branch: Option<String>,
+    pub branch: Option<String>,
+    /// Every operation, nothing squashed (default false).
     #[serde(default)]
-    all: bool,
+    pub all: bool,
+    /// At most this many entries, newest first (1 to 1000, default 50).
     #[serde(default)]
-    limit: Option<usize>,
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<usize>,
+}
+
+/// A branch's history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct History {
+    /// The branch.
+    pub branch: String,
+    /// Its head.
+    pub head: String,
+    /// Newest first.
+    pub entries: Vec<json::HistoryLine>,
 }
 
 const MAX_HISTORY: usize = 1000;
 
-#[derive(Deserialize)]
+/// The changes refused on a branch, newest first: what an actor changed that its rules did not
+/// allow, put back in the tree.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RefusedParams {
+pub struct RefusedParams {
+    /// The branch (default: the workspace's).
     #[serde(default)]
-    branch: Option<String>,
+    pub branch: Option<String>,
+    /// At most this many, newest first (1 to 1000, default 50).
     #[serde(default)]
-    limit: Option<usize>,
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<usize>,
+}
+
+/// The changes refused on a branch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefusedList {
+    /// The branch.
+    pub branch: String,
+    /// Newest first.
+    pub refused: Vec<json::Refused>,
 }
 
 /// A read of `branch`'s history of at most `limit` entries (default 50): the limit checked,
@@ -60,20 +103,20 @@ fn history_read(
 
 /// The changes refused on a branch (default the workspace's), newest first (read as its
 /// history is).
-pub(super) fn refused(g: &Session<'_>, p: RefusedParams) -> Result<Value, ServiceError> {
+pub(super) fn refused(g: &Session<'_>, p: RefusedParams) -> Result<RefusedList, ServiceError> {
     let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
     let limit = history_read(g, &branch, p.limit)?;
     let refused = g
         .env()
         .refused(g.actor(), &branch, limit)
         .map_err(ServiceError::from)?;
-    Ok(json!({
-        "branch": branch,
-        "refused": refused.iter().map(RefusedChange::to_json).collect::<Vec<_>>(),
-    }))
+    Ok(RefusedList {
+        branch,
+        refused: refused.iter().map(json::Refused::from).collect(),
+    })
 }
 
-pub(super) fn history(g: &Session<'_>, p: HistoryParams) -> Result<Value, ServiceError> {
+pub(super) fn history(g: &Session<'_>, p: HistoryParams) -> Result<History, ServiceError> {
     let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
     let limit = history_read(g, &branch, p.limit)?;
     let entries = g
@@ -85,20 +128,36 @@ pub(super) fn history(g: &Session<'_>, p: HistoryParams) -> Result<Value, Servic
         )
         .map_err(ServiceError::from)?;
     let head = g.env().head(&branch).map_err(ServiceError::from)?;
-    Ok(json!({
-        "branch": branch,
-        "head": head.to_string(),
-        "entries": entries.iter().map(HistoryEntry::to_json).collect::<Vec<_>>(),
-    }))
+    Ok(History {
+        branch,
+        head: head.to_string(),
+        entries: entries.iter().map(json::HistoryLine::from).collect(),
+    })
 }
 
-#[derive(Deserialize)]
+/// One operation's record, its marks, and what it changed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ShowParams {
-    version: String,
+pub struct ShowParams {
+    /// A version: an op id or a unique prefix of 4+ hex digits, a mark, a branch, HEAD, any of
+    /// these followed by ~N (N operations back).
+    pub version: String,
 }
 
-pub(super) fn show(g: &Session<'_>, p: ShowParams) -> Result<Value, ServiceError> {
+/// An operation, its marks and its changes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Shown {
+    /// The operation.
+    #[serde(flatten)]
+    pub op: json::Op,
+    /// The marks that name it.
+    pub marks: Vec<String>,
+    /// What it changed (absent when it cannot be told, as for the first operation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Vec<json::Change>>,
+}
+
+pub(super) fn show(g: &Session<'_>, p: ShowParams) -> Result<Shown, ServiceError> {
     let id = resolve(g.shared(), &p.version)?;
     let op = g.env().op(&id).map_err(ServiceError::from)?;
     // Core asks the same when it shows the operation (the changes are a diff, asked there).
@@ -108,29 +167,57 @@ pub(super) fn show(g: &Session<'_>, p: ShowParams) -> Result<Value, ServiceError
         Some("show"),
     )?;
     let shown = g.env().show(g.actor(), &id).map_err(ServiceError::from)?;
-    let mut j = shown.op.to_json();
-    j["marks"] = json!(shown.marks);
-    if let Some(changes) = &shown.changes {
-        j["changes"] = json!(changes.iter().map(KeyChange::to_json).collect::<Vec<_>>());
-    }
-    Ok(j)
+    Ok(Shown {
+        op: json::Op::from(&*shown.op),
+        marks: shown.marks,
+        changes: shown
+            .changes
+            .map(|c| c.iter().map(json::Change::from).collect()),
+    })
 }
 
-#[derive(Deserialize)]
+/// What changed between two versions, counted by kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct DiffParams {
-    from: String,
+pub struct DiffParams {
+    /// The older version (an op id prefix, a mark, a branch, HEAD~N).
+    pub from: String,
+    /// The newer version (default: the branch's head).
     #[serde(default)]
-    to: Option<String>,
+    pub to: Option<String>,
+    /// Only paths under this directory.
     #[serde(default)]
-    prefix: Option<String>,
+    pub prefix: Option<String>,
+    /// At most this many changes listed (default 200, at most 1000); the counts are of all.
     #[serde(default)]
-    limit: Option<usize>,
+    pub limit: Option<usize>,
+}
+
+/// What changed between two versions.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Diff {
+    /// The older version's id.
+    pub from: String,
+    /// The newer version's id.
+    pub to: String,
+    /// Every change.
+    pub total: usize,
+    /// Keys added.
+    pub added: usize,
+    /// Keys modified.
+    pub modified: usize,
+    /// Keys removed.
+    pub removed: usize,
+    /// More changes than are listed.
+    pub truncated: bool,
+    /// The first changes, by path.
+    pub changes: Vec<json::Change>,
 }
 
 const MAX_LISTED: usize = 1000;
 
-pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Value, ServiceError> {
+pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Diff, ServiceError> {
     let from = resolve(g.shared(), &p.from)?;
     let to = match &p.to {
         Some(t) => resolve(g.shared(), t)?,
@@ -154,16 +241,16 @@ pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Value, ServiceError
         .diff(&g.shared().actor, &from, &to, prefix.as_ref())
         .map_err(ServiceError::from)?;
     let count = |what: &str| changes.iter().filter(|c| c.change() == what).count();
-    Ok(json!({
-        "from": from.to_string(),
-        "to": to.to_string(),
-        "total": changes.len(),
-        "added": count("added"),
-        "modified": count("modified"),
-        "removed": count("removed"),
-        "truncated": changes.len() > limit,
-        "changes": changes.iter().take(limit).map(KeyChange::to_json).collect::<Vec<_>>(),
-    }))
+    Ok(Diff {
+        from: from.to_string(),
+        to: to.to_string(),
+        total: changes.len(),
+        added: count("added"),
+        modified: count("modified"),
+        removed: count("removed"),
+        truncated: changes.len() > limit,
+        changes: changes.iter().take(limit).map(json::Change::from).collect(),
+    })
 }
 
 pub(super) fn key_text(k: &Key) -> String {
@@ -173,15 +260,28 @@ pub(super) fn key_text(k: &Key) -> String {
     }
 }
 
-#[derive(Deserialize)]
+/// Names a version (default: the workspace as it is now).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct MarkParams {
-    name: String,
+pub struct MarkParams {
+    /// The mark's name (letters, digits and -_./).
+    pub name: String,
+    /// The version to name (default: the workspace as it is now).
     #[serde(default)]
-    version: Option<String>,
+    pub version: Option<String>,
 }
 
-pub(super) fn mark(g: &Session<'_>, p: MarkParams) -> Result<Value, ServiceError> {
+/// A mark and the version it names.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Marked {
+    /// The mark.
+    pub name: String,
+    /// The version's id.
+    pub version: String,
+}
+
+pub(super) fn mark(g: &Session<'_>, p: MarkParams) -> Result<Marked, ServiceError> {
     g.allow_rechecked(Action::Write, Resource::Environment, Some("mark"))?;
     let version = match &p.version {
         Some(v) => resolve(g.shared(), v)?,
@@ -194,44 +294,114 @@ pub(super) fn mark(g: &Session<'_>, p: MarkParams) -> Result<Value, ServiceError
     g.env()
         .mark(&g.shared().actor, &p.name, &version)
         .map_err(ServiceError::from)?;
-    Ok(json!({ "name": p.name, "version": version.to_string() }))
+    Ok(Marked {
+        name: p.name,
+        version: version.to_string(),
+    })
+}
+
+no_params! {
+    /// Lists the marks, by name.
+    MarksParams;
+    /// Lists the branches and their heads, by name.
+    BranchListParams;
+    /// Undoes the last operation not undone yet, in every tracked tree (sequential: a second
+    /// undo steps further back, skipping undos).
+    UndoParams;
+    /// Redoes the last undo not redone yet.
+    RedoParams;
+    /// The workspace's state: the branch, its head, the sandbox, the agent, the stores.
+    StatusParams;
+    /// Deletes unreferenced blobs and tree nodes (normally refused to agents).
+    GcParams;
+}
+
+/// Every mark.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Marks {
+    /// By name.
+    pub marks: Vec<Marked>,
 }
 
 /// Every mark with its version, by name.
-pub(super) fn marks(g: &Session<'_>) -> Result<Value, ServiceError> {
+pub(super) fn marks(g: &Session<'_>, _: MarksParams) -> Result<Marks, ServiceError> {
     g.allow(Action::Read, Resource::Environment, Some("marks"))?;
     let marks = g.env().marks().map_err(ServiceError::from)?;
-    Ok(json!({
-        "marks": marks
-            .iter()
-            .map(|(name, v)| json!({ "name": name, "version": v.to_string() }))
-            .collect::<Vec<_>>(),
-    }))
+    Ok(Marks {
+        marks: marks
+            .into_iter()
+            .map(|(name, v)| Marked {
+                name,
+                version: v.to_string(),
+            })
+            .collect(),
+    })
+}
+
+/// A branch and its head.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BranchHead {
+    /// The branch.
+    pub name: String,
+    /// Its head's id.
+    pub head: String,
+}
+
+/// Every branch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Branches {
+    /// By name.
+    pub branches: Vec<BranchHead>,
 }
 
 /// Every branch with its head, by name.
-pub(super) fn branches(g: &Session<'_>) -> Result<Value, ServiceError> {
+pub(super) fn branches(g: &Session<'_>, _: BranchListParams) -> Result<Branches, ServiceError> {
     g.allow(Action::Read, Resource::Environment, Some("branch.list"))?;
     let branches = g.env().branches().map_err(ServiceError::from)?;
-    Ok(json!({
-        "branches": branches
-            .iter()
-            .map(|(name, head)| json!({ "name": name, "head": head.to_string() }))
-            .collect::<Vec<_>>(),
-    }))
+    Ok(Branches {
+        branches: branches
+            .into_iter()
+            .map(|(name, head)| BranchHead {
+                name,
+                head: head.to_string(),
+            })
+            .collect(),
+    })
 }
 
-#[derive(Deserialize)]
+/// Creates a branch at a version: a line of work to try something on and merge back, the tree
+/// staying on the workspace's branch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct BranchParams {
-    name: String,
+pub struct BranchParams {
+    /// The new branch's name (letters, digits and -_./).
+    pub name: String,
+    /// The version it starts at (default: the workspace as it is now).
     #[serde(default)]
-    from: Option<String>,
+    pub from: Option<String>,
+}
+
+/// A branch created.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BranchCreated {
+    /// The branch.
+    pub name: String,
+    /// The version it starts at.
+    pub from: String,
+    /// The operation that created it.
+    pub version: String,
 }
 
 /// Creates a branch at a version (default the head, after a capture of what changed): a line
 /// of work to try something on and merge back, the tree staying on the workspace's branch.
-pub(super) fn branch_create(g: &Session<'_>, p: BranchParams) -> Result<Value, ServiceError> {
+pub(super) fn branch_create(
+    g: &Session<'_>,
+    p: BranchParams,
+) -> Result<BranchCreated, ServiceError> {
     // Core asks the same again when it creates the branch.
     g.allow_rechecked(
         Action::Write,
@@ -249,24 +419,96 @@ pub(super) fn branch_create(g: &Session<'_>, p: BranchParams) -> Result<Value, S
         .env()
         .create_branch(g.actor(), &p.name, &from)
         .map_err(ServiceError::from)?;
-    Ok(json!({ "name": p.name, "from": from.to_string(), "version": version.to_string() }))
+    Ok(BranchCreated {
+        name: p.name,
+        from: from.to_string(),
+        version: version.to_string(),
+    })
 }
 
-#[derive(Deserialize)]
+/// Restores the workspace to a version, in every tracked tree (self-rollback, recorded as a
+/// new operation); `dry_run` previews.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RestoreParams {
-    version: String,
+pub struct RestoreParams {
+    /// The version to bring the workspace back to (op id prefix, mark, branch, HEAD~N).
+    pub version: String,
+    /// Only preview what would change (default false).
     #[serde(default)]
-    dry_run: bool,
+    pub dry_run: bool,
+    /// Why, for the history.
     #[serde(default)]
-    intent: Option<String>,
+    pub intent: Option<String>,
+}
+
+/// What a restore did or would do, or what a merge wrote into the tree.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Paths written.
+    pub writes: usize,
+    /// Paths removed.
+    pub removals: usize,
+    /// The first paths written.
+    pub write: Vec<String>,
+    /// The first paths removed.
+    pub remove: Vec<String>,
+    /// The counts under each top-level entry (a directory ends in `/`).
+    pub by_top: Vec<TopCount>,
+    /// What could not be restored, and why: the tree differs from the version there.
+    pub not_restored: Vec<NotRestored>,
+    /// Ignored paths removed with the directories that held them.
+    pub ignored_removed: u64,
+}
+
+/// The paths written and removed under one top-level entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TopCount {
+    /// The entry (a directory ends in `/`).
+    pub top: String,
+    /// Paths written under it.
+    pub written: u64,
+    /// Paths removed under it.
+    pub removed: u64,
+}
+
+/// A path a restore could not bring back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NotRestored {
+    /// The path on disk.
+    pub path: String,
+    /// Why.
+    pub why: String,
+}
+
+/// What a restore, an undo or a redo did (or, as a preview, would do).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Restored {
+    /// Only a preview: nothing changed.
+    pub dry_run: bool,
+    /// The operation that recorded the restore (absent in a preview).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The version the tree was at.
+    pub from: String,
+    /// The version a preview would restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The version restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_to: Option<String>,
+    /// What was (or would be) written and removed.
+    pub steps: Plan,
 }
 
 /// What a restore (or a merge written into the tree) did or would do: the counts, the first
 /// paths written and removed, the counts under each top-level entry (a directory of thousands
 /// of files is one line), what could not be restored and why (the tree then differs from the
 /// version there), and how many ignored paths went with the directories removed.
-pub(super) fn plan_json(plan: &RestorePlan) -> Value {
+pub(super) fn plan_of(plan: &RestorePlan) -> Plan {
     let (mut write, mut remove) = (Vec::new(), Vec::new());
     // (written, removed, holds deeper paths) by the first component of the path.
     let mut by_top: BTreeMap<String, (u64, u64, bool)> = BTreeMap::new();
@@ -290,28 +532,32 @@ pub(super) fn plan_json(plan: &RestorePlan) -> Value {
             write.push(path);
         }
     }
-    json!({
-        "writes": write.len(),
-        "removals": remove.len(),
-        "write": write.into_iter().take(MAX_LISTED).collect::<Vec<_>>(),
-        "remove": remove.into_iter().take(MAX_LISTED).collect::<Vec<_>>(),
-        "by_top": by_top
+    Plan {
+        writes: write.len(),
+        removals: remove.len(),
+        write: write.into_iter().take(MAX_LISTED).collect(),
+        remove: remove.into_iter().take(MAX_LISTED).collect(),
+        by_top: by_top
             .into_iter()
-            .map(|(top, (written, removed, deeper))| {
-                let top = if deeper { format!("{top}/") } else { top };
-                json!({ "top": top, "written": written, "removed": removed })
+            .map(|(top, (written, removed, deeper))| TopCount {
+                top: if deeper { format!("{top}/") } else { top },
+                written,
+                removed,
             })
-            .collect::<Vec<_>>(),
-        "not_restored": plan
+            .collect(),
+        not_restored: plan
             .not_restored
             .iter()
-            .map(|(p, why)| json!({ "path": p.display().to_string(), "why": why }))
-            .collect::<Vec<_>>(),
-        "ignored_removed": plan.ignored_removed,
-    })
+            .map(|(p, why)| NotRestored {
+                path: p.display().to_string(),
+                why: why.clone(),
+            })
+            .collect(),
+        ignored_removed: plan.ignored_removed,
+    }
 }
 
-pub(super) fn restore(g: &Session<'_>, p: RestoreParams) -> Result<Value, ServiceError> {
+pub(super) fn restore(g: &Session<'_>, p: RestoreParams) -> Result<Restored, ServiceError> {
     let action = if p.dry_run {
         Action::Read
     } else {
@@ -336,41 +582,52 @@ pub(super) fn restore_to(
     target: OpId,
     dry_run: bool,
     intent: Intent,
-) -> Result<Value, ServiceError> {
+) -> Result<Restored, ServiceError> {
     let shared = g.shared();
     if dry_run {
         let plan = shared.plan_restore(&target).map_err(ServiceError::from)?;
-        return Ok(json!({
-            "dry_run": true,
-            "from": plan.from.to_string(),
-            "to": plan.to.to_string(),
-            "steps": plan_json(&plan),
-        }));
+        return Ok(Restored {
+            dry_run: true,
+            version: None,
+            from: plan.from.to_string(),
+            to: Some(plan.to.to_string()),
+            restored_to: None,
+            steps: plan_of(&plan),
+        });
     }
     let plan = shared
         .restore(&shared.actor, &g.credentials(), &target, intent)
         .map_err(ServiceError::from)?;
     Counters::bump(&shared.counters.rollbacks);
     let head = g.env().head(g.branch()).map_err(ServiceError::from)?;
-    Ok(json!({
-        "dry_run": false,
-        "version": head.to_string(),
-        "from": plan.from.to_string(),
-        "restored_to": plan.to.to_string(),
-        "steps": plan_json(&plan),
-    }))
+    Ok(Restored {
+        dry_run: false,
+        version: Some(head.to_string()),
+        from: plan.from.to_string(),
+        to: None,
+        restored_to: Some(plan.to.to_string()),
+        steps: plan_of(&plan),
+    })
+}
+
+pub(super) fn undo(g: &Session<'_>, _: UndoParams) -> Result<Restored, ServiceError> {
+    step(g, Way::Undo)
+}
+
+pub(super) fn redo(g: &Session<'_>, _: RedoParams) -> Result<Restored, ServiceError> {
+    step(g, Way::Redo)
 }
 
 /// Which way [`step`] goes.
 #[derive(Clone, Copy)]
-pub(super) enum Way {
+enum Way {
     Undo,
     Redo,
 }
 
 /// Undoes the last operation not undone yet, or redoes the last undo not redone yet, in every
 /// tracked tree: core says what to restore, the restore writes it.
-pub(super) fn step(g: &Session<'_>, way: Way) -> Result<Value, ServiceError> {
+fn step(g: &Session<'_>, way: Way) -> Result<Restored, ServiceError> {
     // A restore of the live tree, so it is authorized as one (core checks the same).
     g.allow_rechecked(
         Action::Write,
@@ -387,14 +644,59 @@ pub(super) fn step(g: &Session<'_>, way: Way) -> Result<Value, ServiceError> {
     restore_to(g, step.target, false, step.intent)
 }
 
-#[derive(Deserialize)]
+/// Merges a branch into the workspace's branch and writes the result into every tracked tree.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct MergeParams {
-    source: String,
+pub struct MergeParams {
+    /// The branch to merge into the workspace's branch.
+    pub source: String,
+}
+
+/// What a merge did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Merged {
+    /// The branch merged.
+    pub source: String,
+    /// The workspace branch's head after it.
+    pub version: String,
+    /// Nothing to merge.
+    pub noop: bool,
+    /// The paths both sides changed, with both sides.
+    pub conflicts: Vec<MergeConflict>,
+    /// What was written into the tree.
+    pub steps: Plan,
+}
+
+/// A path both sides of a merge changed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MergeConflict {
+    /// The path.
+    pub path: String,
+    /// The workspace branch's side.
+    pub ours: Option<MergeSide>,
+    /// The merged branch's side.
+    pub theirs: Option<MergeSide>,
+}
+
+/// One side of a merge conflict: who changed the path, why, in which operation, and whether
+/// the change was a deletion.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MergeSide {
+    /// Who changed it.
+    pub actor: Option<String>,
+    /// Why.
+    pub intent: Option<String>,
+    /// In which operation.
+    pub op: Option<String>,
+    /// The change was a deletion.
+    pub deleted: bool,
 }
 
 /// Merges a branch into the workspace's and writes the result into every tracked tree.
-pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Value, ServiceError> {
+pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Merged, ServiceError> {
     // Core checks the same again when it records the merge.
     g.allow_rechecked(
         Action::Write,
@@ -422,33 +724,73 @@ pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Value, ServiceErr
             .read_unchecked(key, &outcome.version)
             .map_err(ServiceError::from)?
             .and_then(|v| Conflict::from_value(&v));
-        conflicts.push(json!({
-            "path": key.display_path(),
-            "ours": c.as_ref().map(|c| side_json(&c.ours)),
-            "theirs": c.as_ref().map(|c| side_json(&c.theirs)),
-        }));
+        conflicts.push(MergeConflict {
+            path: key.display_path(),
+            ours: c.as_ref().map(|c| MergeSide::from(&c.ours)),
+            theirs: c.as_ref().map(|c| MergeSide::from(&c.theirs)),
+        });
     }
-    Ok(json!({
-        "source": p.source,
-        "version": outcome.version.to_string(),
-        "noop": outcome.noop,
-        "conflicts": conflicts,
-        "steps": plan_json(&plan),
-    }))
-}
-
-/// One side of a merge conflict: who changed the path, why, in which operation, and whether
-/// the change was a deletion.
-fn side_json(side: &ConflictSide) -> Value {
-    json!({
-        "actor": side.actor.as_ref().map(|a| a.as_str().to_owned()),
-        "intent": side.intent.as_ref().map(|i| i.text.clone()),
-        "op": side.op.map(|o| o.to_string()),
-        "deleted": side.value.is_none(),
+    Ok(Merged {
+        source: p.source,
+        version: outcome.version.to_string(),
+        noop: outcome.noop,
+        conflicts,
+        steps: plan_of(&plan),
     })
 }
 
-pub(super) fn status(g: &Session<'_>) -> Result<Value, ServiceError> {
+impl From<&ConflictSide> for MergeSide {
+    fn from(side: &ConflictSide) -> MergeSide {
+        MergeSide {
+            actor: side.actor.as_ref().map(|a| a.as_str().to_owned()),
+            intent: side.intent.as_ref().map(|i| i.text.clone()),
+            op: side.op.map(|o| o.to_string()),
+            deleted: side.value.is_none(),
+        }
+    }
+}
+
+/// The workspace's state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Status {
+    /// The workspace's actor.
+    pub actor: String,
+    /// The workspace's branch.
+    pub branch: String,
+    /// Its head.
+    pub head: String,
+    /// The head's position in the log.
+    pub seq: u64,
+    /// Who recorded the head.
+    pub head_actor: String,
+    /// Why.
+    pub head_intent: String,
+    /// Every branch, by name.
+    pub branches: Vec<String>,
+    /// Every mark, by name.
+    pub marks: Vec<String>,
+    /// Effects begun and not settled.
+    pub unfinished_effects: usize,
+    /// The loaded policy's version.
+    pub policy_version: Option<u64>,
+    /// The workspace's path as the agent sees it.
+    pub workspace: Option<String>,
+    /// How commands are confined.
+    pub sandbox: Option<String>,
+    /// The supervised agent's pid.
+    pub agent_pid: Option<u32>,
+    /// Automatic captures so far.
+    pub captures: u64,
+    /// Restores so far.
+    pub rollbacks: u64,
+    /// A policy is loaded.
+    pub policy: bool,
+    /// A queue is configured.
+    pub queue: bool,
+}
+
+pub(super) fn status(g: &Session<'_>, _: StatusParams) -> Result<Status, ServiceError> {
     g.allow(
         Action::Read,
         Resource::Branch(g.branch().to_owned()),
@@ -461,37 +803,78 @@ pub(super) fn status(g: &Session<'_>) -> Result<Value, ServiceError> {
         .with_tracker(|t| Ok(t.captures()))
         .map_err(ServiceError::from)?;
     let names = |list: Vec<(String, OpId)>| list.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
-    Ok(json!({
-        "actor": s.actor.as_str(),
-        "branch": g.branch(),
-        "head": head.to_string(),
-        "seq": op.seq,
-        "head_actor": op.actor.as_str(),
-        "head_intent": op.intent.text,
-        "branches": names(s.env.branches().map_err(ServiceError::from)?),
-        "marks": names(s.env.marks().map_err(ServiceError::from)?),
-        "unfinished_effects": s.env.effects_unfinished().map_err(ServiceError::from)?.len(),
-        "policy_version": s.policy.as_ref().map(|p| p.version()),
-        "workspace": s.launcher.as_ref().map(|l| l.workspace_inside().display().to_string()),
-        "sandbox": s.launcher.as_ref().map(|l| l.describe()),
-        "agent_pid": *lock(&s.agent_pid),
-        "captures": captures,
-        "rollbacks": s.counters.rollbacks.load(std::sync::atomic::Ordering::Relaxed),
-        "policy": s.policy.is_some(),
-        "queue": s.bus.is_some(),
-    }))
+    Ok(Status {
+        actor: s.actor.as_str().to_owned(),
+        branch: g.branch().to_owned(),
+        head: head.to_string(),
+        seq: op.seq,
+        head_actor: op.actor.as_str().to_owned(),
+        head_intent: op.intent.text.clone(),
+        branches: names(s.env.branches().map_err(ServiceError::from)?),
+        marks: names(s.env.marks().map_err(ServiceError::from)?),
+        unfinished_effects: s.env.effects_unfinished().map_err(ServiceError::from)?.len(),
+        policy_version: s.policy.as_ref().map(|p| p.version()),
+        workspace: s
+            .launcher
+            .as_ref()
+            .map(|l| l.workspace_inside().display().to_string()),
+        sandbox: s.launcher.as_ref().map(|l| l.describe()),
+        agent_pid: *lock(&s.agent_pid),
+        captures,
+        rollbacks: s
+            .counters
+            .rollbacks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        policy: s.policy.is_some(),
+        queue: s.bus.is_some(),
+    })
 }
 
-#[derive(Deserialize)]
+/// Checks the stores' integrity: every operation and tree node re-hashed, every referenced
+/// blob present (with `deep`, re-hashed too).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct VerifyParams {
+pub struct VerifyParams {
+    /// Re-hash every stored file too (slower; default false).
     #[serde(default)]
-    deep: bool,
+    pub deep: bool,
+}
+
+/// What an integrity check covered (it found nothing wrong: damage is an error).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Verified {
+    /// Always true: damage is a `corrupt` error, not an answer.
+    pub ok: bool,
+    /// The blobs were re-hashed too.
+    pub deep: bool,
+    /// Operations checked.
+    pub ops: u64,
+    /// Tree nodes checked.
+    pub nodes: u64,
+    /// Blobs checked.
+    pub blobs: u64,
+}
+
+/// What a garbage collection removed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Collected {
+    /// Blobs still referenced.
+    pub kept: u64,
+    /// Blobs deleted.
+    pub removed: u64,
+    /// Bytes of content removed.
+    pub bytes_removed: u64,
+    /// Temporary files of dead writers removed.
+    pub temp_removed: u64,
+    /// Tree nodes only dropped versions used, removed.
+    pub nodes_removed: u64,
 }
 
 /// Re-hashes every operation and tree node and checks every referenced blob is there (with
 /// `deep`, re-hashes the blobs too): a read of the environment, which core decides.
-pub(super) fn verify(g: &Session<'_>, p: VerifyParams) -> Result<Value, ServiceError> {
+pub(super) fn verify(g: &Session<'_>, p: VerifyParams) -> Result<Verified, ServiceError> {
     let env = g.env();
     let r = if p.deep {
         env.verify_deep(g.actor())
@@ -499,17 +882,23 @@ pub(super) fn verify(g: &Session<'_>, p: VerifyParams) -> Result<Value, ServiceE
         env.verify(g.actor())
     }
     .map_err(ServiceError::from)?;
-    Ok(json!({ "ok": true, "deep": p.deep, "ops": r.ops, "nodes": r.nodes, "blobs": r.blobs }))
+    Ok(Verified {
+        ok: true,
+        deep: p.deep,
+        ops: r.ops,
+        nodes: r.nodes,
+        blobs: r.blobs,
+    })
 }
 
-pub(super) fn gc(g: &Session<'_>) -> Result<Value, ServiceError> {
+pub(super) fn gc(g: &Session<'_>, _: GcParams) -> Result<Collected, ServiceError> {
     g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
     let r = g.env().gc(&g.shared().actor).map_err(ServiceError::from)?;
-    Ok(json!({
-        "kept": r.kept,
-        "removed": r.removed,
-        "bytes_removed": r.bytes_removed,
-        "temp_removed": r.temp_removed,
-        "nodes_removed": r.nodes_removed,
-    }))
+    Ok(Collected {
+        kept: r.kept,
+        removed: r.removed,
+        bytes_removed: r.bytes_removed,
+        temp_removed: r.temp_removed,
+        nodes_removed: r.nodes_removed,
+    })
 }

@@ -145,12 +145,11 @@ pub fn exec(door: &Door, a: &ExecArgs, cwd: Option<String>, json: bool) -> Outco
     } else {
         ""
     };
-    let refused = environment_core::put_back_note(
-        r["refused"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default(),
-    );
+    let refused = serde_json::from_value::<Vec<environment_core::json::Refused>>(
+        r["refused"].clone(),
+    )
+    .ok()
+    .and_then(|r| environment_core::put_back_note(&r));
     let op: String = r["op"]
         .as_str()
         .unwrap_or_default()
@@ -582,7 +581,7 @@ pub fn tournament_beside(
     }
     Ok(print_tournament(
         &json!(base.to_string()),
-        &report.to_json(),
+        &json!(environment_workspace::tournament::Report::from(&report)),
         a,
         json,
     ))

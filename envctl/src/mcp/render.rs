@@ -335,9 +335,11 @@ fn refused(refused: &[Value]) -> String {
 }
 
 fn exec(answer: &Value) -> String {
-    let put_back = answer["refused"]
-        .as_array()
-        .and_then(|r| environment_core::put_back_note(r))
+    let put_back = serde_json::from_value::<Vec<environment_core::json::Refused>>(
+        answer["refused"].clone(),
+    )
+    .ok()
+    .and_then(|r| environment_core::put_back_note(&r))
         .map(|(sentence, next)| format!("\n{sentence}. Next: {next}."))
         .unwrap_or_default();
     let ended = match &answer["exit"] {

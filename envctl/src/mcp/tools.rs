@@ -2,7 +2,7 @@
 //! model reads easily. A tool only renames its arguments into the service's; the service parses
 //! them, decides, acts and answers, the same in process and through a supervisor's socket.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use environment_workspace::{Method, ServiceError};
 use rmcp::handler::server::common::schema_for_type;
@@ -33,7 +33,8 @@ pub(super) struct ToolSpec {
     effect: Effect,
     /// Whether calling it twice with the same arguments does what once does.
     idempotent: bool,
-    input: fn() -> Arc<JsonObject>,
+    /// Its arguments when they are not the use case's own (renamed for a model).
+    input: Option<fn() -> Arc<JsonObject>>,
     /// Renames its arguments into the service's.
     pub adapt: fn(&mut Map<String, Value>) -> Result<(), ServiceError>,
 }
@@ -126,7 +127,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "The workspace's state: your actor, the branch and its head (the version the files are at), how commands are sandboxed, and whether a policy and a queue are there.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<NoParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -135,7 +136,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Read the history of the workspace, newest first: who changed what and why. Automatic captures are squashed unless all=true. Every entry's op id names a version for show, diff, read_file, restore and mark.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<HistoryParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -144,7 +145,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "List the changes refused on the workspace, newest first: what a command or an agent changed that its actor may not change, put back to its state before and kept with the decision (the path, write or delete, who, why).",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<RefusedParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -153,7 +154,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Show one operation of the history: actor, intent, flags and the paths it changed. A version is an op id or a unique prefix of 4+ hex digits, a mark, a branch or HEAD, optionally followed by ~N.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<VersionParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -162,7 +163,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "List the paths that differ between two versions (added, modified, removed); `to` defaults to the workspace as it is now.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<DiffParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -171,7 +172,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Name a version (default: the workspace as it is now) so you can restore it later by that name, e.g. before a risky change. A name is taken once.",
         effect: Effect::Adds,
         idempotent: false,
-        input: input::<MarkParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -180,7 +181,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "List the marks (named versions) with the version each names.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<NoParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -189,7 +190,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "List the branches with their heads; the workspace's files are on `main`.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<NoParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -198,7 +199,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Create a branch at a version (default: the workspace as it is now). The files stay on main; merge brings a branch's changes back.",
         effect: Effect::Adds,
         idempotent: false,
-        input: input::<BranchParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -207,7 +208,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Merge a branch into main and write the result into the workspace's files; paths changed on both sides differently are listed as conflicts and keep main's content.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<MergeParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -216,7 +217,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Bring the workspace's files (and a managed root filesystem, when there is one) back to an earlier version; history is kept and the restore is appended to it. Use dry_run=true to see what would change.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<RestoreParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -225,7 +226,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Undo the last operation not undone yet (its files go back to the version before it), whoever made it. Repeated undos step further back; redo walks forward again.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<NoParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -234,7 +235,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Redo the last undo not redone yet (the files come back as they were before that undo). Refused when the last operation is not an undo.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<NoParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -243,7 +244,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Run a command in the workspace (an argv list, no shell). Where the host allows it, the command runs in a sandbox that sees the workspace writable and the rest of the host read-only, without the environment's own files (status says how commands run here). Its file changes are recorded as one operation of yours; changes you may not make are put back and listed. Returns the exit status and the output (each stream cut at 32 KiB here, stored whole up to the limit). With timeout_secs, or when the call is cancelled, the command and everything it started are killed, and it is recorded as timed out or cancelled with what it changed until then.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<ExecParams>,
+        input: Some(input::<ExecParams>),
         adapt: exec_args,
     },
     ToolSpec {
@@ -252,7 +253,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Try several approaches side by side: each candidate script runs in a fork of the workspace with a sandbox of its own (the host read-only, no network), each fork is judged by the test script (exit 0 passes), and the winner's changes are adopted into the workspace as one operation of yours. The losers' branches stay in the history.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<TournamentParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -261,7 +262,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Read a file of the workspace as it is now or at an earlier version: its text, or for a file that is not UTF-8 its bytes in base64 after a line `encoding: base64` (structured: `text` or `base64`).",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<ReadParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -270,7 +271,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Write a whole text file in the workspace (created or replaced, with the directories it needs), recorded as one operation. A path below a file or through a symlink is refused and changes nothing.",
         effect: Effect::Changes,
         idempotent: true,
-        input: input::<WriteParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -279,7 +280,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Delete a file or a symlink of the workspace (not a directory), recorded as one operation; restore or undo brings it back.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<DeleteParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -288,7 +289,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "List the files of the workspace (or under a directory) as it is now or at an earlier version, at most 10,000 (the total is given).",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<ListParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -297,7 +298,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Publish a message to a queue topic for other agents or humans (e.g. task.created).",
         effect: Effect::Adds,
         idempotent: false,
-        input: input::<PublishParams>,
+        input: Some(input::<PublishParams>),
         adapt: publish_args,
     },
     ToolSpec {
@@ -306,7 +307,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Claim (lease) messages of a consumer group; settle each with queue_ack when done or queue_nack to retry later.",
         effect: Effect::Adds,
         idempotent: false,
-        input: input::<ClaimParams>,
+        input: Some(input::<ClaimParams>),
         adapt: claim_args,
     },
     ToolSpec {
@@ -315,7 +316,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Acknowledge a claimed message by its receipt: the work is done and it is not delivered again.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<ReceiptParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -324,7 +325,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Give a claimed message back by its receipt when the work failed; it is retried after a backoff.",
         effect: Effect::Changes,
         idempotent: false,
-        input: input::<NackParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -333,7 +334,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Extend the lease of a message you claimed and still work on, so it is not handed to another consumer.",
         effect: Effect::Adds,
         idempotent: true,
-        input: input::<ExtendParams>,
+        input: Some(input::<ExtendParams>),
         adapt: claim_args,
     },
     ToolSpec {
@@ -342,7 +343,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "How many messages wait, are leased and are dead, per topic and consumer group.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<NoParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -351,7 +352,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Ask the policy whether you may do an action on a resource, and why (the rules that decide and what to do if refused).",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<AccessParams>,
+        input: Some(input::<AccessParams>),
         adapt: resource_arg,
     },
     ToolSpec {
@@ -360,7 +361,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "List what you are allowed to do under a resource (default the whole workspace), so you can plan instead of probing.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<MayParams>,
+        input: Some(input::<MayParams>),
         adapt: resource_arg,
     },
     ToolSpec {
@@ -369,7 +370,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "File a request for a human to approve an action the policy allows only with approval. Once approval_status says granted, pass its id as `approval` with the call.",
         effect: Effect::Adds,
         idempotent: true,
-        input: input::<AccessParams>,
+        input: Some(input::<AccessParams>),
         adapt: resource_arg,
     },
     ToolSpec {
@@ -378,7 +379,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Where one of your approval requests stands: pending, granted (with the uses left), used up or rejected.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<ApprovalParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -387,7 +388,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "List the effects on the world outside (deploys, payments, messages) begun in this workspace, newest first, with where each stands; unfinished=true lists only those not settled.",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<EffectsParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -396,7 +397,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Before acting on the world outside (a deploy, a payment, a message), record it under an idempotency key. Perform it only if the outcome is `new`, then call effect_complete or effect_fail; `already_done` gives the earlier result, and `in_flight` or `needs_reconciliation` mean do not perform it again.",
         effect: Effect::Adds,
         idempotent: true,
-        input: input::<EffectBeginParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -405,7 +406,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Record that an effect begun with effect_begin took effect, with its result.",
         effect: Effect::Adds,
         idempotent: false,
-        input: input::<EffectCompleteParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -414,7 +415,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Record that an effect begun with effect_begin failed without taking effect (it may then be begun again under a new key).",
         effect: Effect::Adds,
         idempotent: false,
-        input: input::<EffectFailParams>,
+        input: None,
         adapt: keep,
     },
     ToolSpec {
@@ -423,7 +424,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         description: "Check that the workspace's history is intact: every operation and tree re-hashed, every stored file present (deep=true re-hashes them too).",
         effect: Effect::Reads,
         idempotent: true,
-        input: input::<VerifyParams>,
+        input: None,
         adapt: keep,
     },
 ];
@@ -433,19 +434,12 @@ pub(super) fn find(name: &str) -> Option<&'static ToolSpec> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
-/// The result schema the control socket publishes for `method`: what its answer holds.
-fn output_schema(method: Method) -> Option<Arc<JsonObject>> {
-    static SCHEMAS: OnceLock<Value> = OnceLock::new();
-    let schema = SCHEMAS.get_or_init(|| {
-        serde_json::from_str(environment_supervisor::SCHEMA).unwrap_or(Value::Null)
-    });
-    schema["methods"]
-        .as_array()?
-        .iter()
-        .find(|m| m["name"] == method.name())?["result"]["schema"]
-        .as_object()
-        .cloned()
-        .map(Arc::new)
+/// An object schema of the service's contract, as a tool's.
+fn object(schema: Value) -> Arc<JsonObject> {
+    match schema {
+        Value::Object(o) => Arc::new(o),
+        _ => Arc::new(JsonObject::new()),
+    }
 }
 
 impl ToolSpec {
@@ -456,11 +450,13 @@ impl ToolSpec {
             .destructive(self.effect == Effect::Changes)
             .idempotent(self.idempotent)
             .open_world(false);
-        let mut tool =
-            Tool::new(self.name, self.description, (self.input)()).with_annotations(annotations);
-        if let Some(schema) = output_schema(self.method) {
-            tool = tool.with_raw_output_schema(schema);
-        }
-        tool
+        let contract = self.method.contract();
+        let input = match self.input {
+            Some(renamed) => renamed(),
+            None => object(contract.params),
+        };
+        Tool::new(self.name, self.description, input)
+            .with_annotations(annotations)
+            .with_raw_output_schema(object(contract.result))
     }
 }

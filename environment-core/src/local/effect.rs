@@ -134,25 +134,6 @@ impl BeginOutcome {
     }
 }
 
-impl EffectRecord {
-    /// The record as every door shows it (the request and result as text, lossily).
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "id": self.id,
-            "key": self.key,
-            "target": self.target,
-            "state": self.state.as_str(),
-            "actor": self.actor,
-            "attempts": self.attempts,
-            "note": self.note,
-            "request": String::from_utf8_lossy(&self.request),
-            "result": self.result.as_ref().map(|r| String::from_utf8_lossy(r).into_owned()),
-            "created_ms": self.created_ms,
-            "updated_ms": self.updated_ms,
-        })
-    }
-}
-
 fn record_from(row: &Row<'_>) -> rusqlite::Result<(EffectRecord, String)> {
     Ok((
         EffectRecord {

@@ -65,47 +65,6 @@ pub enum HistoryEntry {
     },
 }
 
-impl HistoryEntry {
-    /// The entry as JSON: an operation ([`Operation::to_json`] with `type` `op`, its marks and
-    /// whether it is a fork point) or a run of squashed captures (`type` `captures`); both
-    /// carry the one-line `text` an agent reads.
-    pub fn to_json(&self) -> serde_json::Value {
-        let mut v = match self {
-            HistoryEntry::Op {
-                op,
-                marks,
-                fork_point,
-            } => {
-                let mut v = op.to_json();
-                v["type"] = "op".into();
-                v["marks"] = serde_json::json!(marks);
-                v["fork_point"] = (*fork_point).into();
-                v
-            }
-            HistoryEntry::Captures {
-                count,
-                newest,
-                oldest,
-                changed,
-                quiet,
-                from_ms,
-                to_ms,
-            } => serde_json::json!({
-                "type": "captures",
-                "count": count,
-                "newest": newest.to_string(),
-                "oldest": oldest.to_string(),
-                "changed": changed,
-                "quiet": quiet,
-                "from_ms": from_ms,
-                "to_ms": to_ms,
-            }),
-        };
-        v["text"] = self.to_string().into();
-        v
-    }
-}
-
 impl fmt::Display for HistoryEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

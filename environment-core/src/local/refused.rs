@@ -201,44 +201,17 @@ impl LocalEnvironment {
     }
 }
 
-impl RefusedChange {
-    /// The refused change as JSON for tools and agents (the shape `envctl --json` and the
-    /// supervisor's control socket give): the path escaped, what the actor did, and why not.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "id": self.id,
-            "path": self.key.display_path(),
-            "change": if self.value.is_some() { "write" } else { "delete" },
-            "actor": self.actor.as_str(),
-            "branch": self.branch,
-            "head": self.head.to_string(),
-            "verdict": match self.decision.verdict {
-                crate::authz::Verdict::NeedsApproval { .. } => "needs approval",
-                _ => "deny",
-            },
-            "reason": reason(&self.decision),
-            "rules": self.decision.rules,
-            "time_ms": self.time_ms,
-        })
-    }
-}
-
 /// What an agent is told of the changes a command made that its actor may not make, from
-/// their [`RefusedChange::to_json`] forms: what happened, in one sentence, and what to do next;
-/// `None` when there are none. The same words whichever door the command came through.
-pub fn put_back_note(refused: &[serde_json::Value]) -> Option<(String, String)> {
+/// their [`json::Refused`](crate::json::Refused) forms: what happened, in one sentence, and what
+/// to do next; `None` when there are none. The same words whichever door the command came
+/// through.
+pub fn put_back_note(refused: &[crate::json::Refused]) -> Option<(String, String)> {
     let first = refused.first()?;
     const NAMED: usize = 5;
     let named: Vec<String> = refused
         .iter()
         .take(NAMED)
-        .map(|r| {
-            format!(
-                "{} ({})",
-                r["path"].as_str().unwrap_or("?"),
-                r["change"].as_str().unwrap_or("change")
-            )
-        })
+        .map(|r| format!("{} ({})", r.path, r.change))
         .collect();
     let more = match refused.len().saturating_sub(NAMED) {
         0 => String::new(),
@@ -248,8 +221,8 @@ pub fn put_back_note(refused: &[serde_json::Value]) -> Option<(String, String)> 
         "{} change(s) were NOT recorded: {} may not make them ({}), so they were put back to \
          their state before the command and kept as refused changes: {}{more}",
         refused.len(),
-        first["actor"].as_str().unwrap_or("the actor"),
-        first["reason"].as_str().unwrap_or("no rule permits it"),
+        first.actor,
+        first.reason,
         named.join(", "),
     );
     let next = "leave these paths alone, or ask for a rule or an approval that allows them";
@@ -258,7 +231,7 @@ pub fn put_back_note(refused: &[serde_json::Value]) -> Option<(String, String)> 
 
 /// Why a change was refused, in a few words (the decision's explanation is written for an
 /// action asked for, and says more than a put-back change needs).
-fn reason(d: &Decision) -> String {
+pub(crate) fn reason(d: &Decision) -> String {
     match &d.verdict {
         crate::authz::Verdict::NeedsApproval { from, .. } if !from.is_empty() => {
             format!("it needs an approval from {}", from.join(" or "))

@@ -35,26 +35,6 @@ impl KeyChange {
             _ => "modified",
         }
     }
-
-    /// The change as every door shows it: the path, its namespace, what happened, and the kind,
-    /// size and mode before and after.
-    pub fn to_json(&self) -> serde_json::Value {
-        let side = |v: &Option<Value>| match v {
-            None => serde_json::Value::Null,
-            Some(v) => serde_json::json!({
-                "kind": format!("{:?}", v.meta.kind).to_lowercase(),
-                "size": v.meta.size,
-                "mode": v.meta.mode,
-            }),
-        };
-        serde_json::json!({
-            "path": self.key.display_path(),
-            "namespace": self.key.namespace().as_str(),
-            "change": self.change(),
-            "before": side(&self.before),
-            "after": side(&self.after),
-        })
-    }
 }
 
 fn ns_segment(ns: Namespace) -> &'static [u8] {

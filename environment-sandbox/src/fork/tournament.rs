@@ -136,36 +136,6 @@ pub struct TournamentReport {
 }
 
 impl TournamentReport {
-    /// The report as every door shows it: ids and hashes as text, times in milliseconds.
-    pub fn to_json(&self) -> serde_json::Value {
-        let contestants: Vec<serde_json::Value> = self
-            .contestants
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "candidate": { "name": c.candidate.name, "argv": c.candidate.argv },
-                    "branch": c.branch,
-                    "run": c.run,
-                    "test": c.test,
-                    "passed": c.passed,
-                    "head": c.head.to_string(),
-                    "test_output": {
-                        "blob": c.test_output.blob.to_string(),
-                        "total": c.test_output.total,
-                        "stored": c.test_output.stored,
-                        "truncated": c.test_output.truncated,
-                    },
-                    "finished_after_ms": c.finished_after.as_millis() as u64,
-                })
-            })
-            .collect();
-        serde_json::json!({
-            "contestants": contestants,
-            "winner": self.winner,
-            "adopted": self.adopted.map(|v| v.to_string()),
-        })
-    }
-
     /// The contestants whose test passed.
     pub fn passers(&self) -> impl Iterator<Item = &Contestant> {
         self.contestants.iter().filter(|c| c.passed)

@@ -32,8 +32,8 @@ fn main() -> Result<(), Box<dyn Error>> {
 /// The agent's pid as the supervisor knows it (it may ask before the supervisor has noted it).
 fn supervised_pid(control: &mut ControlClient) -> Result<u64, Box<dyn Error>> {
     for _ in 0..200 {
-        if let Some(pid) = control.status()?["agent_pid"].as_u64() {
-            return Ok(pid);
+        if let Some(pid) = control.status()?.agent_pid {
+            return Ok(pid.into());
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
@@ -51,13 +51,13 @@ fn agent() -> Result<(), Box<dyn Error>> {
     std::fs::write("config.toml", "retries = oops\n")?;
     std::fs::write("scratch.tmp", "half-finished work\n")?;
 
-    let answer = control.restore("good", false)?;
+    let restored = control.restore("good", false)?;
     println!(
         "agent: asked to roll back to `good`; the head is now {}",
-        answer["version"]
-            .as_str()
-            .unwrap_or_default()
-            .get(..12)
+        restored
+            .version
+            .as_deref()
+            .and_then(|v| v.get(..12))
             .unwrap_or_default()
     );
 
