@@ -4,9 +4,12 @@
 //! commands then go through its control socket so that its captures and theirs do not race.
 //! Without one, a command opens the stores itself and first captures what changed.
 //!
-//! A command that finds one listening (at `--socket`, `ENVIRONMENT_SOCKET`, or the workspace's
-//! `HOME/run/control.sock`) goes through its control socket with a [`Remote`]; a `--socket`
-//! where nothing listens is exit 6.
+//! A command that finds one listening goes through it with a [`Remote`]: through the
+//! operator's socket of the workspace's own supervisor (`HOME/operator/control.sock`), as the
+//! invocation's actor (the connection opens a session as it); or through the agent's socket
+//! named by `--socket` (`ENVIRONMENT_SOCKET` inside the sandbox), as the agent, unless
+//! `--actor` names someone else (which that socket refuses). A `--socket` where nothing
+//! listens is exit 6.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -19,13 +22,26 @@ use environment_supervisor::{ControlClient, ControlError, HangUp};
 use serde_json::Value;
 
 use crate::failure::{ExitCode, Failure, Outcome};
-use crate::workspace::{Look, SOCKET_FILE, Session, Workspace};
+use crate::workspace::{Look, Session, Workspace};
+
+/// The workspace's own supervisor, when one runs: its operator's socket, a connection to which
+/// acts as `actor`.
+pub fn running(ws: &Workspace, actor: &ActorId) -> Option<SupervisorAddr> {
+    let own = ws.home.join(environment_supervisor::OPERATOR_SOCKET);
+    if !own.exists() {
+        return None;
+    }
+    probe(&own, Some(actor.clone())).ok()
+}
 
 /// A supervisor's control socket that accepted a connection.
 #[derive(Debug, Clone)]
 pub struct SupervisorAddr {
     /// The socket's path.
     pub socket: PathBuf,
+    /// The actor a connection opens its session as; `None` acts as the socket's own (the
+    /// agent's).
+    pub opens_as: Option<ActorId>,
 }
 
 /// Where a command goes.
@@ -36,11 +52,12 @@ pub enum Target {
     Supervisor(SupervisorAddr),
 }
 
-/// Whether something listens at `socket`.
-pub fn probe(socket: &Path) -> Outcome<SupervisorAddr> {
+/// Whether something listens at `socket`; its connections will open a session as `opens_as`.
+pub fn probe(socket: &Path, opens_as: Option<ActorId>) -> Outcome<SupervisorAddr> {
     match UnixStream::connect(socket) {
         Ok(_) => Ok(SupervisorAddr {
             socket: socket.to_owned(),
+            opens_as,
         }),
         Err(e) => Err(Failure::new(
             ExitCode::NoSupervisor,
@@ -52,7 +69,7 @@ pub fn probe(socket: &Path) -> Outcome<SupervisorAddr> {
 
 impl Target {
     /// The supervisor named by `socket` (which must be listening), else the one of the
-    /// workspace if it runs, else the stores directly.
+    /// workspace if it runs (as `actor`), else the stores directly.
     pub fn open(ws: Workspace, actor: ActorId, socket: Option<&Path>) -> Outcome<Target> {
         Target::open_looking(ws, actor, socket, Look::Changes)
     }
@@ -65,12 +82,9 @@ impl Target {
         look: Look,
     ) -> Outcome<Target> {
         if let Some(s) = socket {
-            return Ok(Target::Supervisor(probe(s)?));
+            return Ok(Target::Supervisor(probe(s, None)?));
         }
-        let own = ws.home.join(SOCKET_FILE);
-        if own.exists()
-            && let Ok(addr) = probe(&own)
-        {
+        if let Some(addr) = running(&ws, &actor) {
             return Ok(Target::Supervisor(addr));
         }
         Ok(Target::Direct(Box::new(Session::open_looking(
@@ -138,9 +152,15 @@ impl Remote {
     }
 
     fn client(addr: &SupervisorAddr, token: Option<String>) -> Outcome<ControlClient> {
-        Ok(ControlClient::connect(&addr.socket)
+        let mut client = ControlClient::connect(&addr.socket)
             .map_err(|e| control_failure(addr, e))?
-            .with_token(token))
+            .with_token(token);
+        if let Some(actor) = &addr.opens_as {
+            client
+                .open_session(actor.as_str())
+                .map_err(|e| control_failure(addr, e))?;
+        }
+        Ok(client)
     }
 
     /// The socket it is connected to.

@@ -396,6 +396,20 @@ fn commands_go_through_a_running_supervisor() {
     let done = ws.json(&["restore", "m1"]);
     assert!(done["version"].is_string(), "{done}");
     assert!(!ws.path("two.txt").exists());
+    // Through the operator's socket the command acts as its own actor, not the agent's.
+    assert_eq!(status["actor"], "human:test", "{status}");
+    let restore_op = ws.json(&["show", done["version"].as_str().unwrap()]);
+    assert_eq!(restore_op["actor"], "human:test", "{restore_op}");
+    // Through the agent's socket, no one else may pass for the agent.
+    let out = ws.run(&[
+        "--socket",
+        ws.socket().to_str().unwrap(),
+        "--actor",
+        "human:intruder",
+        "mark",
+        "m2",
+    ]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
     ws.ok(&["undo"]);
     assert!(ws.path("two.txt").exists());
     // What touches only the stores runs beside it.

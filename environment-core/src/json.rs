@@ -108,7 +108,7 @@ pub enum HistoryLine {
     Op {
         /// The operation.
         #[serde(flatten)]
-        op: Op,
+        op: Box<Op>,
         /// The marks that name it.
         marks: Vec<String>,
         /// A branch starts here.
@@ -146,7 +146,7 @@ impl From<&HistoryEntry> for HistoryLine {
                 marks,
                 fork_point,
             } => HistoryLine::Op {
-                op: Op::from(&**op),
+                op: Box::new(Op::from(&**op)),
                 marks: marks.clone(),
                 fork_point: *fork_point,
                 text,

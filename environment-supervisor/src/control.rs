@@ -177,13 +177,27 @@ impl ControlClient {
         serde_json::from_str(&answer).map_err(|e| ControlError::Protocol(e.to_string()))
     }
 
+    /// Binds this connection to `actor`, on an operator's socket
+    /// ([`Supervisor::operator_socket_path`](crate::Supervisor::operator_socket_path)): every
+    /// request after it acts as that actor, presenting this client's token by default. The
+    /// agent's socket refuses it (its connections act as the agent), and a connection binds
+    /// once.
+    pub fn open_session(&mut self, actor: &str) -> Result<(), ControlError> {
+        self.call(crate::SESSION_OPEN, json!({ "actor": actor }))
+            .map(drop)
+    }
+
     /// Sends a typed request and reads its typed answer: the same API as the service's
     /// [`Workspace::request`](environment_workspace::Workspace::request), through the socket.
     pub fn request<R: Request>(&mut self, request: R) -> Result<R::Answer, ControlError> {
-        let params = serde_json::to_value(request).map_err(|e| ControlError::Protocol(e.to_string()))?;
+        let params =
+            serde_json::to_value(request).map_err(|e| ControlError::Protocol(e.to_string()))?;
         let answer = self.call(R::METHOD.name(), params)?;
         serde_json::from_value(answer).map_err(|e| {
-            ControlError::Protocol(format!("the answer to {} does not read as its type: {e}", R::METHOD.name()))
+            ControlError::Protocol(format!(
+                "the answer to {} does not read as its type: {e}",
+                R::METHOD.name()
+            ))
         })
     }
 
@@ -225,7 +239,11 @@ impl ControlClient {
 
     /// Restores the workspace to `version` (an id, a prefix, a mark, `main~1`); with `dry_run`,
     /// only says what would change.
-    pub fn restore(&mut self, version: &str, dry_run: bool) -> Result<versions::Restored, ControlError> {
+    pub fn restore(
+        &mut self,
+        version: &str,
+        dry_run: bool,
+    ) -> Result<versions::Restored, ControlError> {
         self.request(versions::RestoreParams {
             version: version.to_owned(),
             dry_run,

@@ -74,7 +74,11 @@ use environment_sandbox::noise::NoiseRules;
 use environment_sandbox::tracker::{Tracker, TrackerConfig};
 use environment_workspace::{Counters, Parts, Workspace, lock};
 pub use server::ControlLimits;
-use server::Server;
+pub use server::SESSION_OPEN;
+use server::{Peer, Server};
+
+/// Where the operator's socket is under the home, by default.
+pub const OPERATOR_SOCKET: &str = "operator/control.sock";
 
 pub use environment_workspace::ShellHandles;
 
@@ -105,6 +109,11 @@ pub struct SupervisorConfig {
     /// directory the sandbox mounts itself (e.g. `/tmp/environment-control`), and name the
     /// socket there.
     pub socket_inside: Option<PathBuf>,
+    /// The operator's socket: `<home>/operator/control.sock` by default. A connection there
+    /// opens a session as the actor it names (`session.open`), so a person's `envctl` acts as
+    /// that person while the agent runs; it is private to the supervisor's user, in a
+    /// directory the sandbox does not show, and never mounted into it.
+    pub operator_socket: Option<PathBuf>,
     /// Whom automatic captures are attributed to (the policy must let it write the workspace).
     pub capture_actor: ActorId,
     /// What is never captured, and what is quiet.
@@ -180,6 +189,7 @@ impl SupervisorConfig {
             bus: None,
             socket: None,
             socket_inside: None,
+            operator_socket: None,
             capture_actor: ActorId::new("service:supervisor").unwrap_or_else(|_| ActorId::system()),
             noise: NoiseRules::default(),
             quiet_period: Duration::from_millis(200),
@@ -287,6 +297,8 @@ pub struct Supervisor {
     shared: Arc<Workspace>,
     agent: Arc<Agent>,
     server: Server,
+    operator: Server,
+    operator_socket: PathBuf,
     launch: Launch,
     socket: PathBuf,
     first: OpId,
@@ -328,6 +340,17 @@ impl Supervisor {
             .socket
             .clone()
             .unwrap_or_else(|| home.join("run").join("control.sock"));
+        let operator_socket = config
+            .operator_socket
+            .clone()
+            .unwrap_or_else(|| home.join(OPERATOR_SOCKET));
+        if operator_socket.parent() == socket.parent() {
+            return Err(SandboxError::Supervisor(format!(
+                "the operator's socket ({}) must not share the agent's socket's directory, which \
+                 the sandbox shows",
+                operator_socket.display()
+            )));
+        }
         let socket_dir = match socket.parent() {
             Some(d) if !d.as_os_str().is_empty() => {
                 std::fs::create_dir_all(d)
@@ -437,7 +460,13 @@ impl Supervisor {
             // A tournament's forks run outside the agent's sandbox: not offered to it.
             forking: None,
         }));
-        let server = Server::start(&socket, shared.clone(), config_limits)?;
+        let server = Server::start(&socket, shared.clone(), config_limits, Peer::Agent)?;
+        let operator = Server::start(
+            &operator_socket,
+            shared.clone(),
+            config_limits,
+            Peer::Operator,
+        )?;
         let socket_inside = config
             .socket_inside
             .clone()
@@ -446,6 +475,8 @@ impl Supervisor {
             shared,
             agent: Arc::new(Agent::default()),
             server,
+            operator,
+            operator_socket,
             launch: Launch {
                 socket_inside,
                 token: config.token,
@@ -471,6 +502,11 @@ impl Supervisor {
     /// The control socket's path on the host.
     pub fn socket_path(&self) -> &Path {
         &self.socket
+    }
+
+    /// The operator's socket: a connection there acts as the actor its `session.open` names.
+    pub fn operator_socket_path(&self) -> &Path {
+        &self.operator_socket
     }
 
     /// Starts the agent through the launcher, with `ENVIRONMENT_SOCKET` (and `ENVIRONMENT_TOKEN`)
@@ -600,6 +636,7 @@ impl Supervisor {
     pub fn shutdown_with_grace(mut self, grace: Duration) -> Result<Summary> {
         self.agent.stop(grace);
         self.server.stop();
+        self.operator.stop();
         let tracker = self
             .shared
             .tracker

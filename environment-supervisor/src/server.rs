@@ -4,10 +4,10 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
-use environment_core::Cancel;
+use environment_core::{ActorId, Cancel};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -17,8 +17,26 @@ use super::rpc::{
     self, INVALID_REQUEST, MAX_MESSAGE_BYTES, METHOD_NOT_FOUND, PARSE_ERROR, RpcError,
 };
 use environment_sandbox::error::{Result, SandboxError};
-use environment_workspace::Workspace;
-use environment_workspace::{Counters, Method};
+use environment_workspace::{Caller, Counters, Method, Workspace, lock};
+
+/// The method that binds an operator connection's identity (not a use case: a door's).
+pub const SESSION_OPEN: &str = "session.open";
+
+/// Whom a socket's connections act as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Peer {
+    /// The agent's socket (mounted into its sandbox): every connection acts as the
+    /// workspace's actor, with its token, and cannot open a session as anyone else.
+    Agent,
+    /// The operator's socket (private to the supervisor's user, under the home, which the
+    /// sandbox does not show): a connection acts as the actor its `session.open` names.
+    /// Whoever can reach it can open the environment's stores directly and act as anyone
+    /// there; it grants nothing more, and keeps the captures in one process.
+    Operator,
+}
+
+/// A connection's identity: the agent's from the start, or an operator's once opened.
+type Bound = Arc<Mutex<Option<Caller>>>;
 
 /// How long a stopping server waits for requests in flight.
 const HANDLER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -85,7 +103,12 @@ fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener> {
 }
 
 impl Server {
-    pub fn start(path: &Path, shared: Arc<Workspace>, limits: ControlLimits) -> Result<Server> {
+    pub fn start(
+        path: &Path,
+        shared: Arc<Workspace>,
+        limits: ControlLimits,
+        peer: Peer,
+    ) -> Result<Server> {
         let listener = bind(path)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -99,7 +122,7 @@ impl Server {
             .spawn(move || {
                 runtime.block_on(async move {
                     match UnixListener::from_std(listener) {
-                        Ok(l) => accept_loop(l, shared, stopped, limits).await,
+                        Ok(l) => accept_loop(l, shared, stopped, limits, peer).await,
                         Err(e) => tracing::error!(error = %e, "control socket unusable"),
                     }
                 });
@@ -137,6 +160,7 @@ async fn accept_loop(
     shared: Arc<Workspace>,
     mut stopped: watch::Receiver<bool>,
     limits: ControlLimits,
+    peer: Peer,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
@@ -150,7 +174,12 @@ async fn accept_loop(
                     };
                     let (shared, stopped) = (shared.clone(), stopped.clone());
                     tokio::spawn(async move {
-                        connection(stream, shared, stopped, limits.idle_timeout).await;
+                        let bound = Arc::new(Mutex::new(match peer {
+                            Peer::Agent => Some(shared.caller()),
+                            Peer::Operator => None,
+                        }));
+                        let conn = Connection { shared, peer, bound };
+                        connection(stream, conn, stopped, limits.idle_timeout).await;
                         drop(slot);
                     });
                 }
@@ -216,9 +245,18 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> std::io::Re
     }
 }
 
+/// What one connection answers for: the workspace, which socket it came through, and whom it
+/// acts as.
+#[derive(Clone)]
+pub(crate) struct Connection {
+    pub(crate) shared: Arc<Workspace>,
+    pub(crate) peer: Peer,
+    pub(crate) bound: Bound,
+}
+
 async fn connection(
     stream: UnixStream,
-    shared: Arc<Workspace>,
+    conn: Connection,
     mut stopped: watch::Receiver<bool>,
     idle: std::time::Duration,
 ) {
@@ -243,10 +281,10 @@ async fn connection(
                 ),
             )),
             Ok(Some(Line::Message(bytes))) => {
-                let (shared, cancel) = (shared.clone(), Cancel::new());
+                let (conn, cancel) = (conn.clone(), Cancel::new());
                 let calling = cancel.clone();
                 let work =
-                    tokio::task::spawn_blocking(move || handle_message(&shared, &bytes, &calling));
+                    tokio::task::spawn_blocking(move || handle_message(&conn, &bytes, &calling));
                 match called_off_on_hangup(work, &mut r, &cancel).await {
                     Ok(reply) => reply,
                     Err(e) => Some(rpc::failure(
@@ -314,7 +352,7 @@ fn hung_up(r: &tokio::net::unix::OwnedReadHalf) -> bool {
 
 /// Handles one line: a request, a notification or a batch. `None` when nothing is to be sent
 /// back (notifications only, or a blank line). `cancel` calls its commands off.
-pub(crate) fn handle_message(shared: &Workspace, bytes: &[u8], cancel: &Cancel) -> Option<Value> {
+pub(crate) fn handle_message(conn: &Connection, bytes: &[u8], cancel: &Cancel) -> Option<Value> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return None;
     }
@@ -343,24 +381,32 @@ pub(crate) fn handle_message(shared: &Workspace, bytes: &[u8], cancel: &Cancel) 
         Value::Array(items) => {
             let replies: Vec<Value> = items
                 .into_iter()
-                .filter_map(|item| handle_one(shared, item, cancel))
+                .filter_map(|item| handle_one(conn, item, cancel))
                 .collect();
             (!replies.is_empty()).then_some(Value::Array(replies))
         }
-        single => handle_one(shared, single, cancel),
+        single => handle_one(conn, single, cancel),
     }
 }
 
-fn handle_one(shared: &Workspace, v: Value, cancel: &Cancel) -> Option<Value> {
+fn handle_one(conn: &Connection, v: Value, cancel: &Cancel) -> Option<Value> {
+    let shared = &conn.shared;
     let call = match rpc::parse_call(v) {
         Ok(c) => c,
         Err((id, e)) => return Some(rpc::failure(id, &e)),
     };
-    let outcome = match Method::from_name(&call.method) {
-        Some(m) => shared
-            .call_cancellable(m, call.params, cancel)
+    let caller = lock(&conn.bound).clone();
+    let outcome = match (Method::from_name(&call.method), caller) {
+        (None, _) if call.method == SESSION_OPEN => open_session(conn, call.params),
+        (Some(m), Some(caller)) => shared
+            .call_as(&caller, m, call.params, cancel)
             .map_err(RpcError::from),
-        None => {
+        (Some(_), None) => Err(RpcError::new(
+            INVALID_REQUEST,
+            "no session is open on this connection",
+            "open one first: session.open with the actor you act as.",
+        )),
+        (None, _) => {
             Counters::bump(&shared.counters.requests);
             let shown: String = call.method.chars().take(100).collect();
             Err(RpcError::new(
@@ -375,4 +421,64 @@ fn handle_one(shared: &Workspace, v: Value, cancel: &Cancel) -> Option<Value> {
         Ok(result) => rpc::success(id, result),
         Err(e) => rpc::failure(id, &e),
     })
+}
+
+/// The params of `session.open`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenParams {
+    actor: String,
+    #[serde(default)]
+    token: Option<String>,
+}
+
+/// Binds an operator connection to the actor it names (once). The agent's connections are the
+/// agent's and stay so: opening one as the agent changes nothing, as anyone else is refused.
+fn open_session(
+    conn: &Connection,
+    params: serde_json::Map<String, Value>,
+) -> std::result::Result<Value, RpcError> {
+    let p: OpenParams = serde_json::from_value(Value::Object(params)).map_err(|e| {
+        RpcError::new(
+            rpc::INVALID_PARAMS,
+            format!("invalid params: {e}"),
+            "send session.open with `actor` (and `token`).",
+        )
+    })?;
+    let actor = ActorId::new(&p.actor).map_err(|e| {
+        RpcError::new(
+            rpc::INVALID_PARAMS,
+            format!("invalid params: {e}"),
+            "an actor is `kind:name`, e.g. human:alice.",
+        )
+    })?;
+    let mut bound = lock(&conn.bound);
+    if conn.peer == Peer::Agent {
+        return match bound.as_ref() {
+            Some(agent)
+                if agent.actor == actor
+                    && (p.token.is_none() || p.token == agent.default_token) =>
+            {
+                Ok(serde_json::json!({ "actor": actor.as_str() }))
+            }
+            _ => Err(RpcError::new(
+                rpc::DENIED,
+                "a connection of the agent's socket acts as the agent, with its token; it \
+                 cannot open a session as another actor or with another token",
+                "call the use cases as you are (a token can still be presented per request).",
+            )),
+        };
+    }
+    if bound.is_some() {
+        return Err(RpcError::new(
+            INVALID_REQUEST,
+            "a session is already open on this connection",
+            "connect again to act as another actor.",
+        ));
+    }
+    *bound = Some(Caller {
+        actor: actor.clone(),
+        default_token: p.token,
+    });
+    Ok(serde_json::json!({ "actor": actor.as_str() }))
 }

@@ -225,10 +225,17 @@ impl Transcript<'_> {
         if let Ok(v) = &answer {
             // The published contract describes what the dispatcher took and gave.
             let c = Method::from_name(method).unwrap().contract();
-            for (what, schema, value) in [("params", &c.params, &params), ("answer", &c.result, v)] {
+            for (what, schema, value) in [("params", &c.params, &params), ("answer", &c.result, v)]
+            {
                 let validator = jsonschema::validator_for(schema).unwrap();
-                let errors: Vec<String> = validator.iter_errors(value).map(|e| e.to_string()).collect();
-                assert!(errors.is_empty(), "{method} {params}: the {what} break the schema: {errors:?}\n{value}");
+                let errors: Vec<String> = validator
+                    .iter_errors(value)
+                    .map(|e| e.to_string())
+                    .collect();
+                assert!(
+                    errors.is_empty(),
+                    "{method} {params}: the {what} break the schema: {errors:?}\n{value}"
+                );
             }
         }
         let shown = match &answer {
@@ -1285,7 +1292,11 @@ fn typed_requests_scenario(dir: &Path) {
     };
     let d = socket.request(diff.clone()).unwrap();
     assert_eq!(d, service.request(diff).unwrap());
-    assert_eq!((d.total, d.added), (2, 2), "notes/ and notes/typed.md: {d:?}");
+    assert_eq!(
+        (d.total, d.added),
+        (2, 2),
+        "notes/ and notes/typed.md: {d:?}"
+    );
 
     // A refusal is the same kind at both doors, and changes nothing.
     let head = sup.env().head("main").unwrap();
@@ -1331,7 +1342,9 @@ fn unknown_parameters_scenario(dir: &Path) {
         let params = json!({ "surely_not_a_parameter": true });
         let schema = m.contract().params;
         assert!(
-            !jsonschema::validator_for(&schema).unwrap().is_valid(&params),
+            !jsonschema::validator_for(&schema)
+                .unwrap()
+                .is_valid(&params),
             "{}: the schema takes an unknown parameter",
             m.name()
         );
@@ -1353,5 +1366,100 @@ fn every_method_refuses_unknown_parameters_at_every_door() {
         "every_method_refuses_unknown_parameters_at_every_door",
         always,
         unknown_parameters_scenario,
+    );
+}
+
+/// A connection's identity is bound once, when it opens: the agent's socket acts as the agent
+/// and cannot become anyone else; the operator's socket (private to the supervisor's user, in
+/// a directory the sandbox does not show) acts as the actor its `session.open` names, and as
+/// nobody before it.
+fn identity_is_bound_per_connection_scenario(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let (sup, work, _home, _) = open(dir, RULES);
+    let env = sup.env().clone();
+    let head = env.head("main").unwrap();
+    let kind = |e: ControlError| match e {
+        ControlError::Rpc { code, data, .. } => rpc::kind_of_error(code, &data),
+        other => panic!("the socket failed: {other}"),
+    };
+    let write = |path: &str| json!({ "path": path, "content": "rotated\n" });
+
+    // Private to the supervisor's user, apart from the agent's socket.
+    let op_path = sup.operator_socket_path().to_owned();
+    assert_ne!(op_path.parent(), sup.socket_path().parent());
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&op_path), 0o600);
+    assert_eq!(mode(op_path.parent().unwrap()), 0o700);
+
+    // The agent's connection is the agent's: it cannot open a session as the operator, and
+    // what the agent may not do stays refused.
+    let mut agent = ControlClient::connect(sup.socket_path()).unwrap();
+    assert_eq!(
+        kind(agent.open_session("human:operator").unwrap_err()),
+        ErrorKind::Denied
+    );
+    assert_eq!(
+        kind(
+            agent
+                .call("file.write", write("secrets/token"))
+                .unwrap_err()
+        ),
+        ErrorKind::Denied
+    );
+    assert_eq!(agent.status().unwrap().actor, "agent:coder");
+    // Opening it as the agent it is changes nothing.
+    agent.open_session("agent:coder").unwrap();
+    assert_eq!(agent.status().unwrap().actor, "agent:coder");
+
+    // An operator's connection acts as nobody until it opens a session.
+    let mut operator = ControlClient::connect(&op_path).unwrap();
+    assert_eq!(
+        kind(
+            operator
+                .call("file.write", write("secrets/token"))
+                .unwrap_err()
+        ),
+        ErrorKind::Invalid
+    );
+    for bad in ["", "*", "kind:agent"] {
+        assert_eq!(
+            kind(operator.open_session(bad).unwrap_err()),
+            ErrorKind::Invalid,
+            "{bad:?}"
+        );
+    }
+    assert_eq!(env.head("main").unwrap(), head, "nothing changed so far");
+    assert_eq!(
+        std::fs::read_to_string(work.join("secrets/token")).unwrap(),
+        "s3cr3t\n"
+    );
+
+    // Opened as the operator, it does what the operator may, recorded as the operator's.
+    operator.open_session("human:operator").unwrap();
+    assert_eq!(operator.status().unwrap().actor, "human:operator");
+    let written = operator.call("file.write", write("secrets/token")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(work.join("secrets/token")).unwrap(),
+        "rotated\n"
+    );
+    let op = env
+        .op(&env.resolve(written["version"].as_str().unwrap()).unwrap())
+        .unwrap();
+    assert_eq!(op.actor.as_str(), "human:operator");
+    // Bound once: it cannot become someone else.
+    assert_eq!(
+        kind(operator.open_session("agent:coder").unwrap_err()),
+        ErrorKind::Invalid
+    );
+    assert_eq!(operator.status().unwrap().actor, "human:operator");
+    sup.shutdown().unwrap();
+}
+
+#[test]
+fn identity_is_bound_per_connection() {
+    both(
+        "identity_is_bound_per_connection",
+        always,
+        identity_is_bound_per_connection_scenario,
     );
 }

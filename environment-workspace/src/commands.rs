@@ -433,7 +433,10 @@ pub(super) fn process_signal(
     })
 }
 
-pub(super) fn process_list(g: &Session<'_>, _: ProcessListParams) -> Result<Processes, ServiceError> {
+pub(super) fn process_list(
+    g: &Session<'_>,
+    _: ProcessListParams,
+) -> Result<Processes, ServiceError> {
     let procs = processes(g)?;
     g.allow(Action::Read, Resource::Environment, Some("process.list"))?;
     let list = run(procs.list())?.map_err(ServiceError::from)?;

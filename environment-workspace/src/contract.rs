@@ -116,7 +116,11 @@ use_cases! {
 }
 
 /// Parses `params` as the request of `m`, answers it, and puts the answer in JSON.
-pub(crate) fn answer(g: &Session<'_>, m: Method, params: Map<String, Value>) -> Result<Value, ServiceError> {
+pub(crate) fn answer(
+    g: &Session<'_>,
+    m: Method,
+    params: Map<String, Value>,
+) -> Result<Value, ServiceError> {
     struct Answer<'s, 'w>(&'s Session<'w>, Map<String, Value>);
     impl Visit for Answer<'_, '_> {
         type Out = Result<Value, ServiceError>;
@@ -160,7 +164,10 @@ impl Method {
             type Out = Contract;
             fn visit<R: Handle>(self) -> Contract {
                 let settings = SchemaSettings::draft2020_12().with(|s| s.inline_subschemas = true);
-                let mut params = settings.clone().into_generator().into_root_schema_for::<R>();
+                let mut params = settings
+                    .clone()
+                    .into_generator()
+                    .into_root_schema_for::<R>();
                 let result = settings
                     .for_serialize()
                     .into_generator()

@@ -72,7 +72,7 @@ pub(super) fn read(g: &Session<'_>, p: ReadParams) -> Result<FileRead, ServiceEr
     let v = version(g, p.version.as_deref())?;
     let env = &g.env();
     let value = env
-        .read(&g.shared().actor, &key, &v)
+        .read(g.actor(), &key, &v)
         .map_err(ServiceError::from)?
         .filter(|value| value.meta.kind == EntryKind::File)
         .ok_or_else(|| {
@@ -138,7 +138,7 @@ pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<FileList, ServiceEr
     let v = version(g, p.version.as_deref())?;
     let entries = g
         .env()
-        .list(&g.shared().actor, &prefix, &v)
+        .list(g.actor(), &prefix, &v)
         .map_err(ServiceError::from)?;
     let total = entries.len();
     let entries = entries
@@ -221,8 +221,8 @@ fn edit(
         .with_tracker(|t| {
             let as_asked = t.presenting(g.credentials());
             match content {
-                Some(c) => as_asked.write_file(&shared.actor, &rel, c.into_bytes(), intent),
-                None => as_asked.delete_file(&shared.actor, &rel, intent),
+                Some(c) => as_asked.write_file(g.actor(), &rel, c.into_bytes(), intent),
+                None => as_asked.delete_file(g.actor(), &rel, intent),
             }
         })
         .map_err(|e| match e {

@@ -47,7 +47,7 @@ use serde_json::{Map, Value};
 use super::contract::{self, Request};
 use super::error::ServiceError;
 use super::session::Session;
-use super::workspace::{Counters, Workspace};
+use super::workspace::{Caller, Counters, Workspace};
 
 /// The use cases, under the names every door calls them by (the control socket's schema lists
 /// them in this order).
@@ -341,7 +341,20 @@ impl Workspace {
         params: Map<String, Value>,
         cancel: &Cancel,
     ) -> Result<Value, ServiceError> {
-        call(self, m, params, cancel)
+        call(self, &self.caller(), m, params, cancel)
+    }
+
+    /// [`Workspace::call_cancellable`] for `caller`, the identity a door bound when it opened
+    /// (a connection of the control socket opened for an operator, say) rather than the
+    /// workspace's own.
+    pub fn call_as(
+        &self,
+        caller: &Caller,
+        m: Method,
+        params: Map<String, Value>,
+        cancel: &Cancel,
+    ) -> Result<Value, ServiceError> {
+        call(self, caller, m, params, cancel)
     }
 
     /// Answers a typed request, as [`Workspace::call`] answers its method: the same parsing,
@@ -376,24 +389,34 @@ impl Workspace {
     pub fn request<R: Request>(&self, request: R) -> Result<R::Answer, ServiceError> {
         let params = match serde_json::to_value(request) {
             Ok(Value::Object(params)) => params,
-            Ok(other) => return Err(ServiceError::internal(format!("a request is not an object: {other}"))),
-            Err(e) => return Err(ServiceError::internal(format!("a request failed to serialize: {e}"))),
+            Ok(other) => {
+                return Err(ServiceError::internal(format!(
+                    "a request is not an object: {other}"
+                )));
+            }
+            Err(e) => {
+                return Err(ServiceError::internal(format!(
+                    "a request failed to serialize: {e}"
+                )));
+            }
         };
         let answer = self.call(R::METHOD, params)?;
-        serde_json::from_value(answer)
-            .map_err(|e| ServiceError::internal(format!("an answer does not read as its type: {e}")))
+        serde_json::from_value(answer).map_err(|e| {
+            ServiceError::internal(format!("an answer does not read as its type: {e}"))
+        })
     }
 }
 
 fn call(
     shared: &Workspace,
+    caller: &Caller,
     m: Method,
     mut params: Map<String, Value>,
     cancel: &Cancel,
 ) -> Result<Value, ServiceError> {
     Counters::bump(&shared.counters.requests);
     let token = match params.remove("token") {
-        None | Some(Value::Null) => shared.default_token.clone(),
+        None | Some(Value::Null) => None,
         Some(Value::String(t)) => Some(t),
         Some(_) => return Err(ServiceError::invalid("`token` must be a string")),
     };
@@ -402,7 +425,7 @@ fn call(
         Some(Value::String(a)) => Some(a),
         Some(_) => return Err(ServiceError::invalid("`approval` must be a string")),
     };
-    let session = Session::new(shared, token, approval, cancel.clone());
+    let session = Session::new(shared, caller, token, approval, cancel.clone());
     if shared.capture_each_call {
         session.capture_first(&format!("changes found before a {} call", m.name()))?;
     }

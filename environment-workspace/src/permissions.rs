@@ -225,7 +225,7 @@ pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions,
             permissions: Vec::new(),
         });
     };
-    let perms = policy.what_may(g.shared().actor.as_str(), &under);
+    let perms = policy.what_may(g.actor().as_str(), &under);
     Ok(Permissions {
         policy: true,
         permissions: perms

@@ -60,7 +60,7 @@ pub(super) fn publish(g: &Session<'_>, p: PublishParams) -> Result<Published, Se
     g.allow(Action::Publish, Resource::Topic(p.topic.clone()), None)?;
     let mut opts = PublishOptions::default().headers(Headers {
         // Who published is the workspace's to say, not the caller's.
-        actor: Some(g.shared().actor.to_string()),
+        actor: Some(g.actor().to_string()),
         correlation_id: p.correlation_id,
         causing_op: None,
     });
@@ -134,7 +134,7 @@ pub struct Lease {
 pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Claimed, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
-    let consumer = p.consumer.unwrap_or_else(|| g.shared().actor.to_string());
+    let consumer = p.consumer.unwrap_or_else(|| g.actor().to_string());
     let leases = bus
         .claim(
             &p.group,
@@ -152,6 +152,7 @@ pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Claimed, ServiceE
             let claim = Claim {
                 group: l.group.clone(),
                 consumer: consumer.clone(),
+                claimer: g.actor().clone(),
             };
             receipts.insert(receipt.clone(), claim);
             let payload = Bytes::of(&l.message.payload);
@@ -207,20 +208,22 @@ pub struct Settled {
 }
 
 /// Who may settle `receipt`, decided: the consumer group it was claimed from (the caller must
-/// be allowed to consume it) and its holder (a receipt this workspace handed out keeps the
-/// consumer named in its claim; one claimed elsewhere must be held by the caller's own
-/// consumer). An unknown receipt is not found; a settled or lapsed one is a conflict.
+/// be allowed to consume it) and its holder (a receipt this workspace handed out is settled
+/// only by the actor whose claim it came from, as the consumer named there; one claimed
+/// elsewhere must be held by the caller's own consumer). An unknown receipt is not found; a
+/// settled or lapsed one is a conflict.
 fn holder(g: &Session<'_>, receipt: &str) -> Result<(Receipt, Claim), ServiceError> {
     let bus = bus(g)?;
     let parsed: Receipt = receipt.parse().map_err(ServiceError::from)?;
     let held = bus.lease_holder(&parsed).map_err(ServiceError::from)?;
     let claimed = match lock(&g.shared().receipts).get(receipt).cloned() {
-        Some(c) => c,
-        None if held.consumer == g.shared().actor.as_str() => Claim {
+        Some(c) if &c.claimer == g.actor() => c,
+        None if held.consumer == g.actor().as_str() => Claim {
             group: held.group.clone(),
             consumer: held.consumer.clone(),
+            claimer: g.actor().clone(),
         },
-        None => {
+        _ => {
             return Err(ServiceError::new(
                 ErrorKind::Denied,
                 "the receipt is another consumer's",

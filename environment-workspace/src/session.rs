@@ -5,16 +5,18 @@
 use std::cell::Cell;
 
 use environment_core::{
-    AccessRequest, Action, AttrValue, Cancel, Context, Credentials, Decision, EnvError,
+    AccessRequest, Action, ActorId, AttrValue, Cancel, Context, Credentials, Decision, EnvError,
     LocalEnvironment, OpId, Resource,
 };
 
 use super::error::ServiceError;
-use super::workspace::{Counters, Workspace};
+use super::workspace::{Caller, Counters, Workspace};
 
-/// Authorizes the requests of one call as the workspace's actor.
+/// Authorizes the requests of one call as its caller's actor.
 pub(super) struct Session<'a> {
     shared: &'a Workspace,
+    /// Whom the call acts as.
+    actor: &'a ActorId,
     token: Option<String>,
     /// A granted approval presented with the request.
     approval: Option<String>,
@@ -26,15 +28,18 @@ pub(super) struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
+    /// A session of `caller`'s: `token` presented (else the caller's default one).
     pub(super) fn new(
         shared: &'a Workspace,
+        caller: &'a Caller,
         token: Option<String>,
         approval: Option<String>,
         cancel: Cancel,
     ) -> Session<'a> {
         Session {
             shared,
-            token,
+            actor: &caller.actor,
+            token: token.or_else(|| caller.default_token.clone()),
             approval,
             cancel,
             captured: Cell::new(false),
@@ -70,8 +75,8 @@ impl<'a> Session<'a> {
         self.shared
     }
 
-    pub(super) fn actor(&self) -> &'a environment_core::ActorId {
-        &self.shared.actor
+    pub(super) fn actor(&self) -> &'a ActorId {
+        self.actor
     }
 
     pub(super) fn request(
@@ -97,7 +102,7 @@ impl<'a> Session<'a> {
                 .insert("operation".into(), AttrValue::Str(op.into()));
         }
         AccessRequest {
-            actor: self.shared.actor.clone(),
+            actor: self.actor.clone(),
             action,
             resource,
             context,

@@ -166,7 +166,7 @@ pub(super) fn run(g: &Session<'_>, p: TournamentParams) -> Result<Outcome, Servi
             g.env().head(g.branch()).map_err(ServiceError::from)?
         }
     };
-    let mut t = Tournament::of_scripts(shared.actor.clone(), base, &p.candidates, &p.test);
+    let mut t = Tournament::of_scripts(g.actor().clone(), base, &p.candidates, &p.test);
     if let Some(jobs) = p.jobs {
         t.concurrency = jobs;
     }

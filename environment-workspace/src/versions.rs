@@ -121,11 +121,7 @@ pub(super) fn history(g: &Session<'_>, p: HistoryParams) -> Result<History, Serv
     let limit = history_read(g, &branch, p.limit)?;
     let entries = g
         .env()
-        .history(
-            &g.shared().actor,
-            &branch,
-            &HistoryOptions { all: p.all, limit },
-        )
+        .history(g.actor(), &branch, &HistoryOptions { all: p.all, limit })
         .map_err(ServiceError::from)?;
     let head = g.env().head(&branch).map_err(ServiceError::from)?;
     Ok(History {
@@ -238,7 +234,7 @@ pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Diff, ServiceError>
     g.allow_rechecked(Action::Read, resource, None)?;
     let changes = g
         .env()
-        .diff(&g.shared().actor, &from, &to, prefix.as_ref())
+        .diff(g.actor(), &from, &to, prefix.as_ref())
         .map_err(ServiceError::from)?;
     let count = |what: &str| changes.iter().filter(|c| c.change() == what).count();
     Ok(Diff {
@@ -292,7 +288,7 @@ pub(super) fn mark(g: &Session<'_>, p: MarkParams) -> Result<Marked, ServiceErro
         }
     };
     g.env()
-        .mark(&g.shared().actor, &p.name, &version)
+        .mark(g.actor(), &p.name, &version)
         .map_err(ServiceError::from)?;
     Ok(Marked {
         name: p.name,
@@ -596,7 +592,7 @@ pub(super) fn restore_to(
         });
     }
     let plan = shared
-        .restore(&shared.actor, &g.credentials(), &target, intent)
+        .restore(g.actor(), &g.credentials(), &target, intent)
         .map_err(ServiceError::from)?;
     Counters::bump(&shared.counters.rollbacks);
     let head = g.env().head(g.branch()).map_err(ServiceError::from)?;
@@ -714,7 +710,7 @@ pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Merged, ServiceEr
     let intent = Intent::new(IntentKind::Merge, format!("merge {}", p.source));
     let outcome = g
         .env()
-        .merge(&shared.actor, &p.source, g.branch(), intent)
+        .merge(g.actor(), &p.source, g.branch(), intent)
         .map_err(ServiceError::from)?;
     let plan = shared.sync_from(&before).map_err(ServiceError::from)?;
     let mut conflicts = Vec::with_capacity(outcome.conflicts.len());
@@ -754,8 +750,10 @@ impl From<&ConflictSide> for MergeSide {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Status {
-    /// The workspace's actor.
+    /// Whom the caller acts as.
     pub actor: String,
+    /// The workspace's own actor (a supervised agent's), whom its own requests act as.
+    pub agent: String,
     /// The workspace's branch.
     pub branch: String,
     /// Its head.
@@ -804,7 +802,8 @@ pub(super) fn status(g: &Session<'_>, _: StatusParams) -> Result<Status, Service
         .map_err(ServiceError::from)?;
     let names = |list: Vec<(String, OpId)>| list.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
     Ok(Status {
-        actor: s.actor.as_str().to_owned(),
+        actor: g.actor().as_str().to_owned(),
+        agent: s.actor.as_str().to_owned(),
         branch: g.branch().to_owned(),
         head: head.to_string(),
         seq: op.seq,
@@ -812,7 +811,11 @@ pub(super) fn status(g: &Session<'_>, _: StatusParams) -> Result<Status, Service
         head_intent: op.intent.text.clone(),
         branches: names(s.env.branches().map_err(ServiceError::from)?),
         marks: names(s.env.marks().map_err(ServiceError::from)?),
-        unfinished_effects: s.env.effects_unfinished().map_err(ServiceError::from)?.len(),
+        unfinished_effects: s
+            .env
+            .effects_unfinished()
+            .map_err(ServiceError::from)?
+            .len(),
         policy_version: s.policy.as_ref().map(|p| p.version()),
         workspace: s
             .launcher
@@ -893,7 +896,7 @@ pub(super) fn verify(g: &Session<'_>, p: VerifyParams) -> Result<Verified, Servi
 
 pub(super) fn gc(g: &Session<'_>, _: GcParams) -> Result<Collected, ServiceError> {
     g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
-    let r = g.env().gc(&g.shared().actor).map_err(ServiceError::from)?;
+    let r = g.env().gc(g.actor()).map_err(ServiceError::from)?;
     Ok(Collected {
         kept: r.kept,
         removed: r.removed,

@@ -141,6 +141,28 @@ pub struct Workspace {
     pub agent_pid: Mutex<Option<u32>>,
 }
 
+/// Who calls the workspace: the actor its requests act as, and the capability token presented
+/// with every request that presents none (so an agent cannot shed its limits by omitting the
+/// token it was given). It is bound once, when a door opens (a connection of the control
+/// socket, a service in process), and never named by a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// Whom the requests act as.
+    pub actor: ActorId,
+    /// The token presented with every request that presents none.
+    pub default_token: Option<String>,
+}
+
+impl Caller {
+    /// `actor`, presenting no token by default.
+    pub fn new(actor: ActorId) -> Caller {
+        Caller {
+            actor,
+            default_token: None,
+        }
+    }
+}
+
 /// Locks `m`, carrying on after a panic of another holder (the data stays usable).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -171,6 +193,14 @@ impl Workspace {
 }
 
 impl Workspace {
+    /// The workspace's own caller: its actor (the supervised agent's, say) and default token.
+    pub fn caller(&self) -> Caller {
+        Caller {
+            actor: self.actor.clone(),
+            default_token: self.default_token.clone(),
+        }
+    }
+
     /// Runs `f` on the tracker, unless the workspace has shut down. A read lock is held
     /// meanwhile, so shutdown waits for work in flight.
     pub fn with_tracker<R>(&self, f: impl FnOnce(&Tracker) -> Result<R>) -> Result<R> {
@@ -255,4 +285,6 @@ pub(crate) struct Claimed {
     pub(crate) group: String,
     /// The consumer named in the claim.
     pub(crate) consumer: String,
+    /// Who claimed it: only they settle it.
+    pub(crate) claimer: ActorId,
 }

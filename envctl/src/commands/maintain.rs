@@ -76,7 +76,7 @@ pub fn status(door: &Door, ws: Option<&Workspace>, json: bool) -> Outcome<()> {
     let supervisor = door.socket().map(|socket| {
         json!({
             "socket": socket.display().to_string(),
-            "actor": r["actor"],
+            "actor": r["agent"],
             "agent_pid": r["agent_pid"],
             "sandbox": r["sandbox"],
             "workspace": r["workspace"],

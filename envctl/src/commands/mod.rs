@@ -39,6 +39,13 @@ fn actor_of(cli: &Cli, default: &str) -> Outcome<ActorId> {
     }
 }
 
+/// The actor `--actor` (or `ENVIRONMENT_ACTOR`) names, if any: through a `--socket`, the
+/// connection opens a session as it (the agent's socket refuses); without, it acts as the
+/// socket's own actor.
+fn named_actor(cli: &Cli) -> Outcome<Option<ActorId>> {
+    cli.actor.as_deref().map(parse_actor).transpose()
+}
+
 /// Who a person at the terminal is.
 fn default_human() -> String {
     let user: String = std::env::var("USER")
@@ -212,12 +219,16 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         Command::Mcp => {
             let actor = actor_of(&cli, "agent:mcp")?;
             if let Some(sock) = &cli.socket {
-                let addr = crate::target::probe(sock)?;
-                crate::mcp::serve_remote(addr, actor, credentials(&cli))?;
+                let addr = crate::target::probe(sock, named_actor(&cli)?)?;
+                crate::mcp::serve_remote(addr, credentials(&cli))?;
                 return Ok(0);
             }
             let mut ws = Workspace::find(cli.chdir.as_deref())?;
             ws.credentials = credentials(&cli);
+            if let Some(addr) = crate::target::running(&ws, &actor) {
+                crate::mcp::serve_remote(addr, credentials(&cli))?;
+                return Ok(0);
+            }
             crate::mcp::serve(ws, actor)?;
             return Ok(0);
         }
@@ -232,7 +243,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     // A running supervisor answers while it holds the workspace: the one named, else the
     // workspace's own.
     if let Some(sock) = &cli.socket {
-        let addr = crate::target::probe(sock)?;
+        let addr = crate::target::probe(sock, named_actor(&cli)?)?;
         if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()), None)? {
             return Ok(status);
         }
@@ -240,10 +251,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     }
     let mut ws = Workspace::find(cli.chdir.as_deref())?;
     ws.credentials = credentials(&cli);
-    let own = ws.home.join(crate::workspace::SOCKET_FILE);
-    if own.exists()
-        && let Ok(addr) = crate::target::probe(&own)
-    {
+    if let Some(addr) = crate::target::running(&ws, &actor) {
         if let Command::Tournament(a) = &cli.command {
             // The candidates run on forks; the supervisor adopts the winner into its tree.
             let mut remote = crate::target::Remote::connect(&addr, &credentials(&cli))?;

@@ -145,11 +145,10 @@ pub fn exec(door: &Door, a: &ExecArgs, cwd: Option<String>, json: bool) -> Outco
     } else {
         ""
     };
-    let refused = serde_json::from_value::<Vec<environment_core::json::Refused>>(
-        r["refused"].clone(),
-    )
-    .ok()
-    .and_then(|r| environment_core::put_back_note(&r));
+    let refused =
+        serde_json::from_value::<Vec<environment_core::json::Refused>>(r["refused"].clone())
+            .ok()
+            .and_then(|r| environment_core::put_back_note(&r));
     let op: String = r["op"]
         .as_str()
         .unwrap_or_default()

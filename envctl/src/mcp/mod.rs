@@ -48,11 +48,10 @@ pub fn serve(ws: Workspace, actor: ActorId) -> Outcome<()> {
     stdio(EnvServer::new(Door::open(session, &credentials, serving)?))
 }
 
-/// MCP over stdio with the tools going through the supervisor at `addr` (its actor acts:
-/// `actor` only names the server).
+/// MCP over stdio with the tools going through the supervisor at `addr`, as the actor its
+/// connection opens a session as (or the socket's own).
 pub fn serve_remote(
     addr: SupervisorAddr,
-    _actor: ActorId,
     credentials: environment_core::Credentials,
 ) -> Outcome<()> {
     let door = Door::open(Target::Supervisor(addr), &credentials, Serving::default())?;

@@ -335,13 +335,12 @@ fn refused(refused: &[Value]) -> String {
 }
 
 fn exec(answer: &Value) -> String {
-    let put_back = serde_json::from_value::<Vec<environment_core::json::Refused>>(
-        answer["refused"].clone(),
-    )
-    .ok()
-    .and_then(|r| environment_core::put_back_note(&r))
-        .map(|(sentence, next)| format!("\n{sentence}. Next: {next}."))
-        .unwrap_or_default();
+    let put_back =
+        serde_json::from_value::<Vec<environment_core::json::Refused>>(answer["refused"].clone())
+            .ok()
+            .and_then(|r| environment_core::put_back_note(&r))
+            .map(|(sentence, next)| format!("\n{sentence}. Next: {next}."))
+            .unwrap_or_default();
     let ended = match &answer["exit"] {
         Value::Object(e) if e.contains_key("code") => format!("exited with status {}", e["code"]),
         Value::Object(e) if e.contains_key("signal") => {

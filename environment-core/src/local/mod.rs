@@ -22,8 +22,8 @@ pub use effect::{BeginOutcome, EffectRecord, EffectState};
 pub use events::Subscription;
 pub use history::{HistoryEntry, HistoryOptions, ShownOp};
 pub use maintain::{GcReport, VerifyReport};
-pub use refused::{RefusedChange, put_back_note};
 pub(crate) use refused::reason as refused_reason;
+pub use refused::{RefusedChange, put_back_note};
 pub use undo::UndoStep;
 
 use crate::authz::{
