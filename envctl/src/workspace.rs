@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use environment_bus::{Bus, BusConfig};
 use environment_core::{
-    AccessRequest, Action, ActorId, Authorizer, Context, Credentials, Decision, LocalEnvironment,
-    MAIN, Options, Resource, Spend, SystemClock,
+    AccessRequest, Action, ActorId, AllowAll, Authorizer, Context, Credentials, LocalEnvironment,
+    MAIN, Options, Resource, SystemClock, WitnessRule,
 };
 use environment_policy::Policy;
 use environment_sandbox::{ForkConfig, Launcher, NoiseRules, Shell, Tracker, TrackerConfig};
@@ -35,12 +35,7 @@ pub const ROOTFS_DIR: &str = "rootfs";
 /// tracker of the workspace alone captures, writes or removes.
 pub const ROOTFS_KEY_PREFIX: &str = ".environment/rootfs";
 
-/// The actor that records changes found in the tree: it witnesses what happened, it does not
-/// decide anything, so the policy does not gate it (refusing to record a change already on disk
-/// would only lose it).
-pub fn witness() -> ActorId {
-    ActorId::new("service:capture").unwrap_or_else(|_| ActorId::system())
-}
+pub use environment_core::witness;
 
 /// A workspace directory and its environment's home.
 #[derive(Clone, Debug)]
@@ -154,37 +149,6 @@ pub fn rootfs_noise() -> NoiseRules {
     rules
 }
 
-/// Core's authorizer for envctl: the policy when one is loaded (everything allowed otherwise),
-/// except for the witness recording changes found in the tree.
-struct Gate {
-    policy: Option<Arc<Policy>>,
-}
-
-impl Authorizer for Gate {
-    fn decide(&self, request: &AccessRequest) -> Decision {
-        // The witness reads the views it compares the tree with, and writes the keys it found
-        // changed; nothing else.
-        let recording = request.actor == witness()
-            && match request.action {
-                Action::Read => true,
-                Action::Write | Action::Delete => matches!(request.resource, Resource::Key(_)),
-                _ => false,
-            };
-        match &self.policy {
-            Some(p) if !recording => p.decide(request),
-            _ => Decision::allow_unconditionally(),
-        }
-    }
-
-    fn spend(&self, uses: &[Spend]) -> Result<(), Box<Decision>> {
-        match &self.policy {
-            Some(p) => p.spend(uses),
-            // Nothing decided here consumes anything.
-            None => Ok(()),
-        }
-    }
-}
-
 /// How a session serves as the workspace service (see [`Session::into_service`]); by default
 /// as one command does: no commands run, no capture at each call (opening the session
 /// captured), the queue only if it exists.
@@ -221,7 +185,7 @@ pub struct Session {
     pub policy: Option<Arc<Policy>>,
     /// Who this command acts as.
     pub actor: ActorId,
-    /// Core's authorizer: the policy, the witness aside.
+    /// Core's authorizer: the policy, with the witness's one rule.
     authorizer: Arc<dyn Authorizer>,
     tracker: Option<Tracker>,
     /// The managed rootfs's tracker, when there is one: restored with the workspace.
@@ -236,9 +200,13 @@ impl Session {
         } else {
             None
         };
-        let authorizer: Arc<dyn Authorizer> = Arc::new(Gate {
-            policy: policy.clone(),
-        });
+        // The policy decides (everything is allowed without one), and the witness records
+        // what it finds as it does everywhere.
+        let decides: Arc<dyn Authorizer> = match &policy {
+            Some(p) => p.clone(),
+            None => Arc::new(AllowAll),
+        };
+        let authorizer: Arc<dyn Authorizer> = Arc::new(WitnessRule(decides));
         let options = Options {
             authorizer: authorizer.clone(),
             ..Options::default()

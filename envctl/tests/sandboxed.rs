@@ -707,7 +707,7 @@ resource = { object = "exec", key = "*" }
         !ws.path("top.txt").exists(),
         "the refused file was put back"
     );
-    let log = ws.json(&["--actor", "service:capture", "log", "--all"]);
+    let log = ws.json(&["--actor", "agent:bob", "log", "--all"]);
     let entries = log["entries"].as_array().unwrap();
     let records_top = |e: &&serde_json::Value| {
         e["summary"]["keys"]
@@ -724,7 +724,7 @@ resource = { object = "exec", key = "*" }
                 .contains(&"src/a.rs".into())
     });
     assert!(wrote_a, "{log}");
-    let refused = ws.json(&["--actor", "service:capture", "refused"]);
+    let refused = ws.json(&["--actor", "agent:bob", "refused"]);
     let refused = refused["refused"].as_array().unwrap();
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0]["path"], "top.txt");
@@ -756,7 +756,7 @@ resource = { object = "exec", key = "*" }
     assert!(stderr(&out).contains("NOT recorded"), "{}", stderr(&out));
     assert!(!ws.path("viaexec.txt").exists());
     assert_eq!(ws.read("src/ok.rs").as_deref(), Some("ok\n"));
-    let refused = ws.json(&["--actor", "service:capture", "refused"]);
+    let refused = ws.json(&["--actor", "agent:bob", "refused"]);
     let refused = refused["refused"].as_array().unwrap();
     assert_eq!(refused.len(), 2, "{refused:?}");
     assert_eq!(refused[0]["path"], "viaexec.txt");

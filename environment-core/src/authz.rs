@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -383,9 +384,111 @@ impl Authorizer for AllowAll {
     }
 }
 
+/// The actor that records changes found in a tree which no request made (a person's editor, a
+/// process outside every door): it witnesses what happened and decides nothing.
+pub fn witness() -> ActorId {
+    ActorId::new(WITNESS).unwrap_or_else(|_| ActorId::system())
+}
+
+const WITNESS: &str = "service:capture";
+
+/// The one rule for captures, around the authorizer that decides everything else: the
+/// [`witness`] reads the views it compares a tree with and records the keys it found changed
+/// there (an act recorded as a capture, `operation` `capture`) whatever the policy says, since
+/// refusing to record a change already on disk would only lose it. Nothing else is exempt: a
+/// write of the witness's that is not a capture is decided like anyone's, and a capture
+/// attributed to an agent (a supervised agent's changes are its acts) is decided as the
+/// agent's. The workspace service refuses the witness as a caller, so no door lends it out.
+pub struct WitnessRule(pub Arc<dyn Authorizer>);
+
+impl WitnessRule {
+    /// Whether `request` is the witness reading, or recording a change it found.
+    fn exempt(request: &AccessRequest) -> bool {
+        let capture = matches!(
+            request.context.attrs.get("operation"),
+            Some(AttrValue::Str(op)) if op == "capture"
+        );
+        request.actor.as_str() == WITNESS
+            && match request.action {
+                Action::Read => true,
+                Action::Write | Action::Delete => {
+                    capture && matches!(request.resource, Resource::Key(_))
+                }
+                _ => false,
+            }
+    }
+}
+
+impl Authorizer for WitnessRule {
+    fn decide(&self, request: &AccessRequest) -> Decision {
+        if WitnessRule::exempt(request) {
+            return Decision::allow_unconditionally();
+        }
+        self.0.decide(request)
+    }
+
+    fn decide_all(&self, requests: &[AccessRequest]) -> Vec<Decision> {
+        if requests.iter().any(WitnessRule::exempt) {
+            return requests.iter().map(|r| self.decide(r)).collect();
+        }
+        self.0.decide_all(requests)
+    }
+
+    fn spend(&self, uses: &[Spend]) -> Result<(), Box<Decision>> {
+        self.0.spend(uses)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Denies everything: the policy the witness's rule is tried against.
+    struct DenyAll;
+
+    impl Authorizer for DenyAll {
+        fn decide(&self, _: &AccessRequest) -> Decision {
+            Decision {
+                verdict: Verdict::Deny,
+                ..Decision::allow_unconditionally()
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_witness_recording_a_capture_is_exempt() {
+        let rule = WitnessRule(Arc::new(DenyAll));
+        let ask = |actor: ActorId, action: Action, operation: Option<&str>| {
+            let mut context = Context::default();
+            if let Some(op) = operation {
+                context
+                    .attrs
+                    .insert("operation".into(), AttrValue::Str(op.into()));
+            }
+            let request = AccessRequest {
+                actor,
+                action,
+                resource: Resource::Key(Key::fs("secrets/x").unwrap()),
+                context,
+            };
+            let one = rule.decide(&request).is_allowed();
+            let all = rule.decide_all(std::slice::from_ref(&request))[0].is_allowed();
+            assert_eq!(one, all);
+            one
+        };
+        let agent = ActorId::new("agent:coder").unwrap();
+        // The witness records what it found, and reads the views it compares.
+        assert!(ask(witness(), Action::Write, Some("capture")));
+        assert!(ask(witness(), Action::Delete, Some("capture")));
+        assert!(ask(witness(), Action::Read, None));
+        // Anything else it asks for is the policy's to decide.
+        assert!(!ask(witness(), Action::Write, None));
+        assert!(!ask(witness(), Action::Write, Some("write")));
+        assert!(!ask(witness(), Action::Execute, Some("capture")));
+        // An agent's captures are its acts.
+        assert!(!ask(agent.clone(), Action::Write, Some("capture")));
+        assert!(!ask(agent, Action::Read, None));
+    }
 
     #[test]
     fn an_action_is_named_by_what_it_spells() {

@@ -52,7 +52,7 @@ pub mod value;
 
 pub use authz::{
     AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,
-    Risk, Spend, Verdict,
+    Risk, Spend, Verdict, WitnessRule, witness,
 };
 pub use blob::{BlobLocation, BlobStore, BlobUsage};
 pub use clock::{Clock, ManualClock, SystemClock};

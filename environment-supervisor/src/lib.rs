@@ -58,7 +58,7 @@ use std::time::Duration;
 use environment_bus::Bus;
 use environment_core::{
     ActorId, AllowAll, Authorizer, EnvError, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
-    Namespace, OpId, Options, SecretProvider,
+    Namespace, OpId, Options, SecretProvider, WitnessRule,
 };
 use environment_policy::Policy;
 use serde::Serialize;
@@ -114,7 +114,11 @@ pub struct SupervisorConfig {
     /// that person while the agent runs; it is private to the supervisor's user, in a
     /// directory the sandbox does not show, and never mounted into it.
     pub operator_socket: Option<PathBuf>,
-    /// Whom automatic captures are attributed to (the policy must let it write the workspace).
+    /// Whom automatic captures are attributed to: the agent by default, since what changes in
+    /// its workspace while it runs is its doing, decided by the policy as its requests are (a
+    /// change it may not make is put back and kept as refused). The witness
+    /// ([`environment_core::witness`]) records whatever it finds, as everywhere: only for a
+    /// workspace whose changes come from outside every door.
     pub capture_actor: ActorId,
     /// What is never captured, and what is quiet.
     pub noise: NoiseRules,
@@ -183,14 +187,14 @@ impl SupervisorConfig {
             home: home.into(),
             workspace: workspace.into(),
             launcher,
-            actor,
+            actor: actor.clone(),
             token: None,
             policy: None,
             bus: None,
             socket: None,
             socket_inside: None,
             operator_socket: None,
-            capture_actor: ActorId::new("service:supervisor").unwrap_or_else(|_| ActorId::system()),
+            capture_actor: actor,
             noise: NoiseRules::default(),
             quiet_period: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
@@ -373,10 +377,12 @@ impl Supervisor {
                 )));
             }
         }
-        let authorizer: Arc<dyn Authorizer> = match &config.policy {
+        let decides: Arc<dyn Authorizer> = match &config.policy {
             Some(p) => p.clone(),
             None => Arc::new(AllowAll),
         };
+        // The one rule for captures, as everywhere.
+        let authorizer: Arc<dyn Authorizer> = Arc::new(WitnessRule(decides));
         let env = LocalEnvironment::open(
             &home,
             Options {

@@ -1463,3 +1463,102 @@ fn identity_is_bound_per_connection() {
         identity_is_bound_per_connection_scenario,
     );
 }
+
+/// The capture actor follows one rule: what changes in a supervised workspace is the agent's
+/// act, decided as its requests are. A change the agent may not make, made on disk outside any
+/// request, is put back and kept as the agent's refused change, never recorded under another
+/// actor; and no door lends out the witness, whose captures alone the policy does not gate.
+fn captures_are_the_agent_s_scenario(dir: &Path) {
+    let (sup, work, _home, _) = open(dir, RULES);
+    let env = sup.env().clone();
+    write(&work, "secrets/laundered", b"exfiltrated\n");
+    write(&work, "src/lib.rs", b"pub fn ok() {}\n");
+    let mut socket = ControlClient::connect(sup.socket_path()).unwrap();
+    // A mark is a capture barrier: everything on disk is recorded first.
+    socket.mark("after").unwrap();
+    assert!(
+        !work.join("secrets/laundered").exists(),
+        "the forbidden change was put back"
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("src/lib.rs")).unwrap(),
+        "pub fn ok() {}\n"
+    );
+    let refused = env.refused(&agent(), "main", 10).unwrap();
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.key.display_path() == "secrets/laundered" && r.actor == agent()),
+        "{refused:?}"
+    );
+    let head = env.head("main").unwrap();
+    let recorded = env
+        .read_unchecked(
+            &environment_core::Key::fs("secrets/laundered").unwrap(),
+            &head,
+        )
+        .unwrap();
+    assert!(recorded.is_none(), "the refused change entered main");
+    let ops = env
+        .history(
+            &agent(),
+            "main",
+            &environment_core::HistoryOptions {
+                all: true,
+                limit: 100,
+            },
+        )
+        .unwrap();
+    let lib_by = ops.iter().find_map(|e| match e {
+        environment_core::HistoryEntry::Op { op, .. }
+            if op
+                .summary
+                .keys
+                .iter()
+                .any(|k| k.display_path() == "src/lib.rs") =>
+        {
+            Some(op.actor.clone())
+        }
+        _ => None,
+    });
+    assert_eq!(lib_by, Some(agent()), "the allowed change is the agent's");
+
+    // The witness is no caller: not in process, not through the operator's socket.
+    let before = env.head("main").unwrap();
+    let witness = environment_workspace::Caller::new(environment_core::witness());
+    let params = json!({ "path": "secrets/w", "content": "w\n" });
+    let Value::Object(map) = params.clone() else {
+        unreachable!()
+    };
+    let e = sup
+        .workspace()
+        .call_as(
+            &witness,
+            Method::FileWrite,
+            map,
+            &environment_core::Cancel::new(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Denied);
+    let mut op = ControlClient::connect(sup.operator_socket_path()).unwrap();
+    op.open_session(environment_core::witness().as_str())
+        .unwrap();
+    match op.call("file.write", params).unwrap_err() {
+        ControlError::Rpc { code, data, .. } => {
+            assert_eq!(rpc::kind_of_error(code, &data), ErrorKind::Denied)
+        }
+        other => panic!("the socket failed: {other}"),
+    }
+    assert!(!work.join("secrets/w").exists());
+    assert_eq!(env.head("main").unwrap(), before);
+    sup.shutdown().unwrap();
+}
+
+#[test]
+fn captures_are_the_agent_s_and_the_witness_is_no_caller() {
+    both(
+        "captures_are_the_agent_s_and_the_witness_is_no_caller",
+        always,
+        captures_are_the_agent_s_scenario,
+    );
+}

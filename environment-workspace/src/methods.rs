@@ -415,6 +415,17 @@ fn call(
     cancel: &Cancel,
 ) -> Result<Value, ServiceError> {
     Counters::bump(&shared.counters.requests);
+    if caller.actor == environment_core::witness() {
+        // It records what it finds in the trees; whoever acts through a door is someone else.
+        return Err(ServiceError::new(
+            environment_core::ErrorKind::Denied,
+            format!(
+                "{} records the changes found in the trees; it does not act through a door",
+                caller.actor
+            ),
+            "act as yourself: an agent, a human or a service of your own.",
+        ));
+    }
     let token = match params.remove("token") {
         None | Some(Value::Null) => None,
         Some(Value::String(t)) => Some(t),

@@ -13,7 +13,7 @@ use crate::blob::WriteGuard;
 use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result, StaleWrite};
 use crate::key::Key;
-use crate::op::{ChangeSummary, Intent, OpFlags, OpId};
+use crate::op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId};
 use crate::tree::{self, Applied, NodeSource, Ptr, Put, TreeEdit};
 use crate::value::{Content, EntryKind, INLINE_MAX, Value};
 
@@ -235,13 +235,15 @@ impl LocalEnvironment {
             Change::Delete(_) => Action::Delete,
         };
         let mut refused = Vec::new();
+        // A capture says so, for the one rule that records the witness's (see `WitnessRule`).
+        let operation = (req.intent.kind == IntentKind::Capture).then_some("capture");
         let permit = match req.refusal {
             Refusal::Whole => {
                 let implied = implied_directories(&req.changes);
                 self.decide_changes(
                     &req.actor,
                     &req.branch,
-                    None,
+                    operation,
                     req.changes
                         .iter()
                         .filter(|c| !implied.contains(c.key()))
@@ -254,7 +256,7 @@ impl LocalEnvironment {
                 let decided = self.decide_each(
                     &req.actor,
                     &req.branch,
-                    None,
+                    operation,
                     req.changes.iter().map(|c| (action(c), c.key())),
                 );
                 for (c, d) in std::mem::take(&mut req.changes).into_iter().zip(decided) {
