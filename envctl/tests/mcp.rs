@@ -1277,3 +1277,48 @@ async fn a_tournament_adopts_its_winner_over_mcp() {
     );
     client.cancel().await.unwrap();
 }
+
+/// A resource read that fails says why in its code: not found (-32002), bad params (-32602),
+/// denied (-32001, the control socket's, with `data.kind`), and reads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_resource_read_says_why() {
+    let ws = workspace();
+    let dir = ws.path();
+    let rules = r#"
+[[rule]]
+id = "mcp-reads-src"
+effect = "permit"
+principal = "agent:mcp"
+actions = ["read"]
+resource = { path = "src/**" }
+"#;
+    std::fs::write(dir.join("rules.toml"), rules).unwrap();
+    envctl(dir, &["policy", "load", "rules.toml"]);
+    let client = connect(dir).await;
+    let read = |uri: &str| {
+        let uri = uri.to_owned();
+        let client = &client;
+        async move {
+            client
+                .read_resource(ReadResourceRequestParams::new(uri))
+                .await
+        }
+    };
+    assert!(read("environment://files/HEAD/src/lib.rs").await.is_ok());
+    let code = |r: Result<_, rmcp::ServiceError>| match r {
+        Err(rmcp::ServiceError::McpError(e)) => (e.code.0, e.data),
+        other => panic!("{other:?}"),
+    };
+    let (denied, data) = code(read("environment://files/HEAD/a.txt").await);
+    assert_eq!(denied, -32001);
+    assert_eq!(data.unwrap()["kind"], "denied");
+    assert_eq!(
+        code(read("environment://files/HEAD/src/missing.rs").await).0,
+        -32002
+    );
+    assert_eq!(
+        code(read("environment://files/HEAD/src/../../etc/passwd").await).0,
+        -32602
+    );
+    client.cancel().await.unwrap();
+}

@@ -194,14 +194,25 @@ impl EnvServer {
 }
 
 /// A resource read that failed, as the protocol's error (a resource has no `isError`), with
-/// the text a model reads.
+/// the text a model reads: MCP's codes for a missing resource and bad params, and for what
+/// JSON-RPC has no code of its own (a denial, a capability not there) the control socket's,
+/// with the kind named in `data`.
 fn unreadable(uri: &str, f: &Failure) -> ErrorData {
+    use crate::failure::ExitCode;
+    use environment_supervisor::rpc;
     let text = for_model(&format!("resources/read {uri}"), f);
+    let own = |code: i64, kind: &str| {
+        ErrorData::new(
+            rmcp::model::ErrorCode(code as i32),
+            text.clone(),
+            Some(serde_json::json!({ "kind": kind })),
+        )
+    };
     match f.code {
-        crate::failure::ExitCode::NotFound => ErrorData::resource_not_found(text, None),
-        crate::failure::ExitCode::Usage | crate::failure::ExitCode::Denied => {
-            ErrorData::invalid_params(text, None)
-        }
+        ExitCode::NotFound => ErrorData::resource_not_found(text, None),
+        ExitCode::Usage => ErrorData::invalid_params(text, None),
+        ExitCode::Denied => own(rpc::DENIED, "denied"),
+        ExitCode::Unavailable => own(rpc::UNAVAILABLE, "unavailable"),
         _ => ErrorData::internal_error(text, None),
     }
 }
