@@ -12,7 +12,7 @@ use std::sync::Arc;
 use environment_bus::{Bus, BusConfig};
 use environment_core::{
     AccessRequest, Action, ActorId, AllowAll, Authorizer, Context, Credentials, LocalEnvironment,
-    MAIN, Options, Resource, SystemClock, WitnessRule,
+    MAIN, Options, Resource, SystemClock,
 };
 use environment_policy::Policy;
 use environment_sandbox::{ForkConfig, Launcher, NoiseRules, Shell, Tracker, TrackerConfig};
@@ -185,7 +185,7 @@ pub struct Session {
     pub policy: Option<Arc<Policy>>,
     /// Who this command acts as.
     pub actor: ActorId,
-    /// Core's authorizer: the policy, with the witness's one rule.
+    /// Core's authorizer: the policy.
     authorizer: Arc<dyn Authorizer>,
     tracker: Option<Tracker>,
     /// The managed rootfs's tracker, when there is one: restored with the workspace.
@@ -200,13 +200,12 @@ impl Session {
         } else {
             None
         };
-        // The policy decides (everything is allowed without one), and the witness records
-        // what it finds as it does everywhere.
-        let decides: Arc<dyn Authorizer> = match &policy {
+        // The policy decides (everything is allowed without one); core keeps the witness's
+        // one rule around it.
+        let authorizer: Arc<dyn Authorizer> = match &policy {
             Some(p) => p.clone(),
             None => Arc::new(AllowAll),
         };
-        let authorizer: Arc<dyn Authorizer> = Arc::new(WitnessRule(decides));
         let options = Options {
             authorizer: authorizer.clone(),
             ..Options::default()

@@ -288,7 +288,9 @@ impl Default for Limits {
 }
 
 /// Queue figures of one (topic, group) pair.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct GroupMetrics {
     /// The topic.
     pub topic: String,
@@ -307,7 +309,9 @@ pub struct GroupMetrics {
 }
 
 /// Figures of one topic.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct TopicMetrics {
     /// The topic.
     pub topic: String,

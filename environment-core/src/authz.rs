@@ -79,6 +79,23 @@ impl Serialize for ActorId {
     }
 }
 
+impl schemars::JsonSchema for ActorId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ActorId".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "An actor, `kind:name` (e.g. `agent:coder-1`, `human:alice`).",
+        })
+    }
+}
+
 impl fmt::Display for ActorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

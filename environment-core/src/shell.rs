@@ -302,7 +302,19 @@ pub trait ShellExec: Send + Sync {
 }
 
 /// The environment's number for a background process (never an OS pid).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(transparent)]
 pub struct ProcessId(pub u64);
 
@@ -369,7 +381,7 @@ pub enum Signal {
 }
 
 /// What is known about a background process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ProcessInfo {
     /// Its number.
     pub id: ProcessId,

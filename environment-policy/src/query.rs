@@ -10,7 +10,9 @@ use crate::rule::{Effect, Rule};
 use crate::schema::ActionId;
 
 /// A permission found by [`Policy::what_may`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct Permission {
     /// The action.
     pub action: String,

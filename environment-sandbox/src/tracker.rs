@@ -368,6 +368,8 @@ impl Tracker {
                 source.request_rescan("not rescanned when the tracker opened");
             }
         }
+        // What changed while no one watched is nobody's known act: the witness records it.
+        capturer.actor = environment_core::witness();
         let first = capturer.capture_with(
             &dirty,
             None,
@@ -380,7 +382,9 @@ impl Tracker {
             }),
             OpFlags::AUTO_CAPTURE,
             Vec::new(),
-        )?;
+        );
+        capturer.actor = config.actor.clone();
+        let first = first?;
         config.root = root_path;
         let shared = Arc::new(Shared {
             watcher: Mutex::new(feed),

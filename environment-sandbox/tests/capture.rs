@@ -680,3 +680,65 @@ fn a_rescan_finds_every_recorded_path_gone_whoever_recorded_it() {
     assert!(rescan(&fresh).is_some());
     head_matches_disk(&s);
 }
+
+/// Lets anyone read, no one change anything: only the witness's one rule records a change.
+struct ReadOnly;
+
+impl environment_core::Authorizer for ReadOnly {
+    fn decide(&self, r: &environment_core::AccessRequest) -> environment_core::Decision {
+        let allow = environment_core::Decision::allow_unconditionally();
+        match r.action {
+            environment_core::Action::Read => allow,
+            _ => environment_core::Decision {
+                verdict: environment_core::Verdict::Deny,
+                ..allow
+            },
+        }
+    }
+}
+
+/// What changed while no tracker watched is nobody's known act: the witness records it when a
+/// tracker opens, whatever the policy says. What changes while it watches is its capture
+/// actor's, decided as that actor's: refused here, put back, kept as refused.
+#[test]
+fn the_opening_capture_is_the_witness_s_and_later_ones_the_capture_actor_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    write(&work, "before.txt", b"out of band\n");
+    let env = LocalEnvironment::open(
+        dir.path().join("home"),
+        Options {
+            authorizer: std::sync::Arc::new(ReadOnly),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let agent = ActorId::new("agent:coder").unwrap();
+    let mut cfg = TrackerConfig::new(&work, agent.clone());
+    cfg.auto = false;
+    let tracker = Tracker::open(env.clone(), cfg).unwrap();
+    let head = env.head("main").unwrap();
+    let opening = env.op(&head).unwrap();
+    assert_eq!(opening.actor, environment_core::witness());
+    assert!(
+        env.read_unchecked(&environment_core::Key::fs("before.txt").unwrap(), &head)
+            .unwrap()
+            .is_some()
+    );
+
+    write(&work, "during.txt", b"the agent's\n");
+    tracker
+        .capture_now(
+            Intent::new(IntentKind::Capture, "step"),
+            OpFlags::AUTO_CAPTURE,
+        )
+        .unwrap();
+    assert!(!work.join("during.txt").exists(), "put back");
+    assert!(work.join("before.txt").exists());
+    let refused = env
+        .refused(&environment_core::witness(), "main", 10)
+        .unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].actor, agent);
+    assert_eq!(refused[0].key.display_path(), "during.txt");
+}

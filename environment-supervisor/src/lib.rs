@@ -58,7 +58,7 @@ use std::time::Duration;
 use environment_bus::Bus;
 use environment_core::{
     ActorId, AllowAll, Authorizer, EnvError, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
-    Namespace, OpId, Options, SecretProvider, WitnessRule,
+    Namespace, OpId, Options, SecretProvider,
 };
 use environment_policy::Policy;
 use serde::Serialize;
@@ -377,12 +377,10 @@ impl Supervisor {
                 )));
             }
         }
-        let decides: Arc<dyn Authorizer> = match &config.policy {
+        let authorizer: Arc<dyn Authorizer> = match &config.policy {
             Some(p) => p.clone(),
             None => Arc::new(AllowAll),
         };
-        // The one rule for captures, as everywhere.
-        let authorizer: Arc<dyn Authorizer> = Arc::new(WitnessRule(decides));
         let env = LocalEnvironment::open(
             &home,
             Options {

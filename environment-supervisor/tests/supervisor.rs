@@ -378,6 +378,8 @@ fn authorization_scenario(dir: &Path) {
     let mut cfg = config(&work, &home);
     cfg.policy = Some(policy.clone());
     cfg.bus = Some(bus.clone());
+    // The tree is broken below by hand, not by the agent (who may not write it here).
+    cfg.capture_actor = ActorId::new("service:supervisor").unwrap();
     let sup = Supervisor::open(cfg).unwrap();
     let env = sup.env().clone();
     let mut c = ControlClient::connect(sup.socket_path()).unwrap();

@@ -351,46 +351,12 @@ no_params! {
     PtyListParams;
 }
 
-/// A background process.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Process {
-    /// Its id.
-    pub id: u64,
-    /// Who started it.
-    pub actor: String,
-    /// The program and its arguments.
-    pub argv: Vec<String>,
-    /// Its pid.
-    pub pid: u32,
-    /// When it started, ms since the epoch.
-    pub started_ms: i64,
-    /// How it ended, if it did.
-    pub exit: Option<Exit>,
-    /// Bytes of output kept.
-    pub output_len: u64,
-}
-
 /// The background processes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Processes {
     /// Every one, oldest first.
-    pub processes: Vec<Process>,
-}
-
-impl From<&ProcessInfo> for Process {
-    fn from(i: &ProcessInfo) -> Process {
-        Process {
-            id: i.id.0,
-            actor: i.actor.as_str().to_owned(),
-            argv: i.argv.clone(),
-            pid: i.pid,
-            started_ms: i.started_ms,
-            exit: i.exit,
-            output_len: i.output_len,
-        }
-    }
+    pub processes: Vec<ProcessInfo>,
 }
 
 const MAX_READ: u64 = 1 << 20;
@@ -440,9 +406,7 @@ pub(super) fn process_list(
     let procs = processes(g)?;
     g.allow(Action::Read, Resource::Environment, Some("process.list"))?;
     let list = run(procs.list())?.map_err(ServiceError::from)?;
-    Ok(Processes {
-        processes: list.iter().map(Process::from).collect(),
-    })
+    Ok(Processes { processes: list })
 }
 
 // ---- terminal sessions ---------------------------------------------------------------------

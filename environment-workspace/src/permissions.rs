@@ -190,25 +190,7 @@ pub struct Permissions {
     /// A policy is loaded (without one, every action is allowed and nothing is listed).
     pub policy: bool,
     /// By rule.
-    pub permissions: Vec<Permission>,
-}
-
-/// One thing the actor may do, and the rule that lets it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Permission {
-    /// The action.
-    pub action: String,
-    /// The rule.
-    pub rule: String,
-    /// What it covers.
-    pub resource: String,
-    /// Its conditions, in words.
-    pub conditions: String,
-    /// What it leaves out.
-    pub except: Vec<String>,
-    /// The group or role it comes through.
-    pub via: Option<String>,
+    pub permissions: Vec<environment_policy::Permission>,
 }
 
 pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions, ServiceError> {
@@ -228,17 +210,7 @@ pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions,
     let perms = policy.what_may(g.actor().as_str(), &under);
     Ok(Permissions {
         policy: true,
-        permissions: perms
-            .into_iter()
-            .map(|p| Permission {
-                action: p.action,
-                rule: p.rule,
-                resource: p.resource,
-                conditions: p.conditions,
-                except: p.except,
-                via: p.via,
-            })
-            .collect(),
+        permissions: perms,
     })
 }
 

@@ -458,37 +458,7 @@ no_params! {
 #[serde(deny_unknown_fields)]
 pub struct Stats {
     /// Per topic.
-    pub topics: Vec<TopicStats>,
-}
-
-/// A topic's figures.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TopicStats {
-    /// The topic.
-    pub topic: String,
-    /// Messages kept.
-    pub retained: u64,
-    /// Per consumer group.
-    pub groups: Vec<GroupStats>,
-}
-
-/// A consumer group's figures.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GroupStats {
-    /// The group.
-    pub group: String,
-    /// Messages waiting.
-    pub depth: u64,
-    /// Messages leased.
-    pub in_flight: u64,
-    /// The oldest waiting message's age.
-    pub oldest_age_ms: i64,
-    /// Dead letters.
-    pub dead_letters: u64,
-    /// Deliveries after the first.
-    pub redeliveries: u64,
+    pub topics: Vec<environment_bus::TopicMetrics>,
 }
 
 /// Depth, leases and dead letters per topic and group: a read of the environment.
@@ -496,24 +466,5 @@ pub(super) fn stats(g: &Session<'_>, _: StatsParams) -> Result<Stats, ServiceErr
     let bus = bus(g)?;
     g.allow(Action::Read, Resource::Environment, Some("queue.stats"))?;
     let m = bus.metrics().map_err(ServiceError::from)?;
-    let topics = m
-        .iter()
-        .map(|t| TopicStats {
-            topic: t.topic.clone(),
-            retained: t.retained,
-            groups: t
-                .groups
-                .iter()
-                .map(|g| GroupStats {
-                    group: g.group.clone(),
-                    depth: g.depth,
-                    in_flight: g.in_flight,
-                    oldest_age_ms: g.oldest_age_ms,
-                    dead_letters: g.dead_letters,
-                    redeliveries: g.redeliveries,
-                })
-                .collect(),
-        })
-        .collect();
-    Ok(Stats { topics })
+    Ok(Stats { topics: m })
 }

@@ -48,7 +48,9 @@ pub const MAIN: &str = "main";
 /// How an environment is opened.
 #[derive(Clone)]
 pub struct Options {
-    /// Decides every action; [`AllowAll`] unless set.
+    /// Decides every action; [`AllowAll`] unless set. The environment keeps the one rule for
+    /// captures around it ([`WitnessRule`](crate::WitnessRule)): the witness records what it
+    /// finds whatever this decides.
     pub authorizer: Arc<dyn Authorizer>,
     /// Receives every committed operation's event, through the durable outbox.
     pub publisher: Option<Arc<dyn Publisher>>,
@@ -148,7 +150,8 @@ pub(crate) fn system_actor() -> ActorId {
 
 impl LocalEnvironment {
     /// Opens the environment in `home`, creating it (with an empty `main` branch) if needed.
-    pub fn open(home: impl AsRef<Path>, options: Options) -> Result<LocalEnvironment> {
+    pub fn open(home: impl AsRef<Path>, mut options: Options) -> Result<LocalEnvironment> {
+        options.authorizer = Arc::new(crate::authz::WitnessRule(options.authorizer));
         let home = home.as_ref().to_path_buf();
         std::fs::create_dir_all(&home).map_err(|e| EnvError::Home {
             path: home.clone(),
