@@ -188,8 +188,8 @@ pub enum Command {
     /// Serve the environment over MCP on stdin/stdout.
     ///
     /// Every tool call is an action of --actor (default agent:mcp) and passes the policy when
-    /// one is loaded. With --socket, the tools go through that supervisor instead, as its
-    /// agent's actor (a socket's client never chooses whom it acts as). Configure it in an MCP
+    /// one is loaded; while the workspace's supervisor runs, the tools go through it as --actor.
+    /// With --socket, they go through that agent's socket, as its agent. Configure it in an MCP
     /// client as the command `envctl -C DIR mcp`, e.g.
     /// `claude mcp add environment -- envctl -C /path/to/project mcp`.
     Mcp,
@@ -380,7 +380,8 @@ pub enum PolicyCommand {
     Explain(Query),
     /// What ACTOR may do under RESOURCE (default: everything).
     May {
-        /// The actor.
+        /// The actor asked about (not --actor, who asks).
+        #[arg(id = "subject", value_name = "ACTOR")]
         actor: String,
         /// The resource (default: the whole workspace).
         resource: Option<String>,
@@ -414,7 +415,8 @@ pub enum ApprovalDecision {
 /// A policy question.
 #[derive(Args, Debug)]
 pub struct Query {
-    /// The actor (`kind:name`).
+    /// The actor asked about (`kind:name`; not --actor, who asks).
+    #[arg(id = "subject", value_name = "ACTOR")]
     pub actor: String,
     /// read, write, delete, execute, publish, consume, approve, delegate, or a declared one.
     pub action: String,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use environment_core::Cancel;
-use environment_workspace::{self as service, Method};
+use environment_workspace::{self as service, Method, Request};
 use serde_json::Value;
 
 use crate::failure::{Failure, Outcome};
@@ -75,6 +75,19 @@ impl Door {
             Door::Service(..) => None,
             Door::Socket(remote) => Door::remote(remote).canceller().ok(),
         }
+    }
+
+    /// Sends a typed request, gets its typed answer.
+    pub fn request<R: Request>(&self, request: R) -> Outcome<R::Answer> {
+        let params = serde_json::to_value(request)
+            .map_err(|e| Failure::other(format!("a request failed to serialize: {e}")))?;
+        let answer = self.call(R::METHOD, params)?;
+        serde_json::from_value(answer).map_err(|e| {
+            Failure::other(format!(
+                "the answer to {} does not read as its type: {e}",
+                R::METHOD.name()
+            ))
+        })
     }
 
     /// Calls `method` with `params` (an object; nulls are left out).

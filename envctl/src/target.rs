@@ -68,36 +68,15 @@ pub fn probe(socket: &Path, opens_as: Option<ActorId>) -> Outcome<SupervisorAddr
 }
 
 impl Target {
-    /// The supervisor named by `socket` (which must be listening), else the one of the
-    /// workspace if it runs (as `actor`), else the stores directly.
-    pub fn open(ws: Workspace, actor: ActorId, socket: Option<&Path>) -> Outcome<Target> {
-        Target::open_looking(ws, actor, socket, Look::Changes)
-    }
-
-    /// [`Target::open`], looking at the tree as `look` says when it opens the stores.
-    pub fn open_looking(
-        ws: Workspace,
-        actor: ActorId,
-        socket: Option<&Path>,
-        look: Look,
-    ) -> Outcome<Target> {
-        if let Some(s) = socket {
-            return Ok(Target::Supervisor(probe(s, None)?));
-        }
+    /// The workspace's own supervisor if it runs (as `actor`), else the stores directly,
+    /// looking at the tree as `look` says.
+    pub fn open_looking(ws: Workspace, actor: ActorId, look: Look) -> Outcome<Target> {
         if let Some(addr) = running(&ws, &actor) {
             return Ok(Target::Supervisor(addr));
         }
         Ok(Target::Direct(Box::new(Session::open_looking(
             ws, actor, look,
         )?)))
-    }
-
-    /// The session, for commands that work on the stores.
-    pub fn direct(&mut self) -> Outcome<&mut Session> {
-        match self {
-            Target::Direct(s) => Ok(s),
-            Target::Supervisor(addr) => Err(supervisor_unavailable(addr, "this command")),
-        }
     }
 }
 

@@ -574,7 +574,36 @@ fn the_policy_denies_and_nothing_changes() {
         ],
         4,
     );
-    ws.fails(&["policy", "check", "agent:bob", "write", "README.md"], 4);
+    ws.fails(
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "check",
+            "agent:bob",
+            "write",
+            "README.md",
+        ],
+        4,
+    );
+    // Asking what someone else may do is a read of the policy: not everyone's to ask (and
+    // the actor asked about is not the one asking).
+    ws.fails(
+        &["--actor", "agent:nobody", "policy", "may", "agent:bob"],
+        4,
+    );
+    ws.fails(
+        &[
+            "--actor",
+            "agent:nobody",
+            "policy",
+            "check",
+            "agent:bob",
+            "read",
+            "README.md",
+        ],
+        4,
+    );
     assert!(!ws.path("x").exists());
     assert_eq!(ws.read("README.md"), readme);
     assert!(ws.path("src/main.rs").exists());
@@ -656,20 +685,80 @@ fn the_policy_denies_and_nothing_changes() {
     );
 
     // Questions to the policy: exit 0 when allowed, 4 when not.
-    let yes = ws.json(&["policy", "check", "agent:bob", "write", "path:src/x.rs"]);
+    let yes = ws.json(&[
+        "--actor",
+        "human:alice",
+        "policy",
+        "check",
+        "agent:bob",
+        "write",
+        "path:src/x.rs",
+    ]);
     assert_eq!(yes["outcome"], "allow");
     assert_eq!(yes["rules"][0], "bob-writes-src");
-    let out = ws.run(&["policy", "explain", "agent:bob", "write", "README.md"]);
+    let out = ws.run(&[
+        "--actor",
+        "human:alice",
+        "policy",
+        "explain",
+        "agent:bob",
+        "write",
+        "README.md",
+    ]);
     assert_eq!(code(&out), 4);
     assert!(String::from_utf8_lossy(&out.stdout).contains("Denied"));
-    let may = ws.json(&["policy", "may", "agent:bob"]);
+    let may = ws.json(&["--actor", "human:alice", "policy", "may", "agent:bob"]);
     assert!(may["permissions"].as_array().unwrap().len() >= 2, "{may}");
-    ws.fails(&["policy", "check", "bob", "write", "x"], 2);
-    ws.fails(&["policy", "check", "agent:bob", "fly!", "x"], 2);
-    ws.fails(&["policy", "check", "agent:bob", "write", "path:../x"], 2);
-    ws.fails(&["policy", "check", "agent:bob", "write", "planet:mars"], 2);
+    ws.fails(
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "check",
+            "bob",
+            "write",
+            "x",
+        ],
+        2,
+    );
+    ws.fails(
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "check",
+            "agent:bob",
+            "fly!",
+            "x",
+        ],
+        2,
+    );
+    ws.fails(
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "check",
+            "agent:bob",
+            "write",
+            "path:../x",
+        ],
+        2,
+    );
+    ws.fails(
+        &[
+            "--actor",
+            "human:alice",
+            "policy",
+            "check",
+            "agent:bob",
+            "write",
+            "planet:mars",
+        ],
+        2,
+    );
     assert_eq!(
-        ws.json(&["policy", "approvals"])["approvals"]
+        ws.json(&["--actor", "human:alice", "policy", "approvals"])["approvals"]
             .as_array()
             .unwrap()
             .len(),
@@ -700,7 +789,7 @@ fn the_policy_denies_and_nothing_changes() {
         ],
         4,
     );
-    let pending = ws.json(&["policy", "approvals"]);
+    let pending = ws.json(&["--actor", "human:alice", "policy", "approvals"]);
     let request = &pending["approvals"][0];
     assert_eq!(request["state"], "pending", "{pending}");
     assert_eq!(request["actor"], "agent:bob");

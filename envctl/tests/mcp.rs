@@ -622,6 +622,13 @@ principal = "agent:mcp"
 actions = ["write"]
 resource = { path = "approved/**" }
 approval_from = ["human:alice"]
+
+[[rule]]
+id = "alice-reviews"
+effect = "permit"
+principal = "human:alice"
+actions = ["read"]
+resource = { environment = true }
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -689,8 +696,14 @@ async fn a_denied_call_changes_nothing() {
         serde_json::from_str(&after).unwrap(),
     );
     assert_eq!(a["head"], b["head"], "denied calls recorded nothing");
-    let approvals =
-        String::from_utf8(envctl(dir, &["policy", "approvals", "--json"]).stdout).unwrap();
+    let approvals = String::from_utf8(
+        envctl(
+            dir,
+            &["--actor", "human:alice", "policy", "approvals", "--json"],
+        )
+        .stdout,
+    )
+    .unwrap();
     assert!(approvals.contains("approved/plan.md"), "{approvals}");
 
     // Once a human grants it, the agent sees so and presents it with the one call it is for.

@@ -482,6 +482,33 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
     );
     let still = t.ok("approval.status", json!({ "id": asked["id"] }));
     assert_eq!(still["state"], "pending", "{still}");
+    let listed = t.ok("approval.list", json!({}));
+    assert_eq!(listed["approvals"][0]["id"], asked["id"], "{listed}");
+    // About another actor, a read of the policy (the agent reads everything here).
+    let theirs = t.ok(
+        "policy.explain",
+        json!({ "actor": "human:operator", "action": "write", "resource": { "path": "secrets/token" } }),
+    );
+    assert_eq!(theirs["allowed"], true, "{theirs}");
+
+    // Administration (the agent may write the environment under these rules): a rule file
+    // with issues changes nothing; a good one is a new version.
+    t.refused(
+        "policy.load",
+        json!({ "rules": "[[rule]]\nid = \"x\"\neffect = \"maybe\"\n" }),
+        ErrorKind::Invalid,
+    );
+    let loaded = t.ok("policy.load", json!({ "rules": RULES }));
+    assert_eq!(loaded["rules"], 7, "{loaded}");
+    let joined = t.ok(
+        "policy.member",
+        json!({ "member": "agent:coder", "group": "group:reviewers" }),
+    );
+    assert_eq!(
+        joined["version"],
+        loaded["version"].as_u64().unwrap() + 1,
+        "{joined}"
+    );
 
     // Effects: begun once under a key, settled, and never performed twice.
     let deploy = json!({ "key": "deploy-1", "target": "https://deploy.example", "request": "v1" });

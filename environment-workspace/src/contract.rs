@@ -88,6 +88,9 @@ use_cases! {
     QueueStats: queue::StatsParams => queue::Stats = queue::stats;
     PolicyExplain: permissions::ExplainParams => permissions::Explained = permissions::explain;
     PolicyWhatMayIDo: permissions::WhatMayParams => permissions::Permissions = permissions::what_may;
+    PolicyLoad: permissions::LoadParams => permissions::PolicyChanged = permissions::load;
+    PolicyMember: permissions::MemberParams => permissions::Membership = permissions::member;
+    ApprovalList: permissions::ApprovalListParams => permissions::Approvals = permissions::approval_list;
     ApprovalRequest: permissions::ApprovalParams => permissions::Approval = permissions::approval_request;
     ApprovalStatus: permissions::ApprovalStatusParams => permissions::Approval = permissions::approval_status;
     ApprovalGrant: permissions::GrantParams => permissions::Approval = permissions::approval_grant;

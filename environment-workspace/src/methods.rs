@@ -24,7 +24,9 @@
 //! | `queue.claim`, `.ack`, `.nack`, `.extend`, `.dead`, `.redrive` | consume | topic named as the consumer group | — |
 //! | `queue.subscribe` | consume | each topic, and the group | — |
 //! | `queue.stats` | read | environment | `queue.stats` |
-//! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name |
+//! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name; `policy.inspect` about another actor |
+//! | `policy.load`, `policy.member` | write | environment | method name |
+//! | `approval.list` | read | environment | `approval.list` |
 //! | `approval.request` | — (allowed when the policy holds the request for approval) | | |
 //! | `approval.status` | read | environment | `approval.status` |
 //! | `approval.grant`, `approval.reject` | — (the policy: an approver the request names) | | |
@@ -108,8 +110,13 @@ pub enum Method {
     QueueStats,
     /// Explains the policy's decision on a request.
     PolicyExplain,
-    /// Lists what the caller may do under a resource.
+    /// Lists what the caller (or, as a read of the policy, another actor) may do under a
+    /// resource.
     PolicyWhatMayIDo,
+    /// Replaces the policy's rules (administration: a write of the environment).
+    PolicyLoad,
+    /// Adds an actor to a group of the policy (administration).
+    PolicyMember,
     /// Files an approval request for an action that needs one.
     ApprovalRequest,
     /// Where one of the caller's approval requests stands.
@@ -118,6 +125,8 @@ pub enum Method {
     ApprovalGrant,
     /// Rejects a pending approval request the caller may decide.
     ApprovalReject,
+    /// Every approval request, pending and decided.
+    ApprovalList,
     /// The effect log (or its unsettled effects).
     EffectList,
     /// Begins an effect on the world outside under an idempotency key.
@@ -193,10 +202,13 @@ impl Method {
         Method::QueueStats,
         Method::PolicyExplain,
         Method::PolicyWhatMayIDo,
+        Method::PolicyLoad,
+        Method::PolicyMember,
         Method::ApprovalRequest,
         Method::ApprovalStatus,
         Method::ApprovalGrant,
         Method::ApprovalReject,
+        Method::ApprovalList,
         Method::EffectList,
         Method::EffectBegin,
         Method::EffectComplete,
@@ -254,6 +266,9 @@ impl Method {
             Method::ApprovalRequest => "approval.request",
             Method::ApprovalStatus => "approval.status",
             Method::ApprovalGrant => "approval.grant",
+            Method::PolicyLoad => "policy.load",
+            Method::PolicyMember => "policy.member",
+            Method::ApprovalList => "approval.list",
             Method::ApprovalReject => "approval.reject",
             Method::EffectList => "effect.list",
             Method::EffectBegin => "effect.begin",

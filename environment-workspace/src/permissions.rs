@@ -1,7 +1,7 @@
 //! The policy methods: what the policy would decide and why, what the caller may do, and
 //! approval requests. They describe the caller's own rights only.
 
-use environment_core::{Action, EnvError, ErrorKind, Key, KeyPrefix, Namespace, Resource};
+use environment_core::{Action, ActorId, EnvError, ErrorKind, Key, KeyPrefix, Namespace, Resource};
 use environment_policy::ApprovalState;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,50 @@ pub struct ResourceParam {
     /// The environment as a whole.
     #[serde(default)]
     pub environment: Option<bool>,
+}
+
+impl std::str::FromStr for ResourceParam {
+    type Err = ServiceError;
+
+    /// A resource as people write it: `path:GLOB` (or a bare path), `prefix:P`,
+    /// `object:KIND/KEY`, `branch:B`, `topic:T`, `secret:S`, `service:URL`,
+    /// `program:PROG ARGS…`, or `environment`.
+    fn from_str(text: &str) -> Result<ResourceParam, ServiceError> {
+        let mut p = ResourceParam::default();
+        if text == "environment" {
+            p.environment = Some(true);
+            return Ok(p);
+        }
+        let (kind, rest) = text.split_once(':').unwrap_or(("path", text));
+        let rest = Some(rest.to_owned());
+        match kind {
+            "path" => p.path = rest,
+            "prefix" => p.prefix = rest,
+            "object" => p.object = rest,
+            "branch" => p.branch = rest,
+            "topic" => p.topic = rest,
+            "secret" => p.secret = rest,
+            "service" => p.service = rest,
+            "environment" => p.environment = Some(true),
+            "program" => {
+                let mut words = text[kind.len() + 1..].split_whitespace().map(str::to_owned);
+                p.program = words.next();
+                p.args = words.collect();
+                if p.program.is_none() {
+                    return Err(ServiceError::invalid(
+                        "a program resource needs a program: `program:NAME ARGS…`",
+                    ));
+                }
+            }
+            other => {
+                return Err(ServiceError::invalid(format!(
+                    "{other:?} is not a kind of resource: use path:, prefix:, object:, branch:, \
+                     topic:, secret:, service:, program: or environment"
+                )));
+            }
+        }
+        Ok(p)
+    }
 }
 
 impl ResourceParam {
@@ -90,9 +134,38 @@ impl ResourceParam {
     }
 }
 
+/// Whom a policy question is about, once the caller may ask it: about themselves, a read of the
+/// environment as `operation`; about anyone else, a read of its policy (`policy.inspect`).
+fn asked_about(
+    g: &Session<'_>,
+    actor: Option<&str>,
+    operation: &str,
+) -> Result<ActorId, ServiceError> {
+    let whom = match actor {
+        None => g.actor().clone(),
+        Some(a) => ActorId::new(a).map_err(ServiceError::invalid)?,
+    };
+    let operation = if &whom == g.actor() {
+        operation
+    } else {
+        "policy.inspect"
+    };
+    g.allow(Action::Read, Resource::Environment, Some(operation))?;
+    Ok(whom)
+}
+
+/// An action by name: a built-in one, or one a policy's schema declares (letters, digits, `-`
+/// and `_`).
 pub(super) fn action_of(name: &str) -> Result<Action, ServiceError> {
-    if name.is_empty() {
-        return Err(ServiceError::invalid("`action` is empty"));
+    let spelled = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !spelled {
+        return Err(ServiceError::invalid(format!(
+            "{name:?} is not an action: use read, write, delete, execute, publish, consume, \
+             approve, delegate, or an action the rules' schema declares"
+        )));
     }
     Ok(Action::named(name))
 }
@@ -102,6 +175,10 @@ pub(super) fn action_of(name: &str) -> Result<Action, ServiceError> {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExplainParams {
+    /// Whose request (default: the caller's own). Asking about someone else is a read of the
+    /// environment's policy (`policy.inspect`).
+    #[serde(default)]
+    pub actor: Option<String>,
     /// read, write, delete, execute, publish or consume (or an action the policy declares).
     pub action: String,
     /// What it is done to.
@@ -139,12 +216,13 @@ pub(super) fn policy<'a>(
 }
 
 pub(super) fn explain(g: &Session<'_>, p: ExplainParams) -> Result<Explained, ServiceError> {
-    g.allow(Action::Read, Resource::Environment, Some("policy.explain"))?;
-    let req = g.request(
+    let whom = asked_about(g, p.actor.as_deref(), "policy.explain")?;
+    let mut req = g.request(
         action_of(&p.action)?,
         p.resource.resource()?,
         p.operation.as_deref(),
     );
+    req.actor = whom;
     let Some(policy) = g.shared().policy.as_deref() else {
         // No policy: the workspace's authorizer decides alone (without spending anything).
         let d = g.shared().authorizer.decide(&req);
@@ -179,6 +257,9 @@ pub(super) fn explain(g: &Session<'_>, p: ExplainParams) -> Result<Explained, Se
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WhatMayParams {
+    /// Whose rights (default: the caller's own; anyone else's is a `policy.inspect` read).
+    #[serde(default)]
+    pub actor: Option<String>,
     /// Where to look.
     pub resource: ResourceParam,
 }
@@ -194,11 +275,7 @@ pub struct Permissions {
 }
 
 pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions, ServiceError> {
-    g.allow(
-        Action::Read,
-        Resource::Environment,
-        Some("policy.what_may_i_do"),
-    )?;
+    let whom = asked_about(g, p.actor.as_deref(), "policy.what_may_i_do")?;
     let under = p.resource.resource()?;
     let Some(policy) = g.shared().policy.as_deref() else {
         // No rules to list: `policy: false` says so, and policy.explain still answers.
@@ -207,7 +284,7 @@ pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions,
             permissions: Vec::new(),
         });
     };
-    let perms = policy.what_may(g.actor().as_str(), &under);
+    let perms = policy.what_may(whom.as_str(), &under);
     Ok(Permissions {
         policy: true,
         permissions: perms,
@@ -248,6 +325,8 @@ pub struct Approval {
     pub resource: String,
     /// Uses left, once granted.
     pub uses_left: Option<u32>,
+    /// When it was filed, ms since the epoch.
+    pub created_ms: i64,
 }
 
 impl From<environment_policy::Approval> for Approval {
@@ -265,6 +344,7 @@ impl From<environment_policy::Approval> for Approval {
             action: a.action,
             resource: a.resource,
             uses_left,
+            created_ms: a.created_at,
         }
     }
 }
@@ -356,4 +436,145 @@ pub(super) fn approval_reject(g: &Session<'_>, p: RejectParams) -> Result<Approv
         .reject(&p.id, g.actor().as_str())
         .map_err(ServiceError::from)?;
     Ok(Approval::from(a))
+}
+
+/// Replaces the policy's rules with a TOML rule file, as one new version: writing the
+/// environment as a whole (`policy.load`). A file with issues changes nothing. A workspace
+/// without a policy has none to replace: its first rules are loaded on its stores.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoadParams {
+    /// The rule file's text (TOML).
+    pub rules: String,
+}
+
+/// The policy after a change.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyChanged {
+    /// Its version now.
+    pub version: u64,
+    /// Its rules.
+    pub rules: usize,
+}
+
+pub(super) fn load(g: &Session<'_>, p: LoadParams) -> Result<PolicyChanged, ServiceError> {
+    let policy = policy(g)?;
+    environment_policy::RuleFile::parse(&p.rules)
+        .map_err(|issues| ServiceError::from(environment_policy::PolicyError::Invalid(issues)))?;
+    g.allow(Action::Write, Resource::Environment, Some("policy.load"))?;
+    let version = policy.load_rules(&p.rules).map_err(ServiceError::from)?;
+    Ok(PolicyChanged {
+        version,
+        rules: policy.rules().rules.len(),
+    })
+}
+
+/// Adds an actor to a group or role of the policy: writing the environment as a whole
+/// (`policy.member`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemberParams {
+    /// The actor (`kind:name`).
+    pub member: String,
+    /// The group (`group:…` or `role:…`).
+    pub group: String,
+}
+
+/// A membership added.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Membership {
+    /// The actor.
+    pub member: String,
+    /// The group.
+    pub group: String,
+    /// The policy's version now.
+    pub version: u64,
+}
+
+pub(super) fn member(g: &Session<'_>, p: MemberParams) -> Result<Membership, ServiceError> {
+    let policy = policy(g)?;
+    g.allow(Action::Write, Resource::Environment, Some("policy.member"))?;
+    let version = policy
+        .add_member(&p.member, &p.group)
+        .map_err(ServiceError::from)?;
+    Ok(Membership {
+        member: p.member,
+        group: p.group,
+        version,
+    })
+}
+
+super::versions::no_params! {
+    /// Every approval request, pending and decided: a read of the environment
+    /// (`approval.list`).
+    ApprovalListParams;
+}
+
+/// Approval requests.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Approvals {
+    /// Oldest first.
+    pub approvals: Vec<Approval>,
+}
+
+pub(super) fn approval_list(
+    g: &Session<'_>,
+    _: ApprovalListParams,
+) -> Result<Approvals, ServiceError> {
+    let policy = policy(g)?;
+    g.allow(Action::Read, Resource::Environment, Some("approval.list"))?;
+    Ok(Approvals {
+        approvals: policy.approvals().into_iter().map(Approval::from).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_read_as_people_write_them() {
+        let r = |t: &str| t.parse::<ResourceParam>().and_then(ResourceParam::resource);
+        assert_eq!(
+            r("src/main.rs").unwrap(),
+            Resource::Key(Key::fs("src/main.rs").unwrap())
+        );
+        assert_eq!(
+            r("program:cargo test --all").unwrap(),
+            Resource::Program {
+                program: "cargo".into(),
+                args: vec!["test".into(), "--all".into()],
+            }
+        );
+        assert_eq!(r("topic:t").unwrap(), Resource::Topic("t".into()));
+        assert_eq!(r("environment").unwrap(), Resource::Environment);
+        assert_eq!(
+            r("prefix:").unwrap(),
+            Resource::Prefix(KeyPrefix::all(Namespace::Fs))
+        );
+        for bad in [
+            "path:../x",
+            "path:/abs",
+            "program:",
+            "planet:mars",
+            "prefix:a//b",
+        ] {
+            assert_eq!(r(bad).unwrap_err().kind(), ErrorKind::Invalid, "{bad}");
+        }
+    }
+
+    #[test]
+    fn actions_are_builtin_or_declared_names() {
+        assert_eq!(action_of("write").unwrap(), Action::Write);
+        assert_eq!(
+            action_of("deploy").unwrap(),
+            Action::Custom("deploy".into())
+        );
+        for bad in ["fly!", "", "a b"] {
+            assert_eq!(action_of(bad).unwrap_err().kind(), ErrorKind::Invalid);
+        }
+    }
 }

@@ -68,21 +68,6 @@ fn credentials(cli: &Cli) -> environment_core::Credentials {
     }
 }
 
-/// Whether a command touches only the stores, never the workspace tree or the branch it is
-/// captured to: it can run beside a supervisor that holds the workspace.
-fn stores_only(command: &Command) -> bool {
-    matches!(command, Command::Policy(_))
-}
-
-/// Runs a [`stores_only`] command on the stores alone.
-fn stores_command(s: &mut Session, command: &Command, json: bool) -> Outcome<i32> {
-    match command {
-        Command::Policy(p) => policy::run(&s.ws, &s.actor, p, json)?,
-        _ => return Err(Failure::other("this command needs the workspace")),
-    }
-    Ok(ExitCode::Ok.status())
-}
-
 /// The rollback a command asks for (restore, undo, redo), with whether to list every path.
 fn rollback_of(command: &Command) -> Option<(rollback::Rollback, bool)> {
     use rollback::Rollback;
@@ -124,6 +109,7 @@ fn goes_through_door(command: &Command) -> bool {
                 | Command::Exec(_)
                 | Command::Tournament(_)
                 | Command::Status
+                | Command::Policy(_)
         )
 }
 
@@ -194,6 +180,7 @@ fn through_door(cli: &Cli, target: Target, held: Option<&Workspace>) -> Outcome<
         Command::Queue(q) => queue::run(&door, q, json)?,
         Command::Tournament(a) => return process::tournament(&door, a, json).map(Some),
         Command::Status => maintain::status(&door, known.as_ref(), json)?,
+        Command::Policy(p) => policy::run(&door, known.as_ref(), p, json)?,
         _ => return Ok(None),
     }
     Ok(Some(ExitCode::Ok.status()))
@@ -258,28 +245,13 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             let mut s = Session::open_stores(ws, actor)?;
             return process::tournament_beside(&mut s, a, json, &mut remote);
         }
-        if stores_only(&cli.command) {
-            // The supervisor captures the tree; these read or change only the stores, which
-            // several processes share safely.
-            let mut s = Session::open_stores(ws, actor)?;
-            return stores_command(&mut s, &cli.command, json);
-        }
         if let Some(status) = through_door(&cli, Target::Supervisor(addr.clone()), Some(&ws))? {
             return Ok(status);
         }
         return Err(remote::refusal(&addr, &cli.command));
     }
-    match &cli.command {
-        Command::Run(a) => return process::run(ws, actor, a, json),
-        Command::Policy(p) => {
-            // The capture first, like every command; the policy is then read and changed
-            // through its own store.
-            let mut captured = Target::open(ws.clone(), actor.clone(), cli.socket.as_deref())?;
-            captured.direct()?;
-            drop(captured);
-            return policy::run(&ws, &actor, p, json).map(|()| 0);
-        }
-        _ => {}
+    if let Command::Run(a) = &cli.command {
+        return process::run(ws, actor, a, json);
     }
     // Reading the history never rescans the tree: it records what the monitor saw, if anything.
     let look = match &cli.command {
@@ -293,7 +265,7 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
     };
     // Every other command was dispatched above, on its own: these are the workspace's use
     // cases, through its one door.
-    let target = Target::open_looking(ws, actor, cli.socket.as_deref(), look)?;
+    let target = Target::open_looking(ws, actor, look)?;
     through_door(&cli, target, None)?
         .ok_or_else(|| Failure::other("this command is not a use case of the workspace"))
 }

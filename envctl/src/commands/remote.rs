@@ -12,7 +12,6 @@ pub fn refusal(addr: &SupervisorAddr, command: &Command) -> Failure {
         Command::Run(_) => supervisor_unavailable(addr, "another `run`")
             .hint("one supervisor per workspace: this one already runs an agent"),
         Command::Tournament(_) => supervisor_unavailable(addr, "tournament"),
-        Command::Policy(_) => supervisor_unavailable(addr, "policy"),
         Command::Init { .. } | Command::Mcp | Command::Demo { .. } | Command::Monitor { .. } => {
             supervisor_unavailable(addr, "this command")
         }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use environment_workspace::permissions::ResourceParam;
 use environment_workspace::{Method, ServiceError};
 use rmcp::handler::server::common::schema_for_type;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
@@ -83,7 +84,7 @@ fn claim_args(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
 }
 
 /// A resource as the policy tools name it (`path:GLOB`, `topic:T`, `program:PROG ARGS…`,
-/// `environment`, a bare path), in the service's shape.
+/// `environment`, a bare path), in the service's shape; none is the whole workspace.
 fn resource_arg(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
     let text = match args.remove("resource") {
         None | Some(Value::Null) => "prefix:".to_owned(),
@@ -94,24 +95,8 @@ fn resource_arg(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
             ));
         }
     };
-    let resource = match text.split_once(':') {
-        _ if text == "environment" => json!({ "environment": true }),
-        Some(("program", rest)) => {
-            let mut words = rest.split_whitespace().map(str::to_owned);
-            let program = words.next().unwrap_or_default();
-            json!({ "program": program, "args": words.collect::<Vec<_>>() })
-        }
-        Some((kind, rest))
-            if [
-                "path", "prefix", "object", "branch", "topic", "service", "secret",
-            ]
-            .contains(&kind) =>
-        {
-            json!({ kind: rest })
-        }
-        _ => json!({ "path": text }),
-    };
-    args.insert("resource".into(), resource);
+    let resource: ResourceParam = text.parse()?;
+    args.insert("resource".into(), json!(resource));
     Ok(())
 }
 
