@@ -193,6 +193,13 @@ pub enum Command {
     /// client as the command `envctl -C DIR mcp`, e.g.
     /// `claude mcp add environment -- envctl -C /path/to/project mcp`.
     Mcp,
+    /// Serve the environment over HTTP: a JSON API (its OpenAPI document at /openapi.json),
+    /// a live event stream, MCP over Streamable HTTP at /mcp, and a web view for people.
+    ///
+    /// Every request carries a bearer credential: the session token printed at start (it acts
+    /// as --actor; `--revoke` ends it), or a capability token of the policy (it acts as its
+    /// actor, within its limits). Through the workspace's supervisor when one runs.
+    Serve(ServeArgs),
     /// A short tour in a throwaway workspace: an agent works, breaks things, is rolled back.
     Demo {
         /// Keep the workspace in a new directory under this one.
@@ -485,4 +492,26 @@ pub enum QueueCommand {
     },
     /// Depth, leases and dead letters per topic and group.
     Stats,
+}
+
+/// `envctl serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Where to listen (a loopback address unless --behind-proxy; port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: std::net::SocketAddr,
+    /// Allow a non-loopback address: the server then sits behind a reverse proxy that ends
+    /// TLS and forwards the original Host (see the README).
+    #[arg(long)]
+    pub behind_proxy: bool,
+    /// Also accept this Host (a proxy's public name, `name` or `name:port`).
+    #[arg(long = "host", value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Open the web view in a browser.
+    #[arg(long)]
+    pub open: bool,
+    /// End the session token of the last `serve` (a running server refuses it at once) and
+    /// exit.
+    #[arg(long)]
+    pub revoke: bool,
 }

@@ -17,9 +17,9 @@ use crate::workspace::Serving;
 /// the socket one at a time.
 #[derive(Clone)]
 pub enum Door {
-    /// The workspace service, in this process, and the approval presented with every call
-    /// that presents none (its token is the service's default).
-    Service(Arc<service::Workspace>, Option<String>),
+    /// The workspace service, in this process: whom the calls act as (with the token they
+    /// present by default), and the approval presented with every call that presents none.
+    Service(Arc<service::Workspace>, service::Caller, Option<String>),
     /// A running supervisor, through its control socket (which presents the caller's
     /// credentials itself).
     Socket(Arc<Mutex<Remote>>),
@@ -34,10 +34,11 @@ impl Door {
         serving: Serving,
     ) -> Outcome<Door> {
         Ok(match target {
-            Target::Direct(session) => Door::Service(
-                Arc::new(session.into_service(serving)?),
-                credentials.approval.clone(),
-            ),
+            Target::Direct(session) => {
+                let ws = Arc::new(session.into_service(serving)?);
+                let caller = ws.caller();
+                Door::Service(ws, caller, credentials.approval.clone())
+            }
             Target::Supervisor(addr) => Door::through(Remote::connect(&addr, credentials)?),
         })
     }
@@ -107,13 +108,13 @@ impl Door {
         };
         params.retain(|_, v| !v.is_null());
         match self {
-            Door::Service(ws, approval) => {
+            Door::Service(ws, caller, approval) => {
                 if let Some(a) = approval {
                     params
                         .entry("approval")
                         .or_insert_with(|| Value::String(a.clone()));
                 }
-                ws.call_cancellable(method, params, cancel)
+                ws.call_as(caller, method, params, cancel)
                     .map_err(Failure::from)
             }
             Door::Socket(remote) => Door::remote(remote).call(method.name(), Value::Object(params)),

@@ -69,6 +69,9 @@ pub struct Failure {
     /// Part of the request did happen (e.g. a command ran but its changes could not be recorded
     /// as its actor's): the message says what.
     pub partial: bool,
+    /// The workspace service's error, when it came from one: its kind and its details (the
+    /// deciding rules, a filed approval), for a door that shows them.
+    pub service: Option<(ErrorKind, serde_json::Value)>,
 }
 
 impl Failure {
@@ -80,6 +83,7 @@ impl Failure {
             hint: None,
             for_agent: None,
             partial: false,
+            service: None,
         }
     }
 
@@ -201,6 +205,7 @@ impl From<environment_workspace::ServiceError> for Failure {
             f = f.hint(next.to_owned());
         }
         f.for_agent = e.for_agent().map(str::to_owned);
+        f.service = Some((e.kind(), e.data));
         f
     }
 }

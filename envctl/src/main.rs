@@ -36,6 +36,7 @@ mod monitor;
 mod output;
 mod progress;
 mod run_record;
+mod serve;
 mod target;
 mod workspace;
 

@@ -184,7 +184,8 @@ pub fn control_failure(addr: &SupervisorAddr, e: ControlError) -> Failure {
             message,
             data,
         } => {
-            let exit = ExitCode::from(rpc::kind_of_error(*code, data));
+            let kind = rpc::kind_of_error(*code, data);
+            let exit = ExitCode::from(kind);
             let detail = data
                 .get("detail")
                 .or_else(|| data.get("reason"))
@@ -220,5 +221,8 @@ pub fn control_failure(addr: &SupervisorAddr, e: ControlError) -> Failure {
         )),
     };
     f.for_agent = Some(for_agent);
+    if let ControlError::Rpc { code, data, .. } = e {
+        f.service = Some((rpc::kind_of_error(code, &data), data));
+    }
     f
 }

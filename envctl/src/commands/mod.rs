@@ -219,6 +219,12 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             crate::mcp::serve(ws, actor)?;
             return Ok(0);
         }
+        Command::Serve(a) => {
+            let actor = actor_of(&cli, &default_human())?;
+            let mut ws = Workspace::find(cli.chdir.as_deref())?;
+            ws.credentials = credentials(&cli);
+            return crate::serve::run(ws, actor, a, json);
+        }
         Command::Demo { keep } => {
             demo::run(keep.as_deref())?;
             return Ok(0);

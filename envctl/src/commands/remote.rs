@@ -12,9 +12,11 @@ pub fn refusal(addr: &SupervisorAddr, command: &Command) -> Failure {
         Command::Run(_) => supervisor_unavailable(addr, "another `run`")
             .hint("one supervisor per workspace: this one already runs an agent"),
         Command::Tournament(_) => supervisor_unavailable(addr, "tournament"),
-        Command::Init { .. } | Command::Mcp | Command::Demo { .. } | Command::Monitor { .. } => {
-            supervisor_unavailable(addr, "this command")
-        }
+        Command::Init { .. }
+        | Command::Mcp
+        | Command::Serve(_)
+        | Command::Demo { .. }
+        | Command::Monitor { .. } => supervisor_unavailable(addr, "this command"),
         // The use cases of the workspace go through its one door, before this.
         _ => Failure::other("this command goes through the workspace's door"),
     }

@@ -31,6 +31,8 @@ use crate::door::Door;
 use crate::failure::{Failure, Outcome};
 use crate::target::{Canceller, SupervisorAddr, Target};
 use crate::workspace::{Serving, Session, Workspace};
+use environment_workspace::Caller;
+use std::sync::Arc;
 use tools::{TOOLS, ToolSpec};
 
 /// Serves MCP on stdio until the client disconnects.
@@ -81,7 +83,7 @@ fn stdio(server: EnvServer) -> Outcome<()> {
 }
 
 /// The text of a failed call: that it did not execute, why, and what to do next.
-fn for_model(tool: &str, f: &Failure) -> String {
+pub(crate) fn for_model(tool: &str, f: &Failure) -> String {
     if f.partial {
         let next = f
             .hint
@@ -113,16 +115,59 @@ fn for_model(tool: &str, f: &Failure) -> String {
     format!("{head} {rest}")
 }
 
-/// The MCP server: one workspace (or a supervisor's socket), one actor.
+/// The MCP server: one workspace (or a supervisor's socket), and whom each call acts as.
 #[derive(Clone)]
 pub struct EnvServer {
-    door: Door,
+    doors: Doors,
+}
+
+/// Opens the door of a caller.
+pub type DoorOf = Arc<dyn Fn(&Caller) -> Outcome<Door> + Send + Sync>;
+
+/// Where an MCP server's calls go.
+#[derive(Clone)]
+pub enum Doors {
+    /// One door, one actor, for every call (a server on stdio).
+    One(Door),
+    /// A door for each caller, bound from each HTTP request's credential (see
+    /// `crate::serve`): several agents share one server, each acting as itself.
+    PerCaller(DoorOf),
 }
 
 impl EnvServer {
     /// A server whose tools go through `door`.
     pub fn new(door: Door) -> EnvServer {
-        EnvServer { door }
+        EnvServer {
+            doors: Doors::One(door),
+        }
+    }
+
+    /// A server whose calls each go through the door of the caller their HTTP request was
+    /// authenticated as.
+    pub fn per_caller(doors: DoorOf) -> EnvServer {
+        EnvServer {
+            doors: Doors::PerCaller(doors),
+        }
+    }
+
+    /// The door of the request in `context`.
+    fn door(&self, context: &RequestContext<RoleServer>) -> Outcome<Door> {
+        match &self.doors {
+            Doors::One(door) => Ok(door.clone()),
+            Doors::PerCaller(open) => {
+                let caller = context
+                    .extensions
+                    .get::<axum::http::request::Parts>()
+                    .and_then(|p| p.extensions.get::<Caller>())
+                    .ok_or_else(|| {
+                        Failure::new(
+                            crate::failure::ExitCode::Denied,
+                            "the request carries no credential",
+                        )
+                    })?;
+                open(caller)
+            }
+        }
     }
 
     /// Runs `tool` with the arguments given: renamed into the service's, then called. While it
@@ -140,12 +185,16 @@ impl EnvServer {
         if let Err(e) = (tool.adapt)(&mut args) {
             return failed(tool, &e.into());
         }
+        let door = match self.door(&context) {
+            Ok(door) => door,
+            Err(f) => return failed(tool, &f),
+        };
         let cancel = Cancel::new();
         // A call dropped before its end (the server stopping) calls its command off too.
         let mut called_off = CallOffOnDrop(Some(cancel.clone()));
         // Through a supervisor, a call is called off by hanging its connection up.
-        let hang_up = self.door.canceller();
-        let work = self.spawn(tool.method, args, cancel.clone());
+        let hang_up = door.canceller();
+        let work = spawn(door, tool.method, args, cancel.clone());
         let done = running(work, &context, tool.name, &cancel, hang_up.as_ref()).await;
         called_off.0 = None;
         if done.is_ok() && tool.method == Method::Mark {
@@ -166,24 +215,26 @@ impl EnvServer {
     }
 }
 
+/// Calls the use case `method` with `args` on the blocking pool, through `door`; `cancel`
+/// calls its command off.
+fn spawn(
+    door: Door,
+    method: Method,
+    args: JsonObject,
+    cancel: Cancel,
+) -> tokio::task::JoinHandle<Outcome<Value>> {
+    tokio::task::spawn_blocking(move || door.call_cancellable(method, Value::Object(args), &cancel))
+}
+
 impl EnvServer {
-    /// Calls the use case `method` with `args` on the blocking pool, through the door;
-    /// `cancel` calls its command off.
-    fn spawn(
+    /// The answer of a short use case (one a resource reads) for the request in `context`.
+    async fn answer(
         &self,
+        context: &RequestContext<RoleServer>,
         method: Method,
         args: JsonObject,
-        cancel: Cancel,
-    ) -> tokio::task::JoinHandle<Outcome<Value>> {
-        let door = self.door.clone();
-        tokio::task::spawn_blocking(move || {
-            door.call_cancellable(method, Value::Object(args), &cancel)
-        })
-    }
-
-    /// The answer of a short use case (one a resource reads).
-    async fn answer(&self, method: Method, args: JsonObject) -> Outcome<Value> {
-        self.spawn(method, args, Cancel::new())
+    ) -> Outcome<Value> {
+        spawn(self.door(context)?, method, args, Cancel::new())
             .await
             .unwrap_or_else(|e| {
                 Err(Failure::other(format!(
@@ -325,10 +376,10 @@ impl ServerHandler for EnvServer {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let marks = self
-            .answer(Method::Marks, JsonObject::new())
+            .answer(&context, Method::Marks, JsonObject::new())
             .await
             .map_err(|f| unreadable("the resource list", &f))?;
         Ok(ListResourcesResult::with_all_items(resources::listed(
@@ -349,12 +400,12 @@ impl ServerHandler for EnvServer {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let uri = request.uri.as_str();
         let read = resources::read(uri).map_err(|e| unreadable(uri, &e.into()))?;
         let answer = self
-            .answer(read.method, read.args)
+            .answer(&context, read.method, read.args)
             .await
             .map_err(|f| unreadable(uri, &f))?;
         Ok(ReadResourceResult::new(vec![resources::contents(uri, read.method, &answer)]).into())

@@ -1,0 +1,272 @@
+"use strict";
+// The web view of an environment: every figure comes from the JSON API, as the signed-in
+// person; the token is read from the URL's fragment once and kept for this tab only.
+
+const TOKEN_KEY = "environment-token";
+(function takeToken() {
+  const m = location.hash.match(/token=([^&]+)/);
+  if (m) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + "#history");
+  }
+})();
+const token = () => sessionStorage.getItem(TOKEN_KEY) || "";
+const $ = (id) => document.getElementById(id);
+const el = (tag, attrs = {}, ...children) => {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c ?? "")));
+  return e;
+};
+
+async function api(method, params = {}) {
+  const r = await fetch("/api/v1/" + method, {
+    method: "POST",
+    headers: { "Authorization": "Bearer " + token(), "Content-Type": "application/json" },
+    body: JSON.stringify(params),
+  });
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) {
+    const e = new Error((body.error && body.error.message) || r.statusText);
+    e.status = r.status;
+    e.body = body;
+    throw e;
+  }
+  return body;
+}
+
+function showError(e) {
+  const box = $("error");
+  box.hidden = false;
+  box.textContent = e.status ? `${e.status}: ${e.message}` : String(e);
+}
+
+// ---- views ---------------------------------------------------------------------------------
+
+function route() {
+  const [view, arg] = (location.hash.slice(1) || "history").split("/");
+  for (const s of document.querySelectorAll(".view")) s.hidden = true;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === view);
+  $("error").hidden = true;
+  const show = { history: loadHistory, op: () => loadOp(arg), approvals: loadApprovals, queue: loadQueue, effects: loadEffects, policy: () => {} }[view] || loadHistory;
+  $("view-" + (show === loadHistory ? "history" : view)).hidden = false;
+  show().catch(showError);
+}
+window.addEventListener("hashchange", route);
+
+function opLine(line, fresh) {
+  if (line.type === "captures") {
+    const li = el("li", { class: "captures", "data-newest": line.newest },
+      `${line.count} automatic capture(s), ${line.changed} key(s) changed`);
+    li.addEventListener("click", () => expandCaptures(li, line));
+    return li;
+  }
+  const kind = line.intent.kind;
+  const li = el("li", { class: kind + (fresh ? " fresh" : ""), "data-id": line.id, "data-seq": line.seq },
+    el("span", { class: "seq" }, "#" + line.seq),
+    el("span", { class: "actor" }, line.actor), " ",
+    `${kind}: ${line.intent.text}`,
+    ...line.marks.map((m) => el("span", { class: "mark" }, m)),
+    line.flags.length ? el("small", {}, "  [" + line.flags.join(", ") + "]") : "");
+  li.addEventListener("click", () => { location.hash = "op/" + line.id; });
+  return li;
+}
+
+async function expandCaptures(li, line) {
+  const h = await api("history", { all: true, limit: 1000 });
+  const inside = h.entries.filter((e) => e.type === "op" && e.time_ms >= line.from_ms && e.time_ms <= line.to_ms);
+  li.replaceWith(...inside.map((e) => opLine(e, false)));
+}
+
+async function loadHistory() {
+  const h = await api("history", { limit: 200 });
+  $("head").textContent = `${h.branch} at ${h.head.slice(0, 12)}`;
+  $("history").replaceChildren(...h.entries.map((e) => opLine(e, false)));
+}
+
+function addLive(line) {
+  const list = $("history");
+  if (!list || list.querySelector(`[data-seq="${line.seq}"]`)) return;
+  list.prepend(opLine(line, true));
+  $("head").textContent = `${line.branch} at ${line.id.slice(0, 12)}`;
+}
+
+async function loadOp(id) {
+  const op = await api("show", { version: id });
+  $("op-title").textContent = `#${op.seq} ${op.intent.kind}: ${op.intent.text}`;
+  const facts = [["who", op.actor], ["when", new Date(op.time_ms).toLocaleString()], ["id", op.id],
+    ["branch", op.branch], ["base version", op.base_version || "—"], ["after", op.parents.join(", ") || "—"],
+    ["flags", op.flags.join(", ") || "—"], ["marks", op.marks.join(", ") || "—"],
+    ["restored from", op.restored_from || "—"]];
+  $("op-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  const changes = op.changes || [];
+  $("op-changes").replaceChildren(...changes.map((c) => {
+    const li = el("li", {}, `${c.change} ${c.path}`);
+    if (c.namespace === "fs") li.addEventListener("click", () => showDiff(op, c).catch(showError));
+    return li;
+  }));
+  $("op-diff").replaceChildren();
+  $("restore-plan").replaceChildren();
+  $("restore-done").textContent = "";
+  $("restore-confirm").hidden = true;
+  $("restore-preview").onclick = () => previewRestore(op.id).catch(showError);
+  $("restore-confirm").onclick = () => confirmRestore(op.id).catch(showError);
+}
+
+async function content(path, version) {
+  try {
+    const f = await api("file.read", { path, version });
+    return f.text !== null ? { text: f.text } : { binary: f.size };
+  } catch (e) {
+    if (e.status === 404) return { text: "" };
+    throw e;
+  }
+}
+
+async function showDiff(op, change) {
+  const before = op.parents[0] ? await content(change.path, op.parents[0]) : { text: "" };
+  const after = change.after ? await content(change.path, op.id) : { text: "" };
+  const box = $("op-diff");
+  if (before.binary !== undefined || after.binary !== undefined) {
+    box.replaceChildren(el("p", {}, `${change.path}: binary, ${before.binary ?? 0} → ${after.binary ?? 0} bytes`));
+    return;
+  }
+  box.replaceChildren(el("h3", {}, change.path), diffView(before.text.split("\n"), after.text.split("\n")));
+}
+
+// A line diff (longest common subsequence), enough for the files people read here.
+function diffView(a, b) {
+  const n = a.length, m = b.length;
+  if (n * m > 4e6) return el("p", {}, `${n} → ${m} lines (too long to show here)`);
+  const dp = Array.from({ length: n + 1 }, () => new Uint32Array(m + 1));
+  for (let i = n - 1; i >= 0; i--) for (let j = m - 1; j >= 0; j--)
+    dp[i][j] = a[i] === b[j] ? dp[i + 1][j + 1] + 1 : Math.max(dp[i + 1][j], dp[i][j + 1]);
+  const pre = el("pre", { class: "diff" });
+  let i = 0, j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && a[i] === b[j]) { pre.append(el("div", {}, "  " + a[i])); i++; j++; }
+    else if (j < m && (i >= n || dp[i][j + 1] >= dp[i + 1][j])) { pre.append(el("div", { class: "add" }, "+ " + b[j])); j++; }
+    else { pre.append(el("div", { class: "del" }, "- " + a[i])); i++; }
+  }
+  return pre;
+}
+
+async function previewRestore(id) {
+  const plan = await api("restore", { version: id, dry_run: true });
+  const s = plan.steps;
+  $("restore-plan").replaceChildren(
+    el("p", {}, `${s.writes} path(s) written, ${s.removals} removed:`),
+    el("ul", {}, ...s.by_top.map((t) => el("li", {}, `${t.top}: ${t.written} written, ${t.removed} removed`))));
+  $("restore-confirm").hidden = false;
+}
+
+async function confirmRestore(id) {
+  const done = await api("restore", { version: id, intent: "restore from the web view" });
+  $("restore-confirm").hidden = true;
+  $("restore-done").textContent = `Restored: the workspace is at ${done.restored_to.slice(0, 12)} again (recorded as ${done.version.slice(0, 12)}).`;
+}
+
+async function loadApprovals() {
+  let list;
+  try { list = await api("approval.list"); } catch (e) {
+    if (e.status === 503) { $("approvals").replaceChildren(el("tr", {}, el("td", { colspan: 8 }, "No policy is loaded: nothing waits for an approval."))); return; }
+    throw e;
+  }
+  const rows = list.approvals.map((a) => {
+    const actions = el("td");
+    if (a.state === "pending") {
+      actions.append(
+        el("button", { class: "grant", onclick: () => decide("approval.grant", a.id) }, "Grant"), " ",
+        el("button", { class: "reject", onclick: () => decide("approval.reject", a.id) }, "Reject"));
+    }
+    return el("tr", { "data-id": a.id }, el("td", {}, a.id), el("td", { class: "state" }, a.state), el("td", {}, a.actor),
+      el("td", {}, a.action), el("td", {}, a.resource), el("td", {}, a.rules.join(", ")), el("td", {}, a.from.join(" or ")), actions);
+  });
+  $("approvals").replaceChildren(...rows);
+  updatePending(list.approvals);
+}
+
+function updatePending(approvals) {
+  const n = approvals.filter((a) => a.state === "pending").length;
+  $("pending-count").textContent = n ? `(${n})` : "";
+}
+
+async function decide(method, id) {
+  try { await api(method, { id }); await loadApprovals(); } catch (e) { showError(e); }
+}
+
+async function loadQueue() {
+  let stats;
+  try { stats = await api("queue.stats"); } catch (e) {
+    if (e.status === 503) { $("queue").textContent = "No queue here."; return; }
+    throw e;
+  }
+  const board = el("div", { class: "board" });
+  for (const t of stats.topics) {
+    const card = el("div", { class: "topic" }, el("h3", {}, t.topic), el("p", {}, `${t.retained} message(s) kept`));
+    for (const g of t.groups) {
+      card.append(el("p", {}, `${g.group}: ${g.depth} waiting, ${g.in_flight} leased, ${g.dead_letters} dead`));
+      if (g.dead_letters > 0) {
+        card.append(el("button", { class: "redrive", onclick: async () => {
+          try { await api("queue.redrive", { group: g.group }); await loadQueue(); } catch (e) { showError(e); }
+        } }, `Redrive ${g.group}'s dead letters`));
+      }
+    }
+    board.append(card);
+  }
+  $("queue").replaceChildren(board);
+}
+
+async function loadEffects() {
+  const list = await api("effect.list", { unfinished: false });
+  $("effects").replaceChildren(...list.effects.filter((e) => e.state !== "done").map((e) => el("tr", {},
+    el("td", {}, e.id), el("td", {}, e.state), el("td", {}, e.key), el("td", {}, e.target),
+    el("td", {}, e.actor), el("td", {}, e.attempts), el("td", {}, e.note || ""))));
+}
+
+$("may-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  try {
+    const r = await api("policy.what_may_i_do", { actor: $("may-actor").value, resource: resource($("may-resource").value) });
+    $("may").replaceChildren(...(r.policy ? r.permissions.map((p) => el("li", {}, `${p.action} ${p.resource} (rule ${p.rule}) ${p.conditions}`)) : [el("li", {}, "No policy: every action is allowed.")]));
+  } catch (e) { showError(e); }
+});
+
+$("explain-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  try {
+    const r = await api("policy.explain", { actor: $("explain-actor").value, action: $("explain-action").value, resource: resource($("explain-resource").value) });
+    $("explain").textContent = `${r.outcome}: ${r.explanation}`;
+  } catch (e) { showError(e); }
+});
+
+// A resource as people write it, in the API's shape.
+function resource(text) {
+  if (text === "environment") return { environment: true };
+  const i = text.indexOf(":");
+  const [kind, rest] = i < 0 ? ["path", text] : [text.slice(0, i), text.slice(i + 1)];
+  if (kind === "program") { const [program, ...args] = rest.split(/\s+/); return { program, args }; }
+  return { [kind]: rest };
+}
+
+// ---- live events ---------------------------------------------------------------------------
+
+function listen() {
+  const source = new EventSource("/api/v1/events?access_token=" + encodeURIComponent(token()));
+  source.onopen = () => $("live").classList.add("on");
+  source.onerror = () => $("live").classList.remove("on");
+  source.addEventListener("operation", (ev) => addLive(JSON.parse(ev.data)));
+  source.addEventListener("approval", () => {
+    if (!$("view-approvals").hidden) loadApprovals().catch(showError);
+    else api("approval.list").then((l) => updatePending(l.approvals)).catch(() => {});
+  });
+  source.addEventListener("effect", () => { if (!$("view-effects").hidden) loadEffects().catch(showError); });
+}
+
+api("status").then((s) => { $("whoami").textContent = `signed in as ${s.actor}`; }).catch(showError);
+route();
+listen();

@@ -1,0 +1,424 @@
+//! `envctl serve` end to end, with a real HTTP client: the API as the credential's actor, its
+//! refusals (statuses and the contract text, nothing changed), the generated OpenAPI document,
+//! the event stream resumed after a reconnect, and several MCP clients over HTTP at once.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::BufRead;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::Ws;
+use environment_policy::{Policy, TokenLimits};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const RULES: &str = r#"
+[[rule]]
+id = "alice-everything"
+effect = "permit"
+principal = "human:alice"
+actions = ["read", "write", "delete", "execute", "publish", "consume", "approve"]
+resource = "*"
+
+[[rule]]
+id = "coder-reads"
+effect = "permit"
+principal = "agent:coder"
+actions = ["read"]
+resource = "*"
+
+[[rule]]
+id = "coder-writes-src"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write"]
+resource = { path = "src/**" }
+
+[[rule]]
+id = "coder-releases-with-approval"
+effect = "permit"
+principal = "agent:coder"
+actions = ["write"]
+resource = { path = "release/**" }
+approval_from = ["human:alice"]
+"#;
+
+/// A running `envctl serve`, stopped when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    token: String,
+    listen: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A workspace with the rules loaded, and its server started as alice.
+fn serve() -> (Ws, Server) {
+    let ws = Ws::acting_as(Some("human:alice"));
+    std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
+    ws.ok(&["policy", "load", "../rules.toml"]);
+    let server = start(&ws);
+    (ws, server)
+}
+
+fn start(ws: &Ws) -> Server {
+    let mut child = ws
+        .cmd(&["--json", "serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let said: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let listen = said["listen"].as_str().unwrap().to_owned();
+    Server {
+        child,
+        base: format!("http://{listen}"),
+        token: said["token"].as_str().unwrap().to_owned(),
+        listen,
+    }
+}
+
+/// A capability token of the policy for `actor` (no further limits).
+fn capability(ws: &Ws, actor: &str) -> String {
+    let policy = Policy::open(
+        &ws.home().join("policy.db"),
+        std::sync::Arc::new(environment_core::SystemClock),
+    )
+    .unwrap();
+    policy
+        .issue_token(actor, TokenLimits::default())
+        .unwrap()
+        .encode()
+}
+
+/// POSTs a use case with `token` (none when empty): the status and the body.
+async fn call(server: &Server, token: &str, method: &str, body: Value) -> (StatusCode, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}/api/v1/{method}", server.base))
+        .json(&body);
+    if !token.is_empty() {
+        req = req.bearer_auth(token);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// A refusal says first that nothing happened, and why.
+fn says_why(body: &Value) {
+    let text = body["error"]["for_agent"].as_str().unwrap_or_default();
+    assert!(text.starts_with("The action was NOT performed"), "{body}");
+    assert!(text.contains("Next:"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_acts_as_the_credential_s_actor_and_a_refusal_changes_nothing() {
+    let (ws, server) = serve();
+    let coder = capability(&ws, "agent:coder");
+
+    // No credential, a wrong one: 401, with the contract text.
+    for token in ["", "envs_0000", "not a token at all"] {
+        let (status, body) = call(&server, token, "status", json!({})).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}");
+        says_why(&body);
+    }
+    let events = reqwest::get(format!("{}/api/v1/events", server.base))
+        .await
+        .unwrap();
+    assert_eq!(events.status(), StatusCode::UNAUTHORIZED);
+
+    // Each credential acts as its actor.
+    let (status, me) = call(&server, &server.token, "status", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(me["actor"], "human:alice");
+    let (_, them) = call(&server, &coder, "status", json!({})).await;
+    assert_eq!(them["actor"], "agent:coder");
+    let (status, wrote) = call(
+        &server,
+        &coder,
+        "file.write",
+        json!({ "path": "src/lib.rs", "content": "pub fn f() {}\n" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{wrote}");
+    assert_eq!(ws.read("src/lib.rs").as_deref(), Some("pub fn f() {}\n"));
+    let shown = ws.json(&["show", wrote["version"].as_str().unwrap()]);
+    assert_eq!(shown["actor"], "agent:coder");
+
+    // What the actor may not do: 403; held for an approval: 428 with the request filed.
+    let head = ws.head("human:alice");
+    let (status, body) = call(
+        &server,
+        &coder,
+        "file.write",
+        json!({ "path": "README.md", "content": "defaced\n" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    says_why(&body);
+    let (status, body) = call(
+        &server,
+        &coder,
+        "file.write",
+        json!({ "path": "release/v1", "content": "1\n" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PRECONDITION_REQUIRED, "{body}");
+    assert!(body["error"]["data"]["approval"].is_string(), "{body}");
+    assert_eq!(ws.read("README.md").as_deref(), Some("# demo\n"));
+    assert!(!ws.path("release/v1").exists());
+
+    // Malformed requests: 400 (or 404 for no such use case), nothing changed.
+    for (method, body) in [
+        (
+            "file.write",
+            json!({ "path": "a.txt", "content": "x", "bogus": true }),
+        ),
+        ("file.write", json!({ "path": "../escape", "content": "x" })),
+        ("restore", json!({ "version": 7 })),
+        ("restore", json!({ "version": "HEAD~1", "dryRun": true })),
+    ] {
+        let (status, answer) = call(&server, &server.token, method, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {body}: {answer}");
+        says_why(&answer);
+    }
+    let (status, _) = call(&server, &server.token, "no.such.thing", json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let raw = reqwest::Client::new()
+        .post(format!("{}/api/v1/status", server.base))
+        .bearer_auth(&server.token)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), StatusCode::BAD_REQUEST);
+    assert!(!ws.path("a.txt").exists() && !ws.path("../escape").exists());
+    assert_eq!(ws.head("human:alice"), head, "refusals recorded nothing");
+
+    // Another site: a rebound name or another origin is refused before anything runs.
+    let client = reqwest::Client::new();
+    let rebound = client
+        .post(format!("{}/api/v1/status", server.base))
+        .header("Host", "attacker.example")
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::MISDIRECTED_REQUEST);
+    let cross = client
+        .post(format!("{}/api/v1/file.write", server.base))
+        .header("Origin", "http://attacker.example")
+        .bearer_auth(&server.token)
+        .json(&json!({ "path": "csrf.txt", "content": "x" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross.status(), StatusCode::FORBIDDEN);
+    assert!(!ws.path("csrf.txt").exists());
+
+    // A revoked session token is refused at once.
+    ws.ok(&["serve", "--revoke"]);
+    let (status, _) = call(&server, &server.token, "status", json!({})).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = call(&server, &coder, "status", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "capability tokens stand");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_lists_every_use_case_and_each_refuses_bad_input() {
+    let (ws, server) = serve();
+    let doc: Value = reqwest::get(format!("{}/openapi.json", server.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    for m in environment_workspace::Method::ALL {
+        let path = format!("/api/v1/{}", m.name());
+        let op = &paths[&path]["post"];
+        assert_eq!(op["operationId"], m.name(), "{path}");
+        for schema in [
+            &op["requestBody"]["content"]["application/json"]["schema"],
+            &op["responses"]["200"]["content"]["application/json"]["schema"],
+        ] {
+            assert_eq!(schema["type"], "object", "{path}");
+            jsonschema::validator_for(schema).unwrap_or_else(|e| panic!("{path}: {e}"));
+        }
+        for status in ["400", "401", "403", "404", "409", "428", "503"] {
+            let r = op["responses"][status]["$ref"].as_str().unwrap();
+            let name = r.rsplit('/').next().unwrap();
+            assert!(doc["components"]["responses"][name].is_object(), "{r}");
+        }
+    }
+    assert!(paths.contains_key("/api/v1/events"));
+
+    // Every route refuses a parameter it does not take, as the document says, and nothing
+    // changes.
+    let head = ws.head("human:alice");
+    for m in environment_workspace::Method::ALL {
+        let (status, body) =
+            call(&server, &server.token, m.name(), json!({ "surely_not": 1 })).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{}: {body}", m.name());
+        says_why(&body);
+    }
+    assert_eq!(ws.head("human:alice"), head);
+}
+
+/// Reads events from `response` until `until` says it has them all (at most 10 s).
+async fn events_until(
+    response: &mut reqwest::Response,
+    until: impl Fn(&[(String, String, Value)]) -> bool,
+) -> Vec<(String, String, Value)> {
+    let mut got = Vec::new();
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !until(&got) {
+        let chunk = tokio::time::timeout_at(deadline, response.chunk())
+            .await
+            .expect("the events came in time")
+            .unwrap()
+            .expect("the stream stays open");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let (mut kind, mut id, mut data) = (String::new(), String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    kind = v.to_owned();
+                } else if let Some(v) = line.strip_prefix("id: ") {
+                    id = v.to_owned();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            if !kind.is_empty() {
+                got.push((kind, id, serde_json::from_str(&data).unwrap_or(Value::Null)));
+            }
+        }
+    }
+    got
+}
+
+fn ops(events: &[(String, String, Value)]) -> Vec<(String, Value)> {
+    events
+        .iter()
+        .filter(|(k, _, _)| k == "operation")
+        .map(|(_, id, v)| (id.clone(), v.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_resumes_after_a_reconnect_without_losing_an_event() {
+    let (ws, server) = serve();
+    let client = reqwest::Client::new();
+    let open = |last: Option<String>| {
+        let mut req = client
+            .get(format!("{}/api/v1/events", server.base))
+            .bearer_auth(&server.token);
+        if let Some(id) = last {
+            req = req.header("Last-Event-ID", id);
+        }
+        req.send()
+    };
+    let mut stream = open(None).await.unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    // An operation recorded by another process shows up.
+    ws.ok(&["exec", "--", "sh", "-c", "echo one > one.txt"]);
+    let first = events_until(&mut stream, |e| !ops(e).is_empty()).await;
+    let (last_id, op) = ops(&first).remove(0);
+    assert_eq!(op["intent"]["kind"], "command", "{op}");
+    drop(stream);
+
+    // While the client is away, two more.
+    for n in ["two", "three"] {
+        let (status, _) = call(
+            &server,
+            &server.token,
+            "file.write",
+            json!({ "path": format!("{n}.txt"), "content": n }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let mut again = open(Some(last_id.clone())).await.unwrap();
+    let missed = events_until(&mut again, |e| ops(e).len() >= 2).await;
+    let missed = ops(&missed);
+    let ids: Vec<u64> = missed.iter().map(|(id, _)| id.parse().unwrap()).collect();
+    let after: u64 = last_id.parse().unwrap();
+    assert_eq!(ids, [after + 1, after + 2], "{missed:?}");
+    assert_eq!(missed[0].1["intent"]["text"], "write two.txt");
+    assert_eq!(missed[1].1["intent"]["text"], "write three.txt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_mcp_clients_over_http_each_act_as_themselves() {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let (ws, server) = serve();
+    let coder = capability(&ws, "agent:coder");
+    let connect = |token: String| {
+        let url = format!("{}/mcp", server.base);
+        async move {
+            let transport = StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url).auth_header(token),
+            );
+            ().serve(transport).await.unwrap()
+        }
+    };
+    let (alice, agent) = tokio::join!(connect(server.token.clone()), connect(coder));
+    let write = |path: &str| {
+        CallToolRequestParams::new("write_file").with_arguments(
+            json!({ "path": path, "content": "hi\n" })
+                .as_object()
+                .cloned()
+                .unwrap(),
+        )
+    };
+    let (a, b) = tokio::join!(
+        alice.call_tool(write("notes/alice.md")),
+        agent.call_tool(write("src/agent.rs"))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_ne!(a.is_error, Some(true), "{a:?}");
+    assert_ne!(b.is_error, Some(true), "{b:?}");
+    let by = |v: &rmcp::model::CallToolResult| {
+        let version = v.structured_content.as_ref().unwrap()["version"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        ws.json(&["show", &version])["actor"].clone()
+    };
+    assert_eq!(by(&a), "human:alice");
+    assert_eq!(by(&b), "agent:coder");
+    // The agent's own limits hold over HTTP too.
+    let refused = agent.call_tool(write("README.md")).await.unwrap();
+    assert_eq!(refused.is_error, Some(true));
+    assert_eq!(ws.read("README.md").as_deref(), Some("# demo\n"));
+    // No credential, no MCP.
+    let anonymous = reqwest::Client::new()
+        .post(format!("{}/mcp", server.base))
+        .header("Accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    let _ = (alice.cancel().await, agent.cancel().await);
+    let _ = &server.listen;
+}
