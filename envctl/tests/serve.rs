@@ -5,14 +5,21 @@
 
 mod common;
 
-use std::io::BufRead;
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use common::Ws;
-use environment_policy::{Policy, TokenLimits};
+use common::serving::{Server, call, capability, start};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+
+/// A workspace with the rules loaded, and its server started as alice.
+fn serve() -> (Ws, Server) {
+    let ws = Ws::acting_as(Some("human:alice"));
+    std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
+    ws.ok(&["policy", "load", "../rules.toml"]);
+    let server = start(&ws);
+    (ws, server)
+}
 
 const RULES: &str = r#"
 [[rule]]
@@ -44,77 +51,6 @@ actions = ["write"]
 resource = { path = "release/**" }
 approval_from = ["human:alice"]
 "#;
-
-/// A running `envctl serve`, stopped when dropped.
-struct Server {
-    child: Child,
-    base: String,
-    token: String,
-    listen: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A workspace with the rules loaded, and its server started as alice.
-fn serve() -> (Ws, Server) {
-    let ws = Ws::acting_as(Some("human:alice"));
-    std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
-    ws.ok(&["policy", "load", "../rules.toml"]);
-    let server = start(&ws);
-    (ws, server)
-}
-
-fn start(ws: &Ws) -> Server {
-    let mut child = ws
-        .cmd(&["--json", "serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let said: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
-    let listen = said["listen"].as_str().unwrap().to_owned();
-    Server {
-        child,
-        base: format!("http://{listen}"),
-        token: said["token"].as_str().unwrap().to_owned(),
-        listen,
-    }
-}
-
-/// A capability token of the policy for `actor` (no further limits).
-fn capability(ws: &Ws, actor: &str) -> String {
-    let policy = Policy::open(
-        &ws.home().join("policy.db"),
-        std::sync::Arc::new(environment_core::SystemClock),
-    )
-    .unwrap();
-    policy
-        .issue_token(actor, TokenLimits::default())
-        .unwrap()
-        .encode()
-}
-
-/// POSTs a use case with `token` (none when empty): the status and the body.
-async fn call(server: &Server, token: &str, method: &str, body: Value) -> (StatusCode, Value) {
-    let mut req = reqwest::Client::new()
-        .post(format!("{}/api/v1/{method}", server.base))
-        .json(&body);
-    if !token.is_empty() {
-        req = req.bearer_auth(token);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
 
 /// A refusal says first that nothing happened, and why.
 fn says_why(body: &Value) {
@@ -420,5 +356,4 @@ async fn several_mcp_clients_over_http_each_act_as_themselves() {
         .unwrap();
     assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
     let _ = (alice.cancel().await, agent.cancel().await);
-    let _ = &server.listen;
 }

@@ -43,6 +43,18 @@ pub struct Op {
     pub restored_from: Option<String>,
     /// The effects performed in it.
     pub effects: Vec<u64>,
+    /// The policy's decision that let it through, when a policy decided.
+    pub decision: Option<OpDecision>,
+}
+
+/// The decision that let an operation through.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpDecision {
+    /// The policy's version then.
+    pub policy_version: u64,
+    /// The rules that allowed it.
+    pub rules: Vec<String>,
 }
 
 /// Why an operation was done.
@@ -95,6 +107,10 @@ impl From<&Operation> for Op {
             time_ms: op.time_ms,
             restored_from: op.restored_from.map(|v| v.to_string()),
             effects: op.effects.clone(),
+            decision: op.decision.as_ref().map(|d| OpDecision {
+                policy_version: d.policy_version,
+                rules: d.rules.clone(),
+            }),
         }
     }
 }

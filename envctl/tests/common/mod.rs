@@ -7,6 +7,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value as Json;
 
+pub mod serving;
+
 /// A prerequisite of the test is missing: under `CI=true` (CI sets it) the test fails, since a
 /// skip there would report success for a test that never ran; elsewhere it says SKIPPED and why.
 pub fn missing_prerequisite(reason: &str) {

@@ -101,7 +101,8 @@ async function loadOp(id) {
   const facts = [["who", op.actor], ["when", new Date(op.time_ms).toLocaleString()], ["id", op.id],
     ["branch", op.branch], ["base version", op.base_version || "—"], ["after", op.parents.join(", ") || "—"],
     ["flags", op.flags.join(", ") || "—"], ["marks", op.marks.join(", ") || "—"],
-    ["restored from", op.restored_from || "—"]];
+    ["restored from", op.restored_from || "—"],
+    ["let through by", op.decision ? `${op.decision.rules.join(", ") || "no rule"} (policy v${op.decision.policy_version})` : "no policy"]];
   $("op-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   const changes = op.changes || [];
   $("op-changes").replaceChildren(...changes.map((c) => {
