@@ -21,9 +21,6 @@ use serde_json::{Value, json};
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
-/// WebDriver's name for an element reference.
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
-
 /// A headless Chromium session through chromedriver, both ended when dropped.
 struct Browser {
     driver: Child,
@@ -137,17 +134,15 @@ impl Browser {
         }
     }
 
-    /// Clicks the first element `css` selects (waiting for it).
+    /// Clicks the first element `css` selects, once it is there: found and clicked in one step,
+    /// so a list the page redraws meanwhile (a live event) cannot take it away in between.
     async fn click(&self, css: &str) {
-        let found = self
-            .until(
-                css,
-                "const e = document.querySelector(arguments[0]); return e ? e : null;",
-                json!([css]),
-            )
-            .await;
-        let id = found[ELEMENT].as_str().unwrap().to_owned();
-        self.post(&format!("/element/{id}/click"), json!({})).await;
+        self.until(
+            css,
+            "const e = document.querySelector(arguments[0]); if (!e) return false; e.click(); return true;",
+            json!([css]),
+        )
+        .await;
     }
 
     async fn shot(&self, name: &str) -> PathBuf {
