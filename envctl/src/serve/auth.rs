@@ -266,8 +266,8 @@ pub(crate) struct RateLimiter {
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
 }
 
-const RATE: f64 = 200.0;
-const BURST: f64 = 400.0;
+const RATE: f64 = 2000.0;
+const BURST: f64 = 4000.0;
 
 impl RateLimiter {
     fn admit(&self, credential: &str) -> bool {

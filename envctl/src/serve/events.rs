@@ -2,12 +2,13 @@
 //! the operation's position in the log, so a client that reconnects with `Last-Event-ID` gets
 //! every one since), and the approvals and effects (`approval`, `effect`: the state of each on
 //! connecting, then every change). One watcher looks at the log for the whole server, so an
-//! operation another process records shows up too; each client then reads what changed
-//! through the service, as itself, so it sees only what it may read.
+//! operation another process records shows up too; then one feed per caller reads what changed
+//! through the service, as that caller (so it sees only what it may read), once for all the
+//! streams the caller has open.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Extension, State};
@@ -20,7 +21,7 @@ use environment_workspace::effects::ListParams as EffectListParams;
 use environment_workspace::permissions::ApprovalListParams;
 use environment_workspace::versions::HistoryParams;
 use environment_workspace::{Caller, Request};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -41,60 +42,141 @@ const TICK: Duration = Duration::from_millis(50);
 /// At most this many operations are replayed to a client that reconnects.
 const REPLAY: usize = 1000;
 
-/// Watches the log (and the approvals and effects) of `env` for the whole server.
+/// Watches the log (and the approvals and effects) of `env` for the whole server: at once
+/// for what this process commits through `env`, within a tick for what other processes do.
 pub(crate) fn watch_log(
     env: LocalEnvironment,
     policy: Option<Arc<environment_policy::Policy>>,
     branch: String,
 ) -> watch::Receiver<Seen> {
     let (tx, rx) = watch::channel(Seen::default());
-    tokio::task::spawn_blocking(move || {
+    let mut commits = env.subscribe(environment_core::EventFilter::default());
+    tokio::spawn(async move {
         let mut seen = Seen::default();
-        let mut last = (String::new(), String::new());
-        let mut n = 0u64;
-        loop {
+        let mut digests = (String::new(), String::new());
+        for n in 0u64.. {
             if tx.is_closed() {
                 return;
             }
-            if let Ok(head) = env.head(&branch)
-                && let Ok(op) = env.op(&head)
-            {
-                seen.seq = op.seq;
-            }
             // Approvals and effects change less often; a digest of their states says when.
-            if n.is_multiple_of(5) {
-                let approvals = policy
-                    .as_ref()
-                    .map(|p| {
-                        p.approvals()
-                            .iter()
-                            .map(|a| format!("{}:{}", a.id, a.state.name()))
-                            .collect::<String>()
-                    })
-                    .unwrap_or_default();
-                let effects = env
-                    .effects()
-                    .map(|list| {
-                        list.iter()
-                            .map(|e| format!("{}:{}:{}", e.id, e.state.as_str(), e.updated_ms))
-                            .collect::<String>()
-                    })
-                    .unwrap_or_default();
-                if approvals != last.0 {
+            let (env, policy, branch) = (env.clone(), policy.clone(), branch.clone());
+            let looked = tokio::task::spawn_blocking(move || {
+                let seq = env
+                    .head(&branch)
+                    .and_then(|h| env.op(&h))
+                    .map(|op| op.seq)
+                    .ok();
+                let states = n
+                    .is_multiple_of(5)
+                    .then(|| digests_of(&env, policy.as_deref()));
+                (seq, states)
+            })
+            .await;
+            let Ok((seq, states)) = looked else {
+                return;
+            };
+            if let Some(seq) = seq {
+                seen.seq = seq;
+            }
+            if let Some((approvals, effects)) = states {
+                if approvals != digests.0 {
                     seen.approvals += 1;
-                    last.0 = approvals;
+                    digests.0 = approvals;
                 }
-                if effects != last.1 {
+                if effects != digests.1 {
                     seen.effects += 1;
-                    last.1 = effects;
+                    digests.1 = effects;
                 }
             }
-            n += 1;
             tx.send_if_modified(|s| std::mem::replace(s, seen) != seen);
-            std::thread::sleep(TICK);
+            tokio::select! {
+                _ = commits.recv() => while commits.try_recv().is_some() {},
+                _ = tokio::time::sleep(TICK) => {}
+            }
         }
     });
     rx
+}
+
+/// What the approvals and the effects are: each one's id and state, in a line.
+fn digests_of(
+    env: &LocalEnvironment,
+    policy: Option<&environment_policy::Policy>,
+) -> (String, String) {
+    let approvals = policy
+        .map(|p| {
+            p.approvals()
+                .iter()
+                .map(|a| format!("{}:{};", a.id, a.state.name()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let effects = env
+        .effects()
+        .map(|list| {
+            list.iter()
+                .map(|e| format!("{}:{}:{};", e.id, e.state.as_str(), e.updated_ms))
+                .collect()
+        })
+        .unwrap_or_default();
+    (approvals, effects)
+}
+
+/// One event, as every stream of a caller sends it.
+#[derive(Clone, Debug)]
+pub(crate) struct Item {
+    kind: &'static str,
+    /// An operation's position in the log.
+    id: Option<u64>,
+    data: Arc<str>,
+}
+
+impl Item {
+    fn of<T: serde::Serialize>(kind: &'static str, id: Option<u64>, data: &T) -> Option<Item> {
+        let data = serde_json::to_string(data).ok()?;
+        Some(Item {
+            kind,
+            id,
+            data: data.into(),
+        })
+    }
+
+    fn event(&self) -> Event {
+        let e = Event::default().event(self.kind).data(&*self.data);
+        match self.id {
+            Some(id) => e.id(id.to_string()),
+            None => e,
+        }
+    }
+}
+
+/// The feed of each caller (by actor and default token) with a stream open.
+#[derive(Default)]
+pub(crate) struct Feeds(Mutex<HashMap<(String, Option<String>), broadcast::Sender<Item>>>);
+
+/// How many events a slow stream may fall behind its feed before it is closed (its client
+/// then reconnects with `Last-Event-ID` and misses nothing).
+const BACKLOG: usize = 4096;
+
+impl Feeds {
+    /// A receiver of `caller`'s feed, starting it if none runs.
+    fn subscribe(
+        &self,
+        caller: &Caller,
+        door: &Door,
+        seen: &watch::Receiver<Seen>,
+    ) -> broadcast::Receiver<Item> {
+        let key = (caller.actor.to_string(), caller.default_token.clone());
+        let mut feeds = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        feeds.retain(|_, tx| tx.receiver_count() > 0);
+        if let Some(tx) = feeds.get(&key) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = broadcast::channel(BACKLOG);
+        tokio::spawn(feed(door.clone(), seen.clone(), tx.clone()));
+        feeds.insert(key, tx);
+        rx
+    }
 }
 
 /// `GET /api/v1/events`.
@@ -111,9 +193,10 @@ pub(crate) async fn stream(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
+    // Subscribed first, so nothing falls between what is replayed and what the feed sends.
+    let live = served.feeds.subscribe(&caller, &door, &served.seen);
     let (tx, rx) = mpsc::channel::<Event>(256);
-    let seen = served.seen.clone();
-    tokio::spawn(feed(door, seen, resume, tx));
+    tokio::spawn(client(door, live, resume, tx));
     let events = ReceiverStream::new(rx).map(Ok::<Event, Infallible>);
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
@@ -132,112 +215,143 @@ where
         .flatten()
 }
 
-/// Sends one client its events until it goes away.
-async fn feed(
+/// The operations after `after`, oldest first (at most `limit`, the newest ones).
+async fn operations_after(door: &Door, after: u64, limit: usize) -> Vec<(u64, HistoryLine)> {
+    let history = ask(
+        door,
+        HistoryParams {
+            all: true,
+            limit: Some(limit.clamp(1, REPLAY)),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut newer: Vec<(u64, HistoryLine)> = history
+        .map(|h| h.entries)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|line| match &line {
+            HistoryLine::Op { op, .. } if op.seq > after => Some((op.seq, line)),
+            _ => None,
+        })
+        .collect();
+    newer.sort_by_key(|(seq, _)| *seq);
+    newer
+}
+
+/// One stream: what it missed (with `Last-Event-ID`), the approvals and effects as they stand,
+/// then the caller's feed, until the client goes away.
+async fn client(
     door: Door,
-    mut seen: watch::Receiver<Seen>,
+    mut live: broadcast::Receiver<Item>,
     resume: Option<u64>,
     tx: mpsc::Sender<Event>,
 ) {
-    let now = *seen.borrow_and_update();
-    // Without Last-Event-ID, the stream starts now; with it, at the operation after it.
-    let mut cursor = resume.unwrap_or(now.seq);
+    let mut cursor = 0;
+    if let Some(after) = resume {
+        cursor = after;
+        for (seq, line) in operations_after(&door, after, REPLAY).await {
+            if !send(&tx, Item::of("operation", Some(seq), &line)).await {
+                return;
+            }
+            cursor = seq;
+        }
+    }
+    if let Some(list) = ask(&door, ApprovalListParams {}).await {
+        for a in list.approvals {
+            if !send(&tx, Item::of("approval", None, &a)).await {
+                return;
+            }
+        }
+    }
+    if let Some(list) = ask(&door, EffectListParams { unfinished: true }).await {
+        for e in list.effects {
+            if !send(&tx, Item::of("effect", None, &e)).await {
+                return;
+            }
+        }
+    }
+    loop {
+        let item = tokio::select! {
+            item = live.recv() => item,
+            _ = tx.closed() => return,
+        };
+        match item {
+            Ok(item) if item.id.is_some_and(|id| id <= cursor) => {}
+            Ok(item) => {
+                if let Some(id) = item.id {
+                    cursor = id;
+                }
+                if !send(&tx, Some(item)).await {
+                    return;
+                }
+            }
+            // Fallen behind (or the feed ended): closed, the client resumes from its last id.
+            Err(_) => return,
+        }
+    }
+}
+
+/// A caller's feed: reads what changed, as the caller, each time the watcher sees a change,
+/// and sends it to every stream of theirs; it ends with the last of them.
+async fn feed(door: Door, mut seen: watch::Receiver<Seen>, tx: broadcast::Sender<Item>) {
+    let start = *seen.borrow_and_update();
+    let mut cursor = start.seq;
+    let mut last = start;
     let mut approvals: HashMap<String, String> = HashMap::new();
     let mut effects: HashMap<u64, (String, i64)> = HashMap::new();
-    let mut last = Seen {
-        seq: cursor,
-        approvals: u64::MAX,
-        effects: u64::MAX,
-    };
-    let mut current = now;
+    let mut first = true;
     loop {
-        if current.seq > last.seq {
-            let Some(sent) = operations(&door, &mut cursor, &tx).await else {
-                return;
-            };
-            last.seq = sent.max(cursor);
+        let current = *seen.borrow_and_update();
+        if current.seq > cursor {
+            let missing = usize::try_from(current.seq - cursor).unwrap_or(REPLAY);
+            for (seq, line) in operations_after(&door, cursor, missing).await {
+                let _ = Item::of("operation", Some(seq), &line).map(|i| tx.send(i));
+                cursor = seq;
+            }
         }
-        if current.approvals != last.approvals {
-            last.approvals = current.approvals;
+        if first || current.approvals != last.approvals {
             if let Some(list) = ask(&door, ApprovalListParams {}).await {
                 for a in list.approvals {
                     if approvals.get(&a.id) != Some(&a.state) {
                         approvals.insert(a.id.clone(), a.state.clone());
-                        if !send(&tx, "approval", None, &a).await {
-                            return;
+                        if !first {
+                            let _ = Item::of("approval", None, &a).map(|i| tx.send(i));
                         }
                     }
                 }
             }
         }
-        if current.effects != last.effects {
-            last.effects = current.effects;
+        if first || current.effects != last.effects {
             if let Some(list) = ask(&door, EffectListParams { unfinished: false }).await {
                 for e in list.effects {
                     let state = (e.state.clone(), e.updated_ms);
                     if effects.get(&e.id) != Some(&state) {
                         effects.insert(e.id, state);
-                        if !send(&tx, "effect", None, &e).await {
-                            return;
+                        if !first {
+                            let _ = Item::of("effect", None, &e).map(|i| tx.send(i));
                         }
                     }
                 }
             }
         }
+        first = false;
+        last = current;
+        if tx.receiver_count() == 0 {
+            return;
+        }
         tokio::select! {
             changed = seen.changed() => if changed.is_err() { return },
-            _ = tx.closed() => return,
+            // Looks now and then whether anyone still listens.
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
-        current = *seen.borrow_and_update();
     }
-}
-
-/// Sends the operations after `cursor`, oldest first, each with its position as its id;
-/// `None` once the client is gone.
-async fn operations(door: &Door, cursor: &mut u64, tx: &mpsc::Sender<Event>) -> Option<u64> {
-    let history = ask(
-        door,
-        HistoryParams {
-            all: true,
-            limit: Some(REPLAY),
-            ..Default::default()
-        },
-    )
-    .await;
-    let Some(history) = history else {
-        return Some(*cursor);
-    };
-    let mut newer: Vec<(u64, HistoryLine)> = history
-        .entries
-        .into_iter()
-        .filter_map(|line| match &line {
-            HistoryLine::Op { op, .. } if op.seq > *cursor => Some((op.seq, line)),
-            _ => None,
-        })
-        .collect();
-    newer.sort_by_key(|(seq, _)| *seq);
-    for (seq, line) in newer {
-        if !send(tx, "operation", Some(seq), &line).await {
-            return None;
-        }
-        *cursor = seq;
-    }
-    Some(*cursor)
 }
 
 /// Sends one event; false once the client is gone.
-async fn send<T: serde::Serialize>(
-    tx: &mpsc::Sender<Event>,
-    kind: &str,
-    id: Option<u64>,
-    data: &T,
-) -> bool {
-    let Ok(event) = Event::default().event(kind).json_data(data) else {
-        return true;
-    };
-    let event = match id {
-        Some(id) => event.id(id.to_string()),
-        None => event,
-    };
-    tx.send(event).await.is_ok()
+async fn send(tx: &mpsc::Sender<Event>, item: Option<Item>) -> bool {
+    match item {
+        Some(item) => tx.send(item.event()).await.is_ok(),
+        None => true,
+    }
 }

@@ -66,6 +66,8 @@ pub(crate) struct Served {
     pub(crate) limiter: auth::RateLimiter,
     /// What the log's watcher saw last.
     pub(crate) seen: tokio::sync::watch::Receiver<events::Seen>,
+    /// The event feed of each caller with a stream open.
+    pub(crate) feeds: events::Feeds,
 }
 
 impl Served {
@@ -145,7 +147,12 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
         let bound = listener
             .local_addr()
             .map_err(|e| Failure::other(format!("cannot read the bound address: {e}")))?;
-        let seen = events::watch_log(env.clone(), policy.clone(), environment_core::MAIN.into());
+        // In process, the service's own environment tells of its commits at once.
+        let watched = match &backend {
+            Backend::Direct(ws) => ws.env.clone(),
+            Backend::Supervisor(_) => env,
+        };
+        let seen = events::watch_log(watched, policy.clone(), environment_core::MAIN.into());
         let served = Arc::new(Served {
             backend,
             remotes: Mutex::new(HashMap::new()),
@@ -155,6 +162,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
             origin: format!("http://{bound}"),
             limiter: auth::RateLimiter::default(),
             seen,
+            feeds: events::Feeds::default(),
         });
         let url = format!("http://{bound}/#token={}", served.session.token());
         announce(&url, bound, &served, json);
