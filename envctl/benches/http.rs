@@ -113,11 +113,11 @@ async fn events(http: &reqwest::Client, s: &Server) -> reqwest::Response {
 /// Reads the stream until an `operation` event arrives.
 async fn next_operation(stream: &mut reqwest::Response, buf: &mut String) {
     loop {
-        if let Some(at) = buf.find("event: operation") {
-            if let Some(end) = buf[at..].find("\n\n") {
-                buf.drain(..at + end + 2);
-                return;
-            }
+        if let Some(at) = buf.find("event: operation")
+            && let Some(end) = buf[at..].find("\n\n")
+        {
+            buf.drain(..at + end + 2);
+            return;
         }
         let chunk = stream.chunk().await.unwrap().unwrap();
         buf.push_str(&String::from_utf8_lossy(&chunk));

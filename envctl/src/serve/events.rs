@@ -150,9 +150,12 @@ impl Item {
     }
 }
 
-/// The feed of each caller (by actor and default token) with a stream open.
+/// Whose feed: an actor, and the token it presents by default.
+type FeedKey = (String, Option<String>);
+
+/// The feed of each caller with a stream open.
 #[derive(Default)]
-pub(crate) struct Feeds(Mutex<HashMap<(String, Option<String>), broadcast::Sender<Item>>>);
+pub(crate) struct Feeds(Mutex<HashMap<FeedKey, broadcast::Sender<Item>>>);
 
 /// How many events a slow stream may fall behind its feed before it is closed (its client
 /// then reconnects with `Last-Event-ID` and misses nothing).
