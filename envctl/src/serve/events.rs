@@ -313,27 +313,27 @@ async fn feed(door: Door, mut seen: watch::Receiver<Seen>, tx: broadcast::Sender
                 cursor = seq;
             }
         }
-        if first || current.approvals != last.approvals {
-            if let Some(list) = ask(&door, ApprovalListParams {}).await {
-                for a in list.approvals {
-                    if approvals.get(&a.id) != Some(&a.state) {
-                        approvals.insert(a.id.clone(), a.state.clone());
-                        if !first {
-                            let _ = Item::of("approval", None, &a).map(|i| tx.send(i));
-                        }
+        if (first || current.approvals != last.approvals)
+            && let Some(list) = ask(&door, ApprovalListParams {}).await
+        {
+            for a in list.approvals {
+                if approvals.get(&a.id) != Some(&a.state) {
+                    approvals.insert(a.id.clone(), a.state.clone());
+                    if !first {
+                        let _ = Item::of("approval", None, &a).map(|i| tx.send(i));
                     }
                 }
             }
         }
-        if first || current.effects != last.effects {
-            if let Some(list) = ask(&door, EffectListParams { unfinished: false }).await {
-                for e in list.effects {
-                    let state = (e.state.clone(), e.updated_ms);
-                    if effects.get(&e.id) != Some(&state) {
-                        effects.insert(e.id, state);
-                        if !first {
-                            let _ = Item::of("effect", None, &e).map(|i| tx.send(i));
-                        }
+        if (first || current.effects != last.effects)
+            && let Some(list) = ask(&door, EffectListParams { unfinished: false }).await
+        {
+            for e in list.effects {
+                let state = (e.state.clone(), e.updated_ms);
+                if effects.get(&e.id) != Some(&state) {
+                    effects.insert(e.id, state);
+                    if !first {
+                        let _ = Item::of("effect", None, &e).map(|i| tx.send(i));
                     }
                 }
             }
