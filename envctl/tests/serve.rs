@@ -357,3 +357,88 @@ async fn several_mcp_clients_over_http_each_act_as_themselves() {
     assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
     let _ = (alice.cancel().await, agent.cancel().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_long_list_comes_a_page_at_a_time() {
+    let (_ws, server) = serve();
+    let t = &server.token;
+    for n in 0..7 {
+        let (status, _) = call(
+            &server,
+            t,
+            "file.write",
+            json!({ "path": format!("pages/{n}.txt"), "content": n.to_string() }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, _) = call(
+            &server,
+            t,
+            "effect.begin",
+            json!({ "key": format!("k{n}"), "target": "https://svc.example", "request": "r" }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // Each list, walked page by page, gives every item once and in order.
+    async fn walk(
+        server: &Server,
+        method: &str,
+        params: Value,
+        items: &str,
+        cursor: &str,
+        key: &str,
+    ) -> Vec<Value> {
+        let mut seen = Vec::new();
+        let mut params = params;
+        loop {
+            let (status, page) = call(server, &server.token, method, params.clone()).await;
+            assert_eq!(status, StatusCode::OK, "{method} {params}: {page}");
+            let got = page[items].as_array().unwrap();
+            assert!(got.len() <= 3, "{page}");
+            seen.extend(got.iter().map(|i| i[key].clone()));
+            match &page["next"] {
+                Value::Null => return seen,
+                next => params[cursor] = next.clone(),
+            }
+        }
+    }
+    let ops = walk(
+        &server,
+        "history",
+        json!({ "all": true, "limit": 3 }),
+        "entries",
+        "from",
+        "seq",
+    )
+    .await;
+    let seqs: Vec<u64> = ops.iter().map(|s| s.as_u64().unwrap()).collect();
+    let mut expected = seqs.clone();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    expected.dedup();
+    assert_eq!(seqs, expected, "newest first, each once");
+    assert_eq!(seqs.last(), Some(&1), "down to the first operation");
+    let files = walk(
+        &server,
+        "file.list",
+        json!({ "prefix": "pages", "limit": 3 }),
+        "entries",
+        "after",
+        "path",
+    )
+    .await;
+    assert_eq!(files.len(), 8, "the directory and its 7 files: {files:?}");
+    let effects = walk(
+        &server,
+        "effect.list",
+        json!({ "limit": 3 }),
+        "effects",
+        "after",
+        "id",
+    )
+    .await;
+    assert_eq!(effects.len(), 7, "{effects:?}");
+    // A cursor that names nothing is refused.
+    let (status, _) = call(&server, t, "file.list", json!({ "after": "nowhere" })).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}

@@ -9,7 +9,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::error::ServiceError;
+use super::page::page;
 use super::session::Session;
+
+/// The most effects a page holds.
+const MAX_PAGE: usize = 1000;
 
 /// The effect log, or only the effects not settled yet.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -18,14 +22,23 @@ pub struct ListParams {
     /// Only the effects not settled yet (default false).
     #[serde(default)]
     pub unfinished: bool,
+    /// The page after this effect (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<u64>,
+    /// At most this many (default and most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
 }
 
-/// Effects, oldest first.
+/// Effects, oldest first, a page at a time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Effects {
     /// Oldest first.
     pub effects: Vec<json::Effect>,
+    /// Where the next page starts (`after`), when more follow.
+    #[serde(default)]
+    pub next: Option<u64>,
 }
 
 pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Effects, ServiceError> {
@@ -37,9 +50,10 @@ pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<Effects, ServiceErr
         env.effects()
     }
     .map_err(ServiceError::from)?;
-    Ok(Effects {
-        effects: list.iter().map(json::Effect::from).collect(),
-    })
+    let all: Vec<json::Effect> = list.iter().map(json::Effect::from).collect();
+    let limit = p.limit.unwrap_or(MAX_PAGE).min(MAX_PAGE);
+    let (effects, next) = page(all, |e| e.id, p.after.as_ref(), limit)?;
+    Ok(Effects { effects, next })
 }
 
 /// Begins an effect on the world outside (a deploy, a payment, a message) under an

@@ -102,6 +102,12 @@ pub struct ListParams {
     /// The version (default: the workspace as it is now).
     #[serde(default)]
     pub version: Option<String>,
+    /// The page after this path (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// At most this many entries (default and most 10,000).
+    #[serde(default)]
+    pub limit: Option<usize>,
 }
 
 /// Files at a version.
@@ -112,8 +118,11 @@ pub struct FileList {
     pub version: String,
     /// Every entry under the prefix.
     pub total: usize,
-    /// The first 10,000 of them, by path.
+    /// A page of them, by path.
     pub entries: Vec<Listed>,
+    /// Where the next page starts (`after`), when more follow.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 /// An entry of a listing.
@@ -143,17 +152,24 @@ pub(super) fn list(g: &Session<'_>, p: ListParams) -> Result<FileList, ServiceEr
     let total = entries.len();
     let entries = entries
         .iter()
-        .take(MAX_LISTED)
         .map(|(k, value)| Listed {
             path: k.display_path(),
             kind: format!("{:?}", value.meta.kind).to_lowercase(),
             size: value.meta.size,
         })
         .collect();
+    let limit = p.limit.unwrap_or(MAX_LISTED).min(MAX_LISTED);
+    let (entries, next) = super::page::page(
+        entries,
+        |e: &Listed| e.path.clone(),
+        p.after.as_ref(),
+        limit,
+    )?;
     Ok(FileList {
         version: v.to_string(),
         total,
         entries,
+        next,
     })
 }
 

@@ -20,6 +20,7 @@ pub mod effects;
 pub mod error;
 pub mod files;
 mod methods;
+mod page;
 pub mod permissions;
 pub mod queue;
 mod session;

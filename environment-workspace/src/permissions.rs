@@ -506,10 +506,17 @@ pub(super) fn member(g: &Session<'_>, p: MemberParams) -> Result<Membership, Ser
     })
 }
 
-super::versions::no_params! {
-    /// Every approval request, pending and decided: a read of the environment
-    /// (`approval.list`).
-    ApprovalListParams;
+/// Every approval request, pending and decided, a page at a time: a read of the environment
+/// (`approval.list`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalListParams {
+    /// The page after this request (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// At most this many (default and most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
 }
 
 /// Approval requests.
@@ -518,17 +525,21 @@ super::versions::no_params! {
 pub struct Approvals {
     /// Oldest first.
     pub approvals: Vec<Approval>,
+    /// Where the next page starts (`after`), when more follow.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 pub(super) fn approval_list(
     g: &Session<'_>,
-    _: ApprovalListParams,
+    p: ApprovalListParams,
 ) -> Result<Approvals, ServiceError> {
     let policy = policy(g)?;
     g.allow(Action::Read, Resource::Environment, Some("approval.list"))?;
-    Ok(Approvals {
-        approvals: policy.approvals().into_iter().map(Approval::from).collect(),
-    })
+    let all: Vec<Approval> = policy.approvals().into_iter().map(Approval::from).collect();
+    let limit = p.limit.unwrap_or(1000).min(1000);
+    let (approvals, next) = super::page::page(all, |a| a.id.clone(), p.after.as_ref(), limit)?;
+    Ok(Approvals { approvals, next })
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 //! and the upkeep an agent normally may not call (gc).
 
 use environment_core::{
-    Action, Conflict, ConflictSide, EnvError, HistoryOptions, Intent, IntentKind, Key, KeyPrefix,
-    Namespace, OpId, Resource, json,
+    Action, Conflict, ConflictSide, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind,
+    Key, KeyPrefix, Namespace, OpId, Resource, json,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -40,6 +40,10 @@ pub struct HistoryParams {
     #[serde(default)]
     #[schemars(range(min = 1, max = 1000))]
     pub limit: Option<usize>,
+    /// The page that starts at this version (the `next` of the previous page; default: the
+    /// head).
+    #[serde(default)]
+    pub from: Option<String>,
 }
 
 /// A branch's history.
@@ -52,6 +56,9 @@ pub struct History {
     pub head: String,
     /// Newest first.
     pub entries: Vec<json::HistoryLine>,
+    /// Where the next page starts (`from`), when more follow.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 const MAX_HISTORY: usize = 1000;
@@ -119,15 +126,34 @@ pub(super) fn refused(g: &Session<'_>, p: RefusedParams) -> Result<RefusedList, 
 pub(super) fn history(g: &Session<'_>, p: HistoryParams) -> Result<History, ServiceError> {
     let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
     let limit = history_read(g, &branch, p.limit)?;
-    let entries = g
-        .env()
-        .history(g.actor(), &branch, &HistoryOptions { all: p.all, limit })
-        .map_err(ServiceError::from)?;
-    let head = g.env().head(&branch).map_err(ServiceError::from)?;
+    let options = HistoryOptions { all: p.all, limit };
+    let env = g.env();
+    let entries = match &p.from {
+        None => env.history(g.actor(), &branch, &options),
+        Some(from) => env.history_from(g.actor(), &branch, &resolve(g.shared(), from)?, &options),
+    }
+    .map_err(ServiceError::from)?;
+    // A full page goes on where its oldest operation's first parent is.
+    let oldest = match entries.last() {
+        Some(HistoryEntry::Op { op, .. }) if entries.len() >= limit => Some(op.id),
+        Some(HistoryEntry::Captures { oldest, .. }) if entries.len() >= limit => Some(*oldest),
+        _ => None,
+    };
+    let next = match oldest {
+        Some(id) => env
+            .op(&id)
+            .map_err(ServiceError::from)?
+            .parents
+            .first()
+            .map(ToString::to_string),
+        None => None,
+    };
+    let head = env.head(&branch).map_err(ServiceError::from)?;
     Ok(History {
         branch,
         head: head.to_string(),
         entries: entries.iter().map(json::HistoryLine::from).collect(),
+        next,
     })
 }
 

@@ -11,7 +11,18 @@ use crate::workspace::{ROOTFS_DIR, Workspace};
 
 /// The effect log, through the workspace's door.
 pub fn effects(door: &Door, unfinished: bool, json: bool) -> Outcome<()> {
-    let r = door.call(Method::EffectList, json!({ "unfinished": unfinished }))?;
+    let mut r = door.call(Method::EffectList, json!({ "unfinished": unfinished }))?;
+    // Every page.
+    while let Some(after) = r["next"].as_u64() {
+        let more = door.call(
+            Method::EffectList,
+            json!({ "unfinished": unfinished, "after": after }),
+        )?;
+        if let (Some(all), Some(page)) = (r["effects"].as_array_mut(), more["effects"].as_array()) {
+            all.extend(page.iter().cloned());
+        }
+        r["next"] = more["next"].clone();
+    }
     if json {
         print_json(&r);
         return Ok(());

@@ -129,7 +129,15 @@ pub fn run(door: &Door, ws: Option<&Workspace>, cmd: &PolicyCommand, json: bool)
                 }
                 return Ok(());
             }
-            let list = door.request(ApprovalListParams {})?;
+            let mut list = door.request(ApprovalListParams::default())?;
+            while let Some(after) = list.next.take() {
+                let more = door.request(ApprovalListParams {
+                    after: Some(after),
+                    limit: None,
+                })?;
+                list.approvals.extend(more.approvals);
+                list.next = more.next;
+            }
             if json {
                 print_json(&serde_json::to_value(&list).unwrap_or_default());
             } else if list.approvals.is_empty() {

@@ -260,15 +260,15 @@ async fn client(
             cursor = seq;
         }
     }
-    if let Some(list) = ask(&door, ApprovalListParams {}).await {
-        for a in list.approvals {
+    if let Some(list) = every_approval(&door).await {
+        for a in list {
             if !send(&tx, Item::of("approval", None, &a)).await {
                 return;
             }
         }
     }
-    if let Some(list) = ask(&door, EffectListParams { unfinished: true }).await {
-        for e in list.effects {
+    if let Some(list) = every_effect(&door, true).await {
+        for e in list {
             if !send(&tx, Item::of("effect", None, &e)).await {
                 return;
             }
@@ -314,9 +314,9 @@ async fn feed(door: Door, mut seen: watch::Receiver<Seen>, tx: broadcast::Sender
             }
         }
         if (first || current.approvals != last.approvals)
-            && let Some(list) = ask(&door, ApprovalListParams {}).await
+            && let Some(list) = every_approval(&door).await
         {
-            for a in list.approvals {
+            for a in list {
                 if approvals.get(&a.id) != Some(&a.state) {
                     approvals.insert(a.id.clone(), a.state.clone());
                     if !first {
@@ -326,9 +326,9 @@ async fn feed(door: Door, mut seen: watch::Receiver<Seen>, tx: broadcast::Sender
             }
         }
         if (first || current.effects != last.effects)
-            && let Some(list) = ask(&door, EffectListParams { unfinished: false }).await
+            && let Some(list) = every_effect(&door, false).await
         {
-            for e in list.effects {
+            for e in list {
                 let state = (e.state.clone(), e.updated_ms);
                 if effects.get(&e.id) != Some(&state) {
                     effects.insert(e.id, state);
@@ -347,6 +347,45 @@ async fn feed(door: Door, mut seen: watch::Receiver<Seen>, tx: broadcast::Sender
             changed = seen.changed() => if changed.is_err() { return },
             // Looks now and then whether anyone still listens.
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
+/// Every approval request the caller may see, page after page.
+async fn every_approval(door: &Door) -> Option<Vec<environment_workspace::permissions::Approval>> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let page = ask(door, ApprovalListParams { after, limit: None }).await?;
+        all.extend(page.approvals);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Some(all),
+        }
+    }
+}
+
+/// Every effect (or every unfinished one), page after page.
+async fn every_effect(
+    door: &Door,
+    unfinished: bool,
+) -> Option<Vec<environment_core::json::Effect>> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let page = ask(
+            door,
+            EffectListParams {
+                unfinished,
+                after,
+                limit: None,
+            },
+        )
+        .await?;
+        all.extend(page.effects);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Some(all),
         }
     }
 }

@@ -200,6 +200,31 @@ impl LocalEnvironment {
         })
     }
 
+    /// [`LocalEnvironment::history`] from `from` (included) back, instead of from the head: the
+    /// next page of a history read in pages. `from` must be an operation of `branch`.
+    pub fn history_from(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        from: &OpId,
+        options: &HistoryOptions,
+    ) -> Result<Vec<HistoryEntry>> {
+        self.may_read_history(actor, branch)?;
+        let start = self.op(from)?;
+        if start.branch != branch {
+            return Err(crate::error::EnvError::UnknownVersion(format!(
+                "{} is not an operation of {branch}",
+                from.short()
+            )));
+        }
+        self.inner.readers.with(|conn| {
+            conn.execute_batch("BEGIN")?;
+            let r = self.history_in(conn, *from, options);
+            let _ = conn.execute_batch("COMMIT");
+            r
+        })
+    }
+
     fn history_in(
         &self,
         conn: &Connection,
