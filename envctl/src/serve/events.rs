@@ -44,15 +44,31 @@ const REPLAY: usize = 1000;
 
 /// Watches the log (and the approvals and effects) of `env` for the whole server: at once
 /// for what this process commits through `env`, within a tick for what other processes do.
-pub(crate) fn watch_log(
+pub(crate) async fn watch_log(
     env: LocalEnvironment,
     policy: Option<Arc<environment_policy::Policy>>,
     branch: String,
 ) -> watch::Receiver<Seen> {
-    let (tx, rx) = watch::channel(Seen::default());
+    // What is there already, before the first stream opens: a stream starts after it.
+    let first = {
+        let (env, branch) = (env.clone(), branch.clone());
+        tokio::task::spawn_blocking(move || {
+            env.head(&branch)
+                .and_then(|h| env.op(&h))
+                .map(|op| op.seq)
+                .unwrap_or(0)
+        })
+        .await
+        .unwrap_or(0)
+    };
+    let start = Seen {
+        seq: first,
+        ..Seen::default()
+    };
+    let (tx, rx) = watch::channel(start);
     let mut commits = env.subscribe(environment_core::EventFilter::default());
     tokio::spawn(async move {
-        let mut seen = Seen::default();
+        let mut seen = start;
         let mut digests = (String::new(), String::new());
         for n in 0u64.. {
             if tx.is_closed() {
@@ -176,7 +192,11 @@ impl Feeds {
             return tx.subscribe();
         }
         let (tx, rx) = broadcast::channel(BACKLOG);
-        tokio::spawn(feed(door.clone(), seen.clone(), tx.clone()));
+        // The feed starts from what the watcher saw as this stream opened, not from when the
+        // task happens to run.
+        let mut seen = seen.clone();
+        let start = *seen.borrow_and_update();
+        tokio::spawn(feed(door.clone(), seen, start, tx.clone()));
         feeds.insert(key, tx);
         rx
     }
@@ -297,8 +317,12 @@ async fn client(
 
 /// A caller's feed: reads what changed, as the caller, each time the watcher sees a change,
 /// and sends it to every stream of theirs; it ends with the last of them.
-async fn feed(door: Door, mut seen: watch::Receiver<Seen>, tx: broadcast::Sender<Item>) {
-    let start = *seen.borrow_and_update();
+async fn feed(
+    door: Door,
+    mut seen: watch::Receiver<Seen>,
+    start: Seen,
+    tx: broadcast::Sender<Item>,
+) {
     let mut cursor = start.seq;
     let mut last = start;
     let mut approvals: HashMap<String, String> = HashMap::new();

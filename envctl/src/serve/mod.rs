@@ -152,7 +152,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
             Backend::Direct(ws) => ws.env.clone(),
             Backend::Supervisor(_) => env,
         };
-        let seen = events::watch_log(watched, policy.clone(), environment_core::MAIN.into());
+        let seen = events::watch_log(watched, policy.clone(), environment_core::MAIN.into()).await;
         let served = Arc::new(Served {
             backend,
             remotes: Mutex::new(HashMap::new()),
