@@ -10,8 +10,10 @@ use environment_workspace::ServiceError;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-/// The longest accepted message (one line), in bytes.
-pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// The longest accepted message (one line), in bytes: a file of a mebibyte written whole fits
+/// with room for its JSON escaping, and a peer that fills every connection holds at most
+/// 64 × 4 MiB.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 /// The line is not JSON (JSON-RPC standard code).
 pub const PARSE_ERROR: i64 = -32700;

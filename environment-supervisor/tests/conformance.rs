@@ -1589,3 +1589,42 @@ fn captures_are_the_agent_s_and_the_witness_is_no_caller() {
         captures_are_the_agent_s_scenario,
     );
 }
+
+/// A file of a mebibyte is written whole through the socket as in process, and read back the
+/// same (it used to exceed the socket's line limit).
+fn a_mebibyte_file_scenario(dir: &Path) {
+    use environment_workspace::files;
+    let (sup, work, _home, _) = open(dir, RULES);
+    let content: String = (0..(1 << 20))
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let mut socket = ControlClient::connect(sup.socket_path()).unwrap();
+    let written = socket
+        .request(files::WriteParams {
+            path: "big.txt".into(),
+            content: content.clone(),
+            intent: None,
+        })
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(work.join("big.txt")).unwrap(),
+        content
+    );
+    let read = socket
+        .request(files::ReadParams {
+            path: "big.txt".into(),
+            version: Some(written.version),
+        })
+        .unwrap();
+    assert_eq!(read.content.text.as_deref(), Some(content.as_str()));
+    sup.shutdown().unwrap();
+}
+
+#[test]
+fn a_mebibyte_file_goes_through_the_socket() {
+    both(
+        "a_mebibyte_file_goes_through_the_socket",
+        always,
+        a_mebibyte_file_scenario,
+    );
+}
