@@ -170,6 +170,9 @@ async fn the_api_acts_as_the_credential_s_actor_and_a_refusal_changes_nothing() 
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (status, _) = call(&server, &coder, "status", json!({})).await;
     assert_eq!(status, StatusCode::OK, "capability tokens stand");
+    common::also_unprivileged(
+        "the_api_acts_as_the_credential_s_actor_and_a_refusal_changes_nothing",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -270,7 +270,7 @@ fn unreadable(uri: &str, f: &Failure) -> ErrorData {
 
 /// Calls a command off when the call holding it is dropped before its end (`None` once it
 /// ended).
-struct CallOffOnDrop(Option<Cancel>);
+pub(crate) struct CallOffOnDrop(pub(crate) Option<Cancel>);
 
 impl Drop for CallOffOnDrop {
     fn drop(&mut self) {

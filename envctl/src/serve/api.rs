@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 use super::Served;
 use super::auth::refused;
 use crate::failure::{ExitCode, Failure};
+use crate::mcp::CallOffOnDrop;
 
 /// One use case, called as the request's caller.
 pub(crate) async fn call(
@@ -28,7 +29,7 @@ pub(crate) async fn call(
     let Some(m) = Method::from_name(&method) else {
         return refused(
             StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorKind::NotFound,
             &format!("there is no use case {method:?}"),
             "the OpenAPI document at /openapi.json lists them",
         );
@@ -39,7 +40,7 @@ pub(crate) async fn call(
         Ok(_) => {
             return refused(
                 StatusCode::BAD_REQUEST,
-                "invalid",
+                ErrorKind::Invalid,
                 "the body is not a JSON object",
                 "send the use case's parameters as one JSON object",
             );
@@ -47,7 +48,7 @@ pub(crate) async fn call(
         Err(e) => {
             return refused(
                 StatusCode::BAD_REQUEST,
-                "invalid",
+                ErrorKind::Invalid,
                 &format!("the body is not JSON: {e}"),
                 "send the use case's parameters as one JSON object",
             );
@@ -59,26 +60,18 @@ pub(crate) async fn call(
     };
     let cancel = Cancel::new();
     // A client that goes away calls its command off.
-    let _called_off = CallOffOnDrop(cancel.clone());
+    let mut called_off = CallOffOnDrop(Some(cancel.clone()));
     let work = tokio::task::spawn_blocking(move || {
         door.call_cancellable(m, Value::Object(params), &cancel)
     });
-    match work.await {
+    let done = work.await;
+    called_off.0 = None;
+    match done {
         Ok(Ok(answer)) => (StatusCode::OK, Json(answer)).into_response(),
         Ok(Err(f)) => failure(&f),
         Err(e) => failure(&Failure::other(format!(
             "the call stopped unexpectedly: {e}"
         ))),
-    }
-}
-
-/// Calls a command off when the request holding it is dropped (its client went away); a
-/// finished command is not affected.
-struct CallOffOnDrop(Cancel);
-
-impl Drop for CallOffOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
     }
 }
 

@@ -17,8 +17,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use environment_core::ActorId;
+use environment_core::ErrorKind;
 use environment_policy::CapabilityToken;
-use environment_workspace::Caller;
+use environment_workspace::{Caller, ServiceError};
 use serde_json::json;
 
 use super::Served;
@@ -127,17 +128,12 @@ pub(crate) fn hosts(bound: SocketAddr, extra: &[String]) -> Vec<String> {
     hosts
 }
 
-/// An error the server answers before the service is reached, in the API's error shape.
-pub(crate) fn refused(status: StatusCode, kind: &str, message: &str, next: &str) -> Response {
+/// An error the server answers before the service is reached, in the API's error shape, its
+/// text rendered as the service renders its own.
+pub(crate) fn refused(status: StatusCode, kind: ErrorKind, message: &str, next: &str) -> Response {
+    let e = ServiceError::new(kind, message, next);
     let body = json!({
-        "error": {
-            "kind": kind,
-            "message": message,
-            "for_agent": format!(
-                "{} Reason: {message}. Next: {next}",
-                environment_workspace::NOT_DONE
-            ),
-        }
+        "error": { "kind": kind, "message": e.message, "for_agent": e.for_agent() }
     });
     (status, axum::Json(body)).into_response()
 }
@@ -157,7 +153,7 @@ pub(crate) async fn same_site(
     if !served.hosts.iter().any(|h| h == host) {
         return refused(
             StatusCode::MISDIRECTED_REQUEST,
-            "denied",
+            ErrorKind::Denied,
             &format!("this server does not answer to the host {host:?}"),
             "use the URL envctl serve printed",
         );
@@ -167,7 +163,7 @@ pub(crate) async fn same_site(
     {
         return refused(
             StatusCode::FORBIDDEN,
-            "denied",
+            ErrorKind::Denied,
             "a page of another origin may not call this server",
             "use the web view this server serves",
         );
@@ -223,7 +219,7 @@ pub(crate) async fn authenticate(
     if !served.limiter.admit(&credential) {
         return refused(
             StatusCode::TOO_MANY_REQUESTS,
-            "unavailable",
+            ErrorKind::Unavailable,
             "too many requests with this credential",
             "wait a moment, then retry",
         );
@@ -235,7 +231,7 @@ pub(crate) async fn authenticate(
 fn unauthorized(message: &str) -> Response {
     let mut r = refused(
         StatusCode::UNAUTHORIZED,
-        "denied",
+        ErrorKind::Denied,
         message,
         "present the session token envctl serve printed, or a capability token, as `Authorization: Bearer TOKEN`",
     );
