@@ -492,6 +492,12 @@ pub enum QueueCommand {
     },
     /// Depth, leases and dead letters per topic and group.
     Stats,
+    /// The leases in flight: who holds which message, on which attempt, until when.
+    Leases {
+        /// Only this consumer group's.
+        #[arg(long)]
+        group: Option<String>,
+    },
 }
 
 /// `envctl serve`.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use environment_bus::{Bus, BusConfig};
 use environment_core::{
-    AccessRequest, Action, ActorId, AllowAll, Authorizer, Context, Credentials, LocalEnvironment,
-    MAIN, Options, Resource, SystemClock,
+    AccessRequest, Action, ActorId, AllowAll, Authorizer, Context, Credentials, Governance,
+    LocalEnvironment, MAIN, Options, Resource, SystemClock,
 };
 use environment_policy::Policy;
 use environment_sandbox::{ForkConfig, Launcher, NoiseRules, Shell, Tracker, TrackerConfig};
@@ -386,15 +386,17 @@ impl Session {
             }
             None => service::ShellHandles::default(),
         };
-        Ok(service::Workspace::new(service::Parts {
-            env: self.env.clone(),
+        let trees = service::Trees {
             tracker,
             extra,
             shell,
+        };
+        let setup = service::Setup {
+            env: self.env.clone(),
             authorizer: self.authorizer.clone(),
-            policy: self.policy.clone(),
+            policy: self.policy.clone().map(|p| p as Arc<dyn Governance>),
             bus: if create_queue || self.ws.home.join(BUS_FILE).exists() {
-                Some(self.ws.open_bus()?)
+                Some(Arc::new(self.ws.open_bus()?))
             } else {
                 None
             },
@@ -404,7 +406,8 @@ impl Session {
             branch: MAIN.to_owned(),
             capture_each_call,
             forking,
-        }))
+        };
+        Ok(service::Workspace::new(setup, trees))
     }
 
     /// The head of main: the version the tree holds.

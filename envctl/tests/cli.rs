@@ -425,7 +425,15 @@ fn queue_round_trip() {
     // A receipt that leaked to another actor settles nothing for it.
     ws.fails(&["--actor", "agent:other", "queue", "ack", &receipt], 4);
     ws.fails(&["--actor", "agent:other", "queue", "nack", &receipt], 4);
+    // The lease is in flight, held by the claimer, until it is settled.
+    let held = ws.json(&["queue", "leases", "--group", "coders"]);
+    assert_eq!(held["leases"][0]["message_id"], leases[0]["message_id"]);
+    assert_eq!(held["leases"][0]["attempt"], 1);
     ws.ok(&["queue", "ack", &receipt]);
+    assert_eq!(
+        ws.json(&["queue", "leases"])["leases"],
+        serde_json::json!([])
+    );
     // Settled: the same receipt again is a conflict, a made-up one is unknown.
     ws.fails(&["queue", "ack", &receipt], 5);
     ws.fails(&["queue", "nack", "12.0000000000000abc"], 3);

@@ -512,6 +512,13 @@ async fn every_tool_over_stdio() {
         json!({"receipt": receipt, "lease_secs": 120}),
     )
     .await;
+    let leases: Value =
+        serde_json::from_str(&ok(&client, "queue_leases", json!({"group": "workers"})).await)
+            .unwrap();
+    assert_eq!(
+        leases["leases"][0]["message_id"],
+        claimed["leases"][0]["message_id"]
+    );
     ok(&client, "queue_ack", json!({"receipt": receipt})).await;
     assert!(
         ok(&client, "queue_stats", json!({}))
@@ -1217,6 +1224,7 @@ async fn tools_are_annotated_and_binary_files_read_as_base64() {
         "effects",
         "verify",
         "queue_stats",
+        "queue_leases",
     ];
     for t in &tools {
         let a = t

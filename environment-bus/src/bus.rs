@@ -531,6 +531,17 @@ impl Bus {
         }
     }
 
+    /// The leases in flight now, of `group` or of every group, oldest message first: who holds
+    /// which message, on which attempt, until when (blocks briefly on a read connection).
+    pub fn leases(
+        &self,
+        group: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<environment_core::queue::LeaseInFlight>> {
+        let now = self.inner.config.clock.now_ms();
+        self.read(|c| ops::leases(c, group, now, limit))
+    }
+
     /// The group's dead letters, oldest first (blocks briefly on a read connection).
     pub fn dead_letters(&self, group: &str, limit: u32) -> Result<Vec<DeadLetter>> {
         self.read(|c| ops::dead_letters(c, group, None, limit))

@@ -84,6 +84,7 @@ mod inbox;
 mod ops;
 mod pending;
 mod publisher;
+mod queue;
 mod schema;
 mod types;
 mod writer;

@@ -287,39 +287,7 @@ impl Default for Limits {
     }
 }
 
-/// Queue figures of one (topic, group) pair.
-#[derive(
-    Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
-)]
-pub struct GroupMetrics {
-    /// The topic.
-    pub topic: String,
-    /// The group.
-    pub group: String,
-    /// Messages not yet acked, not leased and not dead (including delayed and key-blocked).
-    pub depth: u64,
-    /// Messages under an unexpired lease.
-    pub in_flight: u64,
-    /// Age (clock milliseconds) of the oldest message not yet acked or dead; 0 if none.
-    pub oldest_age_ms: i64,
-    /// Dead letters waiting for a redrive.
-    pub dead_letters: u64,
-    /// Claims beyond the first, summed over the retained deliveries.
-    pub redeliveries: u64,
-}
-
-/// Figures of one topic.
-#[derive(
-    Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
-)]
-pub struct TopicMetrics {
-    /// The topic.
-    pub topic: String,
-    /// Messages retained (not yet purged).
-    pub retained: u64,
-    /// Per subscribed group.
-    pub groups: Vec<GroupMetrics>,
-}
+pub use environment_core::queue::{GroupMetrics, TopicMetrics};
 
 /// What one purge pass removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -41,6 +41,31 @@ pub enum BlobError {
     },
 }
 
+/// A failure reported through a port (the governance, the queue): its kind, what happened, and
+/// what the caller can do next. Adapters build it from their own errors, so none of their types
+/// cross into the service.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct PortError {
+    /// What kind of failure it is.
+    pub kind: ErrorKind,
+    /// What happened.
+    pub message: String,
+    /// What the caller can do about it.
+    pub next: String,
+}
+
+impl PortError {
+    /// A failure of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>, next: impl Into<String>) -> PortError {
+        PortError {
+            kind,
+            message: message.into(),
+            next: next.into(),
+        }
+    }
+}
+
 /// Why an act touching keys that moved underneath it was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaleWrite {

@@ -29,50 +29,60 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod action;
 pub mod authz;
 pub mod blob;
 pub mod checkpoint;
 pub mod clock;
 mod db;
+pub mod effect;
 mod encoding;
 pub mod environment;
 pub mod error;
 pub mod event;
+pub mod governance;
 pub mod hash;
 mod heads;
+pub mod history;
 pub mod json;
 pub mod key;
 pub mod local;
 pub mod merge;
 pub mod op;
 mod op_index;
+pub mod queue;
 pub mod shell;
 mod tree;
+pub mod upkeep;
 pub mod value;
 
+pub use action::{ActRequest, Change, Observation, Refusal, RefusedChange};
 pub use authz::{
     AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,
     Risk, Spend, Verdict, WitnessRule, witness,
 };
 pub use blob::{BlobLocation, BlobStore, BlobUsage};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use effect::{BeginOutcome, EffectRecord, EffectState};
 pub use environment::{Capabilities, Capability, Environment};
-pub use error::{BlobError, EnvError, ErrorKind, ForAgent, Result, StaleWrite};
+pub use error::{BlobError, EnvError, ErrorKind, ForAgent, PortError, Result, StaleWrite};
 pub use event::{Event, EventFilter, PublishError, Publisher};
+pub use governance::Governance;
 pub use hash::Hash;
+pub use history::{HistoryEntry, HistoryOptions};
 pub use key::{Key, KeyError, KeyPrefix, Namespace};
-pub use local::branch::MergeOutcome;
 pub use local::{
-    ActRequest, BeginOutcome, Change, Credentials, EffectRecord, EffectState, GcReport,
-    HistoryEntry, HistoryOptions, LocalEnvironment, MAIN, Observation, Options, Refusal,
-    RefusedChange, ShownOp, Subscription, UndoStep, VerifyReport, put_back_note,
+    Credentials, LocalEnvironment, MAIN, Options, ShownOp, Subscription, UndoStep, put_back_note,
 };
+pub use merge::MergeOutcome;
 pub use merge::{Conflict, ConflictSide};
 pub use op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation, Version};
+pub use queue::Queue;
 pub use shell::{
     BackgroundProcesses, Cancel, CommandSpec, ExecOutcome, ExecRequest, Exit, OutputChunk,
     ProcessEnvSecrets, ProcessId, ProcessInfo, PtyOutput, PtyRequest, PtySessions, SecretProvider,
     SessionId, SessionInfo, ShellExec, Signal, SpawnRequest, StoredOutput,
 };
 pub use tree::KeyChange;
+pub use upkeep::{GcReport, VerifyReport};
 pub use value::{Content, EntryKind, Meta, SecretRef, SecretValue, Value};

@@ -108,3 +108,14 @@ pub(crate) fn merge_views(
     let (root, _) = tree::apply(edit, ours, &puts)?;
     Ok((root, conflicts))
 }
+
+/// What a merge did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeOutcome {
+    /// The merge operation (or the unchanged head when there was nothing to merge).
+    pub version: OpId,
+    /// The keys that became conflict objects.
+    pub conflicts: Vec<Key>,
+    /// Nothing to merge: the source was already contained in the target.
+    pub noop: bool,
+}

@@ -86,6 +86,7 @@ mod delegation;
 mod error;
 mod format;
 mod glob;
+mod governance;
 mod policy;
 mod query;
 mod relations;

@@ -9,24 +9,7 @@ use crate::resource::Target;
 use crate::rule::{Effect, Rule};
 use crate::schema::ActionId;
 
-/// A permission found by [`Policy::what_may`].
-#[derive(
-    Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
-)]
-pub struct Permission {
-    /// The action.
-    pub action: String,
-    /// The permit that grants it.
-    pub rule: String,
-    /// The permit's resource pattern.
-    pub resource: String,
-    /// Its conditions, in words (empty when none).
-    pub conditions: String,
-    /// Forbids that may carve exceptions out of it.
-    pub except: Vec<String>,
-    /// The delegation it comes through, when it is another actor's right lent to this one.
-    pub via: Option<String>,
-}
+pub use environment_core::governance::Permission;
 
 impl Policy {
     /// What `actor` may do on `under` (a key, a prefix, a secret…): the permits that reach it,

@@ -55,12 +55,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use environment_bus::Bus;
 use environment_core::{
-    ActorId, AllowAll, Authorizer, EnvError, Intent, IntentKind, KeyPrefix, LocalEnvironment, MAIN,
-    Namespace, OpId, Options, SecretProvider,
+    ActorId, AllowAll, Authorizer, EnvError, Governance, Intent, IntentKind, KeyPrefix,
+    LocalEnvironment, MAIN, Namespace, OpId, Options, Queue, SecretProvider,
 };
-use environment_policy::Policy;
 use serde::Serialize;
 
 pub use agent::{AgentExit, AgentSpec, SOCKET_VAR, TOKEN_VAR};
@@ -72,7 +70,7 @@ use environment_sandbox::error::{Result, SandboxError};
 use environment_sandbox::launch::Launcher;
 use environment_sandbox::noise::NoiseRules;
 use environment_sandbox::tracker::{Tracker, TrackerConfig};
-use environment_workspace::{Counters, Parts, Workspace, lock};
+use environment_workspace::{Counters, Setup, Trees, Workspace, lock};
 pub use server::ControlLimits;
 pub use server::SESSION_OPEN;
 use server::{Peer, Server};
@@ -98,9 +96,9 @@ pub struct SupervisorConfig {
     pub token: Option<String>,
     /// Decides every request (and every operation of the environment); without it, everything
     /// is allowed.
-    pub policy: Option<Arc<Policy>>,
+    pub policy: Option<Arc<dyn Governance>>,
     /// The queue behind the `queue.*` methods.
-    pub bus: Option<Bus>,
+    pub bus: Option<Arc<dyn Queue>>,
     /// The socket's path; `<home>/run/control.sock` by default.
     pub socket: Option<PathBuf>,
     /// Where the agent sees the socket, when a launcher mounts its directory elsewhere; the host
@@ -378,7 +376,7 @@ impl Supervisor {
             }
         }
         let authorizer: Arc<dyn Authorizer> = match &config.policy {
-            Some(p) => p.clone(),
+            Some(p) => p.clone() as Arc<dyn Authorizer>,
             None => Arc::new(AllowAll),
         };
         let env = LocalEnvironment::open(
@@ -447,11 +445,8 @@ impl Supervisor {
         } else {
             ShellHandles::default()
         };
-        let shared = Arc::new(Workspace::new(Parts {
+        let setup = Setup {
             env,
-            tracker,
-            extra,
-            shell,
             authorizer,
             policy: config.policy.clone(),
             bus: config.bus.clone(),
@@ -463,7 +458,13 @@ impl Supervisor {
             capture_each_call: false,
             // A tournament's forks run outside the agent's sandbox: not offered to it.
             forking: None,
-        }));
+        };
+        let trees = Trees {
+            tracker,
+            extra,
+            shell,
+        };
+        let shared = Arc::new(Workspace::new(setup, trees));
         let server = Server::start(&socket, shared.clone(), config_limits, Peer::Agent)?;
         let operator = Server::start(
             &operator_socket,

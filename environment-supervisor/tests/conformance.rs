@@ -103,7 +103,7 @@ fn open(dir: &Path, rules: &str) -> (Supervisor, PathBuf, PathBuf, Arc<Policy>) 
     bus.create_group("tasks", &["tasks"], GroupOptions::default())
         .wait()
         .unwrap();
-    c.bus = Some(bus);
+    c.bus = Some(Arc::new(bus));
     (Supervisor::open(c).unwrap(), work, home, policy)
 }
 
@@ -411,7 +411,21 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
         "queue.extend",
         json!({ "receipt": receipt, "lease_ms": 60000 }),
     );
+    // The board's view: the lease in flight, its holder, its attempt.
+    let leases = t.ok("queue.leases", json!({ "group": "tasks" }));
+    assert_eq!(leases["leases"].as_array().unwrap().len(), 1, "{leases}");
+    let lease = &leases["leases"][0];
+    assert_eq!(lease["message_id"], claimed["leases"][0]["message_id"]);
+    assert_eq!(lease["consumer"], agent().as_str());
+    assert_eq!(lease["attempt"], 1);
+    t.ok("queue.leases", json!({}));
     t.ok("queue.ack", json!({ "receipt": receipt }));
+    let settled = t.ok("queue.leases", json!({ "group": "tasks" }));
+    assert_eq!(
+        settled["leases"],
+        json!([]),
+        "an acked lease is no longer in flight"
+    );
     // Settled: the same receipt is stale (a conflict); a made-up one is not found.
     t.refused(
         "queue.ack",

@@ -377,7 +377,7 @@ fn authorization_scenario(dir: &Path) {
         .unwrap();
     let mut cfg = config(&work, &home);
     cfg.policy = Some(policy.clone());
-    cfg.bus = Some(bus.clone());
+    cfg.bus = Some(Arc::new(bus.clone()));
     // The tree is broken below by hand, not by the agent (who may not write it here).
     cfg.capture_actor = ActorId::new("service:supervisor").unwrap();
     let sup = Supervisor::open(cfg).unwrap();

@@ -86,6 +86,7 @@ use_cases! {
     QueueDead: queue::DeadParams => queue::DeadLetters = queue::dead_letters;
     QueueRedrive: queue::RedriveParams => queue::Redriven = queue::redrive;
     QueueStats: queue::StatsParams => queue::Stats = queue::stats;
+    QueueLeases: queue::LeasesParams => queue::Leases = queue::leases;
     PolicyExplain: permissions::ExplainParams => permissions::Explained = permissions::explain;
     PolicyWhatMayIDo: permissions::WhatMayParams => permissions::Permissions = permissions::what_may;
     PolicyLoad: permissions::LoadParams => permissions::PolicyChanged = permissions::load;

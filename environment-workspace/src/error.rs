@@ -5,9 +5,7 @@
 //! codes); the agent-facing text is rendered here or by the store that refused, never again by
 //! a door.
 
-use environment_bus::BusError;
-use environment_core::{EnvError, ErrorKind, ForAgent, Verdict};
-use environment_policy::PolicyError;
+use environment_core::{EnvError, ErrorKind, ForAgent, PortError, Verdict};
 use environment_sandbox::SandboxError;
 use serde_json::{Value, json};
 
@@ -125,33 +123,9 @@ impl From<SandboxError> for ServiceError {
     }
 }
 
-impl From<BusError> for ServiceError {
-    fn from(e: BusError) -> ServiceError {
-        let kind = e.kind();
-        let next = match kind {
-            ErrorKind::Conflict => "claim again; this lease is no longer yours.",
-            ErrorKind::Denied => "settle only the receipts your own claims handed you.",
-            ErrorKind::Invalid | ErrorKind::NotFound => {
-                "fix the topic, group, receipt or sizes and retry."
-            }
-            _ => "report the error to a human if it persists.",
-        };
-        ServiceError::new(kind, e.to_string(), next)
-    }
-}
-
-impl From<PolicyError> for ServiceError {
-    fn from(e: PolicyError) -> ServiceError {
-        let kind = e.kind();
-        let next = match &e {
-            PolicyError::NoApprovalNeeded(_) => {
-                "act directly if it is allowed; if it is denied, an approval cannot help."
-            }
-            _ if matches!(kind, ErrorKind::Invalid | ErrorKind::NotFound) => {
-                "fix the request and retry."
-            }
-            _ => "report the error to a human if it persists.",
-        };
-        ServiceError::new(kind, e.to_string(), next)
+/// A port's failure (the governance, the queue), with the next step its adapter gave.
+impl From<PortError> for ServiceError {
+    fn from(e: PortError) -> ServiceError {
+        ServiceError::new(e.kind, e.message, &e.next)
     }
 }

@@ -32,4 +32,6 @@ pub use commands::Bytes;
 pub use contract::{Contract, Request};
 pub use error::{NOT_DONE, ServiceError};
 pub use methods::Method;
-pub use workspace::{Caller, Counters, ForkSandbox, Forking, Parts, ShellHandles, Workspace, lock};
+pub use workspace::{
+    Caller, Counters, ForkSandbox, Forking, Setup, ShellHandles, Trees, Workspace, lock,
+};

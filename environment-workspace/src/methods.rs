@@ -24,6 +24,7 @@
 //! | `queue.claim`, `.ack`, `.nack`, `.extend`, `.dead`, `.redrive` | consume | topic named as the consumer group | — |
 //! | `queue.subscribe` | consume | each topic, and the group | — |
 //! | `queue.stats` | read | environment | `queue.stats` |
+//! | `queue.leases` | consume the group named; read of the environment (`queue.leases`) for every group's | | |
 //! | `policy.explain`, `policy.what_may_i_do` | read | environment | method name; `policy.inspect` about another actor |
 //! | `policy.load`, `policy.member` | write | environment | method name |
 //! | `approval.list` | read | environment | `approval.list` |
@@ -108,6 +109,8 @@ pub enum Method {
     QueueRedrive,
     /// Depth, leases and dead letters per topic and group.
     QueueStats,
+    /// The leases in flight: who holds which message, until when.
+    QueueLeases,
     /// Explains the policy's decision on a request.
     PolicyExplain,
     /// Lists what the caller (or, as a read of the policy, another actor) may do under a
@@ -200,6 +203,7 @@ impl Method {
         Method::QueueDead,
         Method::QueueRedrive,
         Method::QueueStats,
+        Method::QueueLeases,
         Method::PolicyExplain,
         Method::PolicyWhatMayIDo,
         Method::PolicyLoad,
@@ -261,6 +265,7 @@ impl Method {
             Method::QueueDead => "queue.dead",
             Method::QueueRedrive => "queue.redrive",
             Method::QueueStats => "queue.stats",
+            Method::QueueLeases => "queue.leases",
             Method::PolicyExplain => "policy.explain",
             Method::PolicyWhatMayIDo => "policy.what_may_i_do",
             Method::ApprovalRequest => "approval.request",
@@ -309,7 +314,7 @@ impl Workspace {
     /// use std::sync::Arc;
     /// use environment_core::{ActorId, AllowAll, ErrorKind, LocalEnvironment, MAIN, Options};
     /// use environment_sandbox::{Tracker, TrackerConfig, Unconfined};
-    /// use environment_workspace::{Method, Parts, ShellHandles, Workspace};
+    /// use environment_workspace::{Method, Setup, ShellHandles, Trees, Workspace};
     /// use serde_json::json;
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -317,11 +322,8 @@ impl Workspace {
     /// let env = LocalEnvironment::open(home.path(), Options::default())?;
     /// let watcher = ActorId::new("service:watcher")?;
     /// let tracker = Tracker::open(env.clone(), TrackerConfig::new(tree.path(), watcher))?;
-    /// let workspace = Workspace::new(Parts {
+    /// let setup = Setup {
     ///     env,
-    ///     tracker: Arc::new(tracker),
-    ///     extra: Vec::new(),
-    ///     shell: ShellHandles::default(),
     ///     authorizer: Arc::new(AllowAll),
     ///     policy: None,
     ///     bus: None,
@@ -331,7 +333,13 @@ impl Workspace {
     ///     branch: MAIN.to_owned(),
     ///     capture_each_call: true,
     ///     forking: None,
-    /// });
+    /// };
+    /// let trees = Trees {
+    ///     tracker: Arc::new(tracker),
+    ///     extra: Vec::new(),
+    ///     shell: ShellHandles::default(),
+    /// };
+    /// let workspace = Workspace::new(setup, trees);
     /// let args = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
     ///
     /// workspace.call(Method::FileWrite, args(json!({ "path": "notes.md", "content": "hi\n" })))?;
@@ -379,19 +387,21 @@ impl Workspace {
     /// # use std::sync::Arc;
     /// # use environment_core::{ActorId, AllowAll, LocalEnvironment, MAIN, Options};
     /// # use environment_sandbox::{Tracker, TrackerConfig};
-    /// # use environment_workspace::{Parts, ShellHandles, Workspace};
+    /// # use environment_workspace::{Setup, ShellHandles, Trees, Workspace};
     /// use environment_workspace::files::{ReadParams, WriteParams};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let (tree, home) = (tempfile::tempdir()?, tempfile::tempdir()?);
     /// # let env = LocalEnvironment::open(home.path(), Options::default())?;
     /// # let tracker = Tracker::open(env.clone(), TrackerConfig::new(tree.path(), ActorId::new("service:watcher")?))?;
-    /// # let workspace = Workspace::new(Parts {
-    /// #     env, tracker: Arc::new(tracker), extra: Vec::new(), shell: ShellHandles::default(),
-    /// #     authorizer: Arc::new(AllowAll), policy: None, bus: None, launcher: None,
-    /// #     actor: ActorId::new("agent:coder")?, default_token: None, branch: MAIN.to_owned(),
-    /// #     capture_each_call: true, forking: None,
-    /// # });
+    /// # let workspace = Workspace::new(
+    /// #     Setup {
+    /// #         env, authorizer: Arc::new(AllowAll), policy: None, bus: None, launcher: None,
+    /// #         actor: ActorId::new("agent:coder")?, default_token: None, branch: MAIN.to_owned(),
+    /// #         capture_each_call: true, forking: None,
+    /// #     },
+    /// #     Trees { tracker: Arc::new(tracker), extra: Vec::new(), shell: ShellHandles::default() },
+    /// # );
     /// let written = workspace.request(WriteParams {
     ///     path: "notes.md".into(),
     ///     content: "hi\n".into(),

@@ -1,8 +1,11 @@
 //! The policy methods: what the policy would decide and why, what the caller may do, and
 //! approval requests. They describe the caller's own rights only.
 
-use environment_core::{Action, ActorId, EnvError, ErrorKind, Key, KeyPrefix, Namespace, Resource};
-use environment_policy::ApprovalState;
+use environment_core::governance::GrantScope;
+pub use environment_core::governance::{Approval, Explained, Permission, PolicyChanged};
+use environment_core::{
+    Action, ActorId, EnvError, ErrorKind, Governance, Key, KeyPrefix, Namespace, Resource,
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -188,27 +191,7 @@ pub struct ExplainParams {
     pub operation: Option<String>,
 }
 
-/// The policy's decision on a request, and why.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Explained {
-    /// It would be allowed.
-    pub allowed: bool,
-    /// `allow`, `deny` or `needsapproval`.
-    pub outcome: String,
-    /// The rules that decide.
-    pub rules: Vec<String>,
-    /// Who may approve it, when it needs an approval.
-    pub approvers: Vec<String>,
-    /// The policy's version.
-    pub policy_version: u64,
-    /// Why, in words.
-    pub explanation: String,
-}
-
-pub(super) fn policy<'a>(
-    g: &'a Session<'_>,
-) -> Result<&'a environment_policy::Policy, ServiceError> {
+pub(super) fn policy<'a>(g: &'a Session<'_>) -> Result<&'a dyn Governance, ServiceError> {
     g.shared()
         .policy
         .as_deref()
@@ -242,15 +225,7 @@ pub(super) fn explain(g: &Session<'_>, p: ExplainParams) -> Result<Explained, Se
         });
     };
     // A dry run: explaining spends no quota, approval or token use.
-    let d = policy.evaluate(&req);
-    Ok(Explained {
-        allowed: d.is_allowed(),
-        outcome: format!("{:?}", d.outcome()).to_lowercase(),
-        rules: d.rule_ids().map(str::to_owned).collect(),
-        approvers: d.approvers(),
-        policy_version: d.policy_version(),
-        explanation: d.explain(&req),
-    })
+    Ok(policy.explain(&req))
 }
 
 /// Lists what the workspace's actor may do under a resource, by rule.
@@ -271,7 +246,7 @@ pub struct Permissions {
     /// A policy is loaded (without one, every action is allowed and nothing is listed).
     pub policy: bool,
     /// By rule.
-    pub permissions: Vec<environment_policy::Permission>,
+    pub permissions: Vec<Permission>,
 }
 
 pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions, ServiceError> {
@@ -284,7 +259,7 @@ pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions,
             permissions: Vec::new(),
         });
     };
-    let perms = policy.what_may(whom.as_str(), &under);
+    let perms = policy.what_may(&whom, &under);
     Ok(Permissions {
         policy: true,
         permissions: perms,
@@ -305,50 +280,6 @@ pub struct ApprovalParams {
     pub operation: Option<String>,
 }
 
-/// An approval request and where it stands.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Approval {
-    /// Its id: present it with the request once granted.
-    pub id: String,
-    /// `pending`, `granted`, `rejected`, `expired` or `used`.
-    pub state: String,
-    /// Who asked.
-    pub actor: String,
-    /// Who may decide.
-    pub from: Vec<String>,
-    /// The rules that hold the action for approval.
-    pub rules: Vec<String>,
-    /// The action asked for.
-    pub action: String,
-    /// What it is done to.
-    pub resource: String,
-    /// Uses left, once granted.
-    pub uses_left: Option<u32>,
-    /// When it was filed, ms since the epoch.
-    pub created_ms: i64,
-}
-
-impl From<environment_policy::Approval> for Approval {
-    fn from(a: environment_policy::Approval) -> Approval {
-        let uses_left = match a.state {
-            ApprovalState::Granted { uses_left, .. } => Some(uses_left),
-            _ => None,
-        };
-        Approval {
-            state: a.state.name().to_owned(),
-            id: a.id,
-            actor: a.actor,
-            from: a.from,
-            rules: a.rules,
-            action: a.action,
-            resource: a.resource,
-            uses_left,
-            created_ms: a.created_at,
-        }
-    }
-}
-
 /// Files the approval request for an action of the caller's that the policy holds for
 /// approval. Nothing else gates it: the rule that asks for an approval lets the actor ask (as
 /// the action itself would file the request), and a request the policy does not hold is
@@ -363,8 +294,7 @@ pub(super) fn approval_request(
         p.resource.resource()?,
         p.operation.as_deref(),
     );
-    let a = policy.request_approval(&req).map_err(ServiceError::from)?;
-    Ok(Approval::from(a))
+    Ok(policy.request_approval(&req)?)
 }
 
 /// Where one of the workspace actor's approval requests stands.
@@ -393,7 +323,7 @@ pub(super) fn approval_status(
                 "file one with approval.request.",
             )
         })?;
-    Ok(Approval::from(a))
+    Ok(a)
 }
 
 /// Grants a pending approval request, as the workspace's actor. The policy decides who may: an
@@ -421,21 +351,15 @@ pub struct RejectParams {
 }
 
 pub(super) fn approval_grant(g: &Session<'_>, p: GrantParams) -> Result<Approval, ServiceError> {
-    let scope = environment_policy::GrantScope {
+    let scope = GrantScope {
         uses: p.uses.unwrap_or(1),
-        expires_at: p.expires_at_ms,
+        expires_at_ms: p.expires_at_ms,
     };
-    let a = policy(g)?
-        .grant(&p.id, g.actor().as_str(), scope)
-        .map_err(ServiceError::from)?;
-    Ok(Approval::from(a))
+    Ok(policy(g)?.grant(&p.id, g.actor(), scope)?)
 }
 
 pub(super) fn approval_reject(g: &Session<'_>, p: RejectParams) -> Result<Approval, ServiceError> {
-    let a = policy(g)?
-        .reject(&p.id, g.actor().as_str())
-        .map_err(ServiceError::from)?;
-    Ok(Approval::from(a))
+    Ok(policy(g)?.reject(&p.id, g.actor())?)
 }
 
 /// Replaces the policy's rules with a TOML rule file, as one new version: writing the
@@ -448,26 +372,12 @@ pub struct LoadParams {
     pub rules: String,
 }
 
-/// The policy after a change.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyChanged {
-    /// Its version now.
-    pub version: u64,
-    /// Its rules.
-    pub rules: usize,
-}
-
 pub(super) fn load(g: &Session<'_>, p: LoadParams) -> Result<PolicyChanged, ServiceError> {
     let policy = policy(g)?;
-    environment_policy::RuleFile::parse(&p.rules)
-        .map_err(|issues| ServiceError::from(environment_policy::PolicyError::Invalid(issues)))?;
+    // A file that does not read is refused as invalid before anyone is asked.
+    policy.check_rules(&p.rules)?;
     g.allow(Action::Write, Resource::Environment, Some("policy.load"))?;
-    let version = policy.load_rules(&p.rules).map_err(ServiceError::from)?;
-    Ok(PolicyChanged {
-        version,
-        rules: policy.rules().rules.len(),
-    })
+    Ok(policy.load_rules(&p.rules)?)
 }
 
 /// Adds an actor to a group or role of the policy: writing the environment as a whole
@@ -496,9 +406,7 @@ pub struct Membership {
 pub(super) fn member(g: &Session<'_>, p: MemberParams) -> Result<Membership, ServiceError> {
     let policy = policy(g)?;
     g.allow(Action::Write, Resource::Environment, Some("policy.member"))?;
-    let version = policy
-        .add_member(&p.member, &p.group)
-        .map_err(ServiceError::from)?;
+    let version = policy.add_member(&p.member, &p.group)?;
     Ok(Membership {
         member: p.member,
         group: p.group,
@@ -536,7 +444,7 @@ pub(super) fn approval_list(
 ) -> Result<Approvals, ServiceError> {
     let policy = policy(g)?;
     g.allow(Action::Read, Resource::Environment, Some("approval.list"))?;
-    let all: Vec<Approval> = policy.approvals().into_iter().map(Approval::from).collect();
+    let all = policy.approvals();
     let limit = p.limit.unwrap_or(1000).min(1000);
     let (approvals, next) = super::page::page(all, |a| a.id.clone(), p.after.as_ref(), limit)?;
     Ok(Approvals { approvals, next })

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use environment_bus::{Headers, PublishOptions, Receipt};
-use environment_core::{Action, ErrorKind, Resource};
+use environment_core::queue::{LeaseInFlight, Message, Publish, Settlement, TopicMetrics};
+use environment_core::{Action, ErrorKind, Queue, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -48,32 +48,28 @@ pub struct Published {
     pub duplicate: bool,
 }
 
-pub(super) fn bus<'a>(g: &'a Session<'_>) -> Result<&'a environment_bus::Bus, ServiceError> {
+pub(super) fn bus<'a>(g: &'a Session<'_>) -> Result<&'a dyn Queue, ServiceError> {
     g.shared()
         .bus
-        .as_ref()
+        .as_deref()
         .ok_or_else(|| ServiceError::unavailable("the queue"))
 }
 
 pub(super) fn publish(g: &Session<'_>, p: PublishParams) -> Result<Published, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Publish, Resource::Topic(p.topic.clone()), None)?;
-    let mut opts = PublishOptions::default().headers(Headers {
+    let options = Publish {
+        ordering_key: p.ordering_key,
+        dedup_id: p.dedup_id,
+        delay: p.delay_ms.map(Duration::from_millis),
         // Who published is the workspace's to say, not the caller's.
-        actor: Some(g.actor().to_string()),
+        publisher: Some(g.actor().to_string()),
         correlation_id: p.correlation_id,
-        causing_op: None,
-    });
-    opts.ordering_key = p.ordering_key;
-    opts.dedup_id = p.dedup_id;
-    opts.delay = p.delay_ms.map(Duration::from_millis);
-    let published = bus
-        .publish_creating(&p.topic, p.payload.into_bytes(), opts)
-        .wait()
-        .map_err(ServiceError::from)?;
+    };
+    let posted = bus.publish(&p.topic, p.payload.into_bytes(), options)?;
     Ok(Published {
-        id: published.id.0,
-        duplicate: published.duplicate,
+        id: posted.id,
+        duplicate: posted.duplicate,
     })
 }
 
@@ -135,37 +131,41 @@ pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Claimed, ServiceE
     let bus = bus(g)?;
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
     let consumer = p.consumer.unwrap_or_else(|| g.actor().to_string());
-    let leases = bus
-        .claim(
-            &p.group,
-            &consumer,
-            p.max.unwrap_or(1),
-            Duration::from_millis(p.lease_ms.unwrap_or(30_000)),
-        )
-        .wait()
-        .map_err(ServiceError::from)?;
+    let leases = bus.claim(
+        &p.group,
+        &consumer,
+        p.max.unwrap_or(1),
+        Duration::from_millis(p.lease_ms.unwrap_or(30_000)),
+    )?;
     let mut receipts = lock(&g.shared().receipts);
     let leases = leases
-        .iter()
+        .into_iter()
         .map(|l| {
-            let receipt = l.receipt.to_string();
             let claim = Claim {
                 group: l.group.clone(),
                 consumer: consumer.clone(),
                 claimer: g.actor().clone(),
             };
-            receipts.insert(receipt.clone(), claim);
-            let payload = Bytes::of(&l.message.payload);
+            receipts.insert(l.receipt.clone(), claim);
+            let Message {
+                id,
+                topic,
+                payload,
+                ordering_key,
+                correlation_id,
+                publisher,
+            } = l.message;
+            let payload = Bytes::of(&payload);
             Lease {
-                receipt,
-                group: l.group.clone(),
-                topic: l.message.topic.clone(),
-                message_id: l.message.id.0,
+                receipt: l.receipt,
+                group: l.group,
+                topic,
+                message_id: id,
                 payload: payload.text,
                 payload_base64: payload.base64,
-                ordering_key: l.message.ordering_key.clone(),
-                correlation_id: l.message.headers.correlation_id.clone(),
-                publisher: l.message.headers.actor.clone(),
+                ordering_key,
+                correlation_id,
+                publisher,
                 attempt: l.attempt,
                 lease_until_ms: l.lease_until_ms,
             }
@@ -212,10 +212,8 @@ pub struct Settled {
 /// only by the actor whose claim it came from, as the consumer named there; one claimed
 /// elsewhere must be held by the caller's own consumer). An unknown receipt is not found; a
 /// settled or lapsed one is a conflict.
-fn holder(g: &Session<'_>, receipt: &str) -> Result<(Receipt, Claim), ServiceError> {
-    let bus = bus(g)?;
-    let parsed: Receipt = receipt.parse().map_err(ServiceError::from)?;
-    let held = bus.lease_holder(&parsed).map_err(ServiceError::from)?;
+fn holder(g: &Session<'_>, receipt: &str) -> Result<Claim, ServiceError> {
+    let held = bus(g)?.holder(receipt)?;
     let claimed = match lock(&g.shared().receipts).get(receipt).cloned() {
         Some(c) if &c.claimer == g.actor() => c,
         None if held.consumer == g.actor().as_str() => Claim {
@@ -243,35 +241,34 @@ fn holder(g: &Session<'_>, receipt: &str) -> Result<(Receipt, Claim), ServiceErr
         Resource::Topic(claimed.group.clone()),
         None,
     )?;
-    Ok((parsed, claimed))
+    Ok(claimed)
 }
 
 pub(super) fn ack(g: &Session<'_>, p: AckParams) -> Result<Settled, ServiceError> {
-    settle(g, p.receipt, None)
+    settle(g, p.receipt, Settlement::Ack)
 }
 
 pub(super) fn nack(g: &Session<'_>, p: NackParams) -> Result<Settled, ServiceError> {
-    let retry = (p.delay_ms.map(Duration::from_millis), p.error);
-    settle(g, p.receipt, Some(retry))
+    let how = Settlement::Nack {
+        delay: p.delay_ms.map(Duration::from_millis),
+        error: p.error,
+    };
+    settle(g, p.receipt, how)
 }
 
-/// Acks the lease of `receipt`, or nacks it with when to retry and why (`Some`).
-fn settle(
-    g: &Session<'_>,
-    receipt_text: String,
-    nack: Option<(Option<Duration>, Option<String>)>,
-) -> Result<Settled, ServiceError> {
+/// Settles the lease of `receipt` as its holder.
+fn settle(g: &Session<'_>, receipt: String, how: Settlement) -> Result<Settled, ServiceError> {
     let bus = bus(g)?;
-    let (receipt, claim) = holder(g, &receipt_text)?;
-    let pending = match &nack {
-        None => bus.ack_as(&claim.consumer, &receipt),
-        Some((delay, error)) => bus.nack_as(&claim.consumer, &receipt, *delay, error.as_deref()),
+    let claim = holder(g, &receipt)?;
+    let settled = match how {
+        Settlement::Ack => "ack",
+        Settlement::Nack { .. } => "nack",
     };
-    pending.wait().map_err(ServiceError::from)?;
-    lock(&g.shared().receipts).remove(&receipt_text);
+    bus.settle(&claim.consumer, &receipt, how)?;
+    lock(&g.shared().receipts).remove(&receipt);
     Ok(Settled {
-        receipt: receipt_text,
-        settled: if nack.is_none() { "ack" } else { "nack" }.to_owned(),
+        receipt,
+        settled: settled.to_owned(),
     })
 }
 
@@ -297,10 +294,8 @@ pub struct Extended {
 
 pub(super) fn extend(g: &Session<'_>, p: ExtendParams) -> Result<Extended, ServiceError> {
     let bus = bus(g)?;
-    let (receipt, _) = holder(g, &p.receipt)?;
-    bus.extend(&receipt, Duration::from_millis(p.lease_ms))
-        .wait()
-        .map_err(ServiceError::from)?;
+    holder(g, &p.receipt)?;
+    bus.extend(&p.receipt, Duration::from_millis(p.lease_ms))?;
     Ok(Extended {
         receipt: p.receipt,
         lease_ms: p.lease_ms,
@@ -336,13 +331,7 @@ pub(super) fn subscribe(g: &Session<'_>, p: SubscribeParams) -> Result<Subscribe
     for t in p.topics.iter().chain(std::iter::once(&p.group)) {
         g.allow(Action::Consume, Resource::Topic(t.clone()), None)?;
     }
-    for t in &p.topics {
-        bus.create_topic(t).wait().map_err(ServiceError::from)?;
-    }
-    let names: Vec<&str> = p.topics.iter().map(String::as_str).collect();
-    bus.create_group(&p.group, &names, environment_bus::GroupOptions::default())
-        .wait()
-        .map_err(ServiceError::from)?;
+    bus.subscribe(&p.group, &p.topics)?;
     Ok(Subscribed {
         group: p.group,
         topics: p.topics,
@@ -393,18 +382,16 @@ pub struct DeadLetter {
 pub(super) fn dead_letters(g: &Session<'_>, p: DeadParams) -> Result<DeadLetters, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
-    let dead = bus
-        .dead_letters(&p.group, p.limit.unwrap_or(100).clamp(1, 1000))
-        .map_err(ServiceError::from)?;
+    let dead = bus.dead_letters(&p.group, p.limit.unwrap_or(100).clamp(1, 1000))?;
     let dead = dead
-        .iter()
+        .into_iter()
         .map(|d| {
             let payload = Bytes::of(&d.message.payload);
             DeadLetter {
-                message_id: d.message.id.0,
-                topic: d.message.topic.clone(),
+                message_id: d.message.id,
+                topic: d.message.topic,
                 attempts: d.attempts,
-                last_error: d.last_error.clone(),
+                last_error: d.last_error,
                 dead_at_ms: d.dead_at_ms,
                 payload: payload.text,
                 payload_base64: payload.base64,
@@ -438,10 +425,7 @@ pub struct Redriven {
 pub(super) fn redrive(g: &Session<'_>, p: RedriveParams) -> Result<Redriven, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
-    let n = bus
-        .redrive(&p.group, None)
-        .wait()
-        .map_err(ServiceError::from)?;
+    let n = bus.redrive(&p.group)?;
     Ok(Redriven {
         group: p.group,
         redriven: n,
@@ -458,13 +442,46 @@ no_params! {
 #[serde(deny_unknown_fields)]
 pub struct Stats {
     /// Per topic.
-    pub topics: Vec<environment_bus::TopicMetrics>,
+    pub topics: Vec<TopicMetrics>,
 }
 
 /// Depth, leases and dead letters per topic and group: a read of the environment.
 pub(super) fn stats(g: &Session<'_>, _: StatsParams) -> Result<Stats, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Read, Resource::Environment, Some("queue.stats"))?;
-    let m = bus.metrics().map_err(ServiceError::from)?;
-    Ok(Stats { topics: m })
+    Ok(Stats {
+        topics: bus.metrics()?,
+    })
+}
+
+/// The leases in flight, for a board of the queue: who holds which message, on which attempt,
+/// until when. Whoever may consume the group reads its leases; all groups' are a read of the
+/// environment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeasesParams {
+    /// The consumer group (default: every group).
+    #[serde(default)]
+    pub group: Option<String>,
+    /// At most this many (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+/// Leases in flight.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Leases {
+    /// Oldest message first.
+    pub leases: Vec<LeaseInFlight>,
+}
+
+pub(super) fn leases(g: &Session<'_>, p: LeasesParams) -> Result<Leases, ServiceError> {
+    let bus = bus(g)?;
+    match &p.group {
+        Some(group) => g.allow(Action::Consume, Resource::Topic(group.clone()), None)?,
+        None => g.allow(Action::Read, Resource::Environment, Some("queue.leases"))?,
+    }
+    let leases = bus.leases(p.group.as_deref(), p.limit.unwrap_or(100).clamp(1, 1000))?;
+    Ok(Leases { leases })
 }

@@ -47,7 +47,7 @@ impl<'a> Session<'a> {
     }
 
     /// Captures what changed in the trees, as the call begins (see
-    /// [`crate::Parts::capture_each_call`]).
+    /// [`crate::Setup::capture_each_call`]).
     pub(super) fn capture_first(&self, why: &str) -> Result<(), ServiceError> {
         self.shared.capture(why).map_err(ServiceError::from)?;
         self.captured.set(true);

@@ -6,12 +6,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use environment_bus::Bus;
 use environment_core::{
-    ActorId, Authorizer, BackgroundProcesses, Credentials, Intent, IntentKind, LocalEnvironment,
-    Observation, OpFlags, OpId, PtySessions, ShellExec,
+    ActorId, Authorizer, BackgroundProcesses, Credentials, Governance, Intent, IntentKind,
+    LocalEnvironment, Observation, OpFlags, OpId, PtySessions, Queue, ShellExec,
 };
-use environment_policy::Policy;
 
 use environment_sandbox::fork::{ForkConfig, WorkingTree};
 use environment_sandbox::launch::Launcher;
@@ -71,27 +69,24 @@ pub struct Forking {
 /// Makes the sandbox a fork's working tree runs in.
 pub type ForkSandbox = dyn Fn(&WorkingTree) -> Result<Box<dyn Launcher>> + Send + Sync;
 
-/// What a workspace is opened with.
-pub struct Parts {
+/// How a workspace is set up: its environment, the ports behind its use cases, whom its requests
+/// act as, and how it captures. Fixed for the workspace's life; the trees it tracks come with it
+/// as [`Trees`].
+pub struct Setup {
     /// The environment.
     pub env: LocalEnvironment,
-    /// The tracker of the workspace tree.
-    pub tracker: Arc<Tracker>,
-    /// The trackers of the further roots (a managed rootfs), restored with the workspace.
-    pub extra: Vec<Arc<Tracker>>,
-    /// The shell capabilities offered.
-    pub shell: ShellHandles,
     /// Decides every request (and every operation of the environment).
     pub authorizer: Arc<dyn Authorizer>,
     /// The policy behind the `policy.*` and `approval.*` use cases.
-    pub policy: Option<Arc<Policy>>,
+    pub policy: Option<Arc<dyn Governance>>,
     /// The queue behind `queue.*`.
-    pub bus: Option<Bus>,
+    pub bus: Option<Arc<dyn Queue>>,
     /// How commands are confined; `None` for a workspace that runs none (its shell is empty).
     pub launcher: Option<Arc<dyn Launcher>>,
     /// Whom requests act as.
     pub actor: ActorId,
-    /// The capability token presented with every request that presents none.
+    /// Applied to every request that presents none, so the agent cannot shed its limits by
+    /// omitting the token it was given.
     pub default_token: Option<String>,
     /// The branch the workspace is captured to.
     pub branch: String,
@@ -103,35 +98,28 @@ pub struct Parts {
     pub forking: Option<Forking>,
 }
 
-/// An open workspace, shared by the sessions on it.
+/// The trees a workspace tracks and the shell that runs in them: the live parts, which a
+/// supervisor may attach after opening (its shell) and takes back when it shuts down.
+pub struct Trees {
+    /// The tracker of the workspace tree. Shared with the shell, whose commands take their own
+    /// captures.
+    pub tracker: Arc<Tracker>,
+    /// The trackers of the further roots (a managed rootfs), restored with the workspace.
+    pub extra: Vec<Arc<Tracker>>,
+    /// The shell capabilities offered.
+    pub shell: ShellHandles,
+}
+
+/// An open workspace, shared by the sessions on it. Its [`Setup`] is read through it
+/// (`workspace.env`, `workspace.policy`…).
 pub struct Workspace {
-    /// The environment.
-    pub env: LocalEnvironment,
-    /// `None` once shut down. Shared with the shell, whose commands take their own captures.
+    setup: Setup,
+    /// `None` once shut down.
     pub tracker: RwLock<Option<Arc<Tracker>>>,
-    /// The trackers of the further roots (empty once shut down).
+    /// The further roots' trackers (empty once shut down).
     pub extra: RwLock<Vec<Arc<Tracker>>>,
     /// The shell capabilities behind `exec`, `process.*` and `pty.*`, once attached.
     pub shell: RwLock<ShellHandles>,
-    /// Decides every request.
-    pub authorizer: Arc<dyn Authorizer>,
-    /// The policy, for the use cases that describe it.
-    pub policy: Option<Arc<Policy>>,
-    /// The queue.
-    pub bus: Option<Bus>,
-    /// How commands are confined, when the workspace runs any.
-    pub launcher: Option<Arc<dyn Launcher>>,
-    /// Whom requests act as.
-    pub actor: ActorId,
-    /// Applied to every request that presents none, so the agent cannot shed its limits by
-    /// omitting the token it was given.
-    pub default_token: Option<String>,
-    /// The branch the workspace is captured to.
-    pub branch: String,
-    /// Whether every call first captures what changed in the trees.
-    pub capture_each_call: bool,
-    /// How tournaments run, when the workspace runs them.
-    pub forking: Option<Forking>,
     /// Receipts handed out, with their group and consumer: settling is authorized on the group
     /// the receipt was claimed from, and done as its claimer.
     pub(crate) receipts: Mutex<HashMap<String, Claimed>>,
@@ -139,6 +127,14 @@ pub struct Workspace {
     pub counters: Counters,
     /// The running agent's pid, for `status`.
     pub agent_pid: Mutex<Option<u32>>,
+}
+
+impl std::ops::Deref for Workspace {
+    type Target = Setup;
+
+    fn deref(&self) -> &Setup {
+        &self.setup
+    }
 }
 
 /// Who calls the workspace: the actor its requests act as, and the capability token presented
@@ -169,22 +165,13 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Workspace {
-    /// Opens a workspace on its parts.
-    pub fn new(p: Parts) -> Workspace {
+    /// Opens a workspace set up as `setup` on the trees it tracks.
+    pub fn new(setup: Setup, trees: Trees) -> Workspace {
         Workspace {
-            env: p.env,
-            tracker: RwLock::new(Some(p.tracker)),
-            extra: RwLock::new(p.extra),
-            shell: RwLock::new(p.shell),
-            authorizer: p.authorizer,
-            policy: p.policy,
-            bus: p.bus,
-            launcher: p.launcher,
-            actor: p.actor,
-            default_token: p.default_token,
-            branch: p.branch,
-            capture_each_call: p.capture_each_call,
-            forking: p.forking,
+            setup,
+            tracker: RwLock::new(Some(trees.tracker)),
+            extra: RwLock::new(trees.extra),
+            shell: RwLock::new(trees.shell),
             receipts: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             agent_pid: Mutex::new(None),

@@ -1,19 +1,20 @@
 //! `envctl log`, `refused`, `show`, `diff`: reading the history, through the workspace's door
 //! (in process or through a running supervisor alike), rendered here.
 
-use environment_workspace::Method;
-use serde_json::{Value, json};
+use environment_core::json::{Change, HistoryLine};
+use environment_workspace::versions::{DiffParams, HistoryParams, RefusedParams, ShowParams};
+use serde_json::json;
 
 use crate::door::Door;
 use crate::failure::Outcome;
 use crate::output::print_json;
 
-fn text(v: &Value) -> &str {
-    v.as_str().unwrap_or_default()
-}
-
-fn short(v: &Value) -> String {
-    text(v).chars().take(12).collect()
+/// A version id as a person reads it: its first 12 characters.
+pub(super) fn short(version: &str) -> &str {
+    match version.char_indices().nth(12) {
+        Some((end, _)) => &version[..end],
+        None => version,
+    }
 }
 
 /// At most this many entries or changes are asked for at once (the service's limit).
@@ -21,19 +22,23 @@ const MOST: usize = 1000;
 
 /// The history of a branch.
 pub fn log(door: &Door, all: bool, branch: &str, limit: usize, json: bool) -> Outcome<()> {
-    let mut r = door.call(
-        Method::History,
-        json!({ "all": all, "branch": branch, "limit": limit.clamp(1, MOST) }),
-    )?;
+    let history = door.request(HistoryParams {
+        branch: Some(branch.to_owned()),
+        all,
+        limit: Some(limit.clamp(1, MOST)),
+        from: None,
+    })?;
     if json {
-        r["all"] = json!(all);
+        let mut out = json!(history);
+        out["all"] = json!(all);
         if matches!(door, Door::Socket(_)) {
-            r["via"] = json!("supervisor");
+            out["via"] = json!("supervisor");
         }
-        print_json(&r);
+        print_json(&out);
     } else {
-        for e in r["entries"].as_array().into_iter().flatten() {
-            println!("{}", text(&e["text"]));
+        for e in &history.entries {
+            let (HistoryLine::Op { text, .. } | HistoryLine::Captures { text, .. }) = e;
+            println!("{text}");
         }
     }
     Ok(())
@@ -41,24 +46,24 @@ pub fn log(door: &Door, all: bool, branch: &str, limit: usize, json: bool) -> Ou
 
 /// The refused changes of a branch, newest first.
 pub fn refused(door: &Door, branch: &str, limit: usize, json: bool) -> Outcome<()> {
-    let r = door.call(
-        Method::Refused,
-        json!({ "branch": branch, "limit": limit.clamp(1, MOST) }),
-    )?;
+    let list = door.request(RefusedParams {
+        branch: Some(branch.to_owned()),
+        limit: Some(limit.clamp(1, MOST)),
+    })?;
     if json {
-        print_json(&r);
+        print_json(&json!(list));
         return Ok(());
     }
-    for c in r["refused"].as_array().into_iter().flatten() {
+    for c in &list.refused {
         println!(
             "#{} {} {} {} on {} at {} — {}",
-            c["id"],
-            text(&c["actor"]),
-            text(&c["change"]),
-            text(&c["path"]),
-            text(&c["branch"]),
-            short(&c["head"]),
-            text(&c["reason"]).trim()
+            c.id,
+            c.actor,
+            c.change,
+            c.path,
+            c.branch,
+            short(&c.head),
+            c.reason.trim()
         );
     }
     Ok(())
@@ -66,60 +71,43 @@ pub fn refused(door: &Door, branch: &str, limit: usize, json: bool) -> Outcome<(
 
 /// One operation and what it changed.
 pub fn show(door: &Door, spec: &str, json: bool) -> Outcome<()> {
-    let op = door.call(Method::Show, json!({ "version": spec }))?;
+    let shown = door.request(ShowParams {
+        version: spec.to_owned(),
+    })?;
     if json {
-        print_json(&op);
+        print_json(&json!(shown));
         return Ok(());
     }
-    println!(
-        "op {} (#{} on {})",
-        text(&op["id"]),
-        op["seq"],
-        text(&op["branch"])
-    );
-    println!("actor:  {}", text(&op["actor"]));
-    println!(
-        "intent: {} — {}",
-        text(&op["intent"]["kind"]),
-        text(&op["intent"]["text"])
-    );
-    let names = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .map(|x| text(x).to_owned())
-            .collect()
-    };
-    let flags = names(&op["flags"]);
-    if !flags.is_empty() {
-        println!("flags:  {}", flags.join(", "));
+    let op = &shown.op;
+    println!("op {} (#{} on {})", op.id, op.seq, op.branch);
+    println!("actor:  {}", op.actor);
+    println!("intent: {} — {}", op.intent.kind, op.intent.text);
+    if !op.flags.is_empty() {
+        println!("flags:  {}", op.flags.join(", "));
     }
-    for p in op["parents"].as_array().into_iter().flatten() {
+    for p in &op.parents {
         println!("parent: {}", short(p));
     }
-    if op["restored_from"].is_string() {
-        println!("restored from: {}", short(&op["restored_from"]));
+    if let Some(from) = &op.restored_from {
+        println!("restored from: {}", short(from));
     }
-    let marks = names(&op["marks"]);
-    if !marks.is_empty() {
-        println!("marks:  {}", marks.join(", "));
+    if !shown.marks.is_empty() {
+        println!("marks:  {}", shown.marks.join(", "));
     }
-    if flags.iter().any(|f| f == "merge") && flags.iter().any(|f| f == "conflicts") {
+    let flagged = |name: &str| op.flags.iter().any(|f| f == name);
+    if flagged("merge") && flagged("conflicts") {
         println!("the merge left conflict objects");
     }
-    let s = &op["summary"];
-    println!(
-        "changes: +{} ~{} -{}",
-        s["added"], s["modified"], s["removed"]
-    );
-    for c in op["changes"].as_array().into_iter().flatten() {
-        println!("  {} {}", letter(c), text(&c["path"]));
+    let s = &op.summary;
+    println!("changes: +{} ~{} -{}", s.added, s.modified, s.removed);
+    for c in shown.changes.iter().flatten() {
+        println!("  {} {}", letter(c), c.path);
     }
     Ok(())
 }
 
-fn letter(c: &Value) -> char {
-    match text(&c["change"]) {
+fn letter(c: &Change) -> char {
+    match c.change.as_str() {
         "added" => 'A',
         "removed" => 'D',
         _ => 'M',
@@ -128,43 +116,43 @@ fn letter(c: &Value) -> char {
 
 /// What changed between two versions (the first thousand changes listed, every one counted).
 pub fn diff(door: &Door, from: &str, to: Option<&str>, stat: bool, json: bool) -> Outcome<()> {
-    let r = door.call(
-        Method::Diff,
-        json!({ "from": from, "to": to, "limit": MOST }),
-    )?;
+    let d = door.request(DiffParams {
+        from: from.to_owned(),
+        to: to.map(str::to_owned),
+        prefix: None,
+        limit: Some(MOST),
+    })?;
     if json {
         let mut out = json!({
-            "from": r["from"],
-            "to": r["to"],
-            "added": r["added"],
-            "modified": r["modified"],
-            "removed": r["removed"],
+            "from": d.from,
+            "to": d.to,
+            "added": d.added,
+            "modified": d.modified,
+            "removed": d.removed,
         });
         if !stat {
-            out["changes"] = r["changes"].clone();
-            out["truncated"] = r["truncated"].clone();
+            out["changes"] = json!(d.changes);
+            out["truncated"] = json!(d.truncated);
         }
         print_json(&out);
         return Ok(());
     }
     if !stat {
-        let listed = r["changes"].as_array().cloned().unwrap_or_default();
-        for c in &listed {
-            println!("{} {}", letter(c), text(&c["path"]));
+        for c in &d.changes {
+            println!("{} {}", letter(c), c.path);
         }
-        let total = r["total"].as_u64().unwrap_or(0);
-        if (listed.len() as u64) < total {
-            println!("… and {} more", total - listed.len() as u64);
+        if d.changes.len() < d.total {
+            println!("… and {} more", d.total - d.changes.len());
         }
     }
     println!(
         "{} path(s) changed: {} added, {} modified, {} removed ({} → {})",
-        r["total"],
-        r["added"],
-        r["modified"],
-        r["removed"],
-        short(&r["from"]),
-        short(&r["to"])
+        d.total,
+        d.added,
+        d.modified,
+        d.removed,
+        short(&d.from),
+        short(&d.to)
     );
     Ok(())
 }

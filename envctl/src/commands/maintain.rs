@@ -1,8 +1,10 @@
 //! `envctl effects`, `gc`, `verify`, `status`: looking after the environment.
 
-use environment_workspace::Method;
+use environment_workspace::effects::ListParams;
+use environment_workspace::versions::{GcParams, StatusParams, VerifyParams};
 use serde_json::json;
 
+use super::history::short;
 use crate::door::Door;
 use crate::failure::Outcome;
 use crate::output::print_json;
@@ -11,36 +13,31 @@ use crate::workspace::{ROOTFS_DIR, Workspace};
 
 /// The effect log, through the workspace's door.
 pub fn effects(door: &Door, unfinished: bool, json: bool) -> Outcome<()> {
-    let mut r = door.call(Method::EffectList, json!({ "unfinished": unfinished }))?;
+    let mut list = door.request(ListParams {
+        unfinished,
+        ..ListParams::default()
+    })?;
     // Every page.
-    while let Some(after) = r["next"].as_u64() {
-        let more = door.call(
-            Method::EffectList,
-            json!({ "unfinished": unfinished, "after": after }),
-        )?;
-        if let (Some(all), Some(page)) = (r["effects"].as_array_mut(), more["effects"].as_array()) {
-            all.extend(page.iter().cloned());
-        }
-        r["next"] = more["next"].clone();
+    while let Some(after) = list.next {
+        let more = door.request(ListParams {
+            unfinished,
+            after: Some(after),
+            ..ListParams::default()
+        })?;
+        list.effects.extend(more.effects);
+        list.next = more.next;
     }
     if json {
-        print_json(&r);
+        print_json(&json!(list));
         return Ok(());
     }
-    let list = r["effects"].as_array().cloned().unwrap_or_default();
-    if list.is_empty() {
+    if list.effects.is_empty() {
         println!("No {}effects.", if unfinished { "unfinished " } else { "" });
     }
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-    for e in &list {
+    for e in &list.effects {
         println!(
             "#{} {} {} → {} ({}, {} attempt(s))",
-            e["id"],
-            text(&e["state"]),
-            text(&e["key"]),
-            text(&e["target"]),
-            text(&e["actor"]),
-            e["attempts"]
+            e.id, e.state, e.key, e.target, e.actor, e.attempts
         );
     }
     Ok(())
@@ -49,15 +46,15 @@ pub fn effects(door: &Door, unfinished: bool, json: bool) -> Outcome<()> {
 /// Garbage collection of unreferenced content, through the workspace's door.
 pub fn gc(door: &Door, json: bool) -> Outcome<()> {
     let progress = Progress::spinner("collecting unreferenced content");
-    let r = door.call(Method::Gc, json!({}));
+    let r = door.request(GcParams {});
     progress.finish();
     let r = r?;
     if json {
-        print_json(&r);
+        print_json(&json!(r));
     } else {
         println!(
             "Removed {} blob(s) ({} bytes) and {} node(s); kept {} blob(s).",
-            r["removed"], r["bytes_removed"], r["nodes_removed"], r["kept"]
+            r.removed, r.bytes_removed, r.nodes_removed, r.kept
         );
     }
     Ok(())
@@ -66,15 +63,15 @@ pub fn gc(door: &Door, json: bool) -> Outcome<()> {
 /// The integrity check, through the workspace's door.
 pub fn verify(door: &Door, json: bool) -> Outcome<()> {
     let progress = Progress::spinner("verifying the stores");
-    let r = door.call(Method::Verify, json!({}));
+    let r = door.request(VerifyParams::default());
     progress.finish();
     let r = r?;
     if json {
-        print_json(&r);
+        print_json(&json!(r));
     } else {
         println!(
             "The environment is intact: {} operation(s), {} node(s), {} blob(s) checked.",
-            r["ops"], r["nodes"], r["blobs"]
+            r.ops, r.nodes, r.blobs
         );
     }
     Ok(())
@@ -83,77 +80,75 @@ pub fn verify(door: &Door, json: bool) -> Outcome<()> {
 /// Where the environment is and what it holds, through the workspace's door; `ws` is the
 /// workspace when this process knows it (not through a socket named by `--socket`).
 pub fn status(door: &Door, ws: Option<&Workspace>, json: bool) -> Outcome<()> {
-    let r = door.call(Method::Status, json!({}))?;
-    let supervisor = door.socket().map(|socket| {
-        json!({
-            "socket": socket.display().to_string(),
-            "actor": r["agent"],
-            "agent_pid": r["agent_pid"],
-            "sandbox": r["sandbox"],
-            "workspace": r["workspace"],
-            "captures": r["captures"],
-            "rollbacks": r["rollbacks"],
-        })
-    });
+    let r = door.request(StatusParams {})?;
+    let socket = door.socket().map(|s| s.display().to_string());
     let rootfs = ws
         .map(|w| w.home.join(ROOTFS_DIR))
         .filter(|r| r.is_dir())
         .map(|r| r.display().to_string());
     if json {
+        let supervisor = match &socket {
+            Some(socket) => json!({
+                "socket": socket,
+                "actor": r.agent,
+                "agent_pid": r.agent_pid,
+                "sandbox": r.sandbox,
+                "workspace": r.workspace,
+                "captures": r.captures,
+                "rollbacks": r.rollbacks,
+            }),
+            None => json!(false),
+        };
         print_json(&json!({
             "dir": ws.map(|w| w.dir.display().to_string()),
             "home": ws.map(|w| w.home.display().to_string()),
-            "actor": r["actor"],
-            "branch": r["branch"],
-            "head": r["head"],
-            "head_intent": r["head_intent"],
-            "seq": r["seq"],
-            "branches": r["branches"],
-            "marks": r["marks"],
-            "unfinished_effects": r["unfinished_effects"],
-            "policy_version": r["policy_version"],
-            "queue": r["queue"],
-            "supervisor": supervisor.clone().unwrap_or(json!(false)),
+            "actor": r.actor,
+            "branch": r.branch,
+            "head": r.head,
+            "head_intent": r.head_intent,
+            "seq": r.seq,
+            "branches": r.branches,
+            "marks": r.marks,
+            "unfinished_effects": r.unfinished_effects,
+            "policy_version": r.policy_version,
+            "queue": r.queue,
+            "supervisor": supervisor,
             "rootfs": rootfs,
         }));
         return Ok(());
     }
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
     if let Some(w) = ws {
         println!("workspace: {}", w.dir.display());
         println!("home:      {}", w.home.display());
     }
     println!(
         "head:      {} #{} ({}: {})",
-        text(&r["head"]).chars().take(12).collect::<String>(),
-        r["seq"],
-        text(&r["head_actor"]),
-        text(&r["head_intent"])
+        short(&r.head),
+        r.seq,
+        r.head_actor,
+        r.head_intent
     );
-    let names = |v: &serde_json::Value| {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .map(text)
-            .collect::<Vec<_>>()
-    };
-    println!("branches:  {}", names(&r["branches"]).join(", "));
-    println!("marks:     {}", names(&r["marks"]).len());
-    println!("effects:   {} unfinished", r["unfinished_effects"]);
-    match r["policy_version"].as_u64() {
+    println!("branches:  {}", r.branches.join(", "));
+    println!("marks:     {}", r.marks.len());
+    println!("effects:   {} unfinished", r.unfinished_effects);
+    match r.policy_version {
         Some(v) => println!("policy:    loaded (version {v})"),
         None => println!("policy:    none loaded (every action is allowed)"),
     }
-    match &supervisor {
-        Some(s) => {
-            println!("supervisor: running at {}", text(&s["socket"]));
-            for k in ["actor", "agent_pid", "sandbox", "workspace"] {
-                println!("  {k:<10} {}", text(&s[k]));
+    match &socket {
+        Some(socket) => {
+            println!("supervisor: running at {socket}");
+            // The pid's row stays blank, as this report has always printed it; `--json` has
+            // the pid.
+            for (k, v) in [
+                ("actor", Some(r.agent.as_str())),
+                ("agent_pid", None),
+                ("sandbox", r.sandbox.as_deref()),
+                ("workspace", r.workspace.as_deref()),
+            ] {
+                println!("  {k:<10} {}", v.unwrap_or_default());
             }
-            println!(
-                "  captures {} · rollbacks {}",
-                s["captures"], s["rollbacks"]
-            );
+            println!("  captures {} · rollbacks {}", r.captures, r.rollbacks);
         }
         None => println!("supervisor: not running"),
     }

@@ -1,57 +1,45 @@
 //! `envctl mark`, `branch`, `merge`: naming versions and joining lines of work.
 
-use environment_workspace::Method;
+use environment_workspace::versions::{
+    BranchListParams, BranchParams, MarkParams, MarksParams, MergeParams, MergeSide,
+};
 use serde_json::{Value, json};
 
+use super::history::short;
 use crate::door::Door;
 use crate::failure::{ExitCode, Outcome};
 use crate::output::print_json;
 
-/// Prints a list of names with the versions they name.
-fn listing(list: &Value, key: &str, at: &str, json: bool) {
-    let pairs: Vec<Value> = list[key]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|x| json!({ "name": x["name"], "version": x[at] }))
-        .collect();
+/// Prints a list of names with the versions they name, as `key` in JSON.
+fn listing<'a>(key: &str, pairs: impl Iterator<Item = (&'a str, &'a str)>, json: bool) {
     if json {
+        let pairs: Vec<Value> = pairs
+            .map(|(name, version)| json!({ "name": name, "version": version }))
+            .collect();
         print_json(&json!({ key: pairs }));
         return;
     }
-    for p in &pairs {
-        let v: String = p["version"]
-            .as_str()
-            .unwrap_or_default()
-            .chars()
-            .take(12)
-            .collect();
-        println!("{} {v}", p["name"].as_str().unwrap_or_default());
+    for (name, version) in pairs {
+        println!("{name} {}", short(version));
     }
 }
 
 /// Names a version (default the workspace as it is now), or lists the marks.
 pub fn mark(door: &Door, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
     let Some(name) = name else {
-        listing(
-            &door.call(Method::Marks, json!({}))?,
-            "marks",
-            "version",
-            json,
-        );
+        let list = door.request(MarksParams {})?;
+        let pairs = list.marks.iter().map(|m| (&*m.name, &*m.version));
+        listing("marks", pairs, json);
         return Ok(());
     };
-    let r = door.call(Method::Mark, json!({ "name": name, "version": version }))?;
+    let marked = door.request(MarkParams {
+        name: name.to_owned(),
+        version: version.map(str::to_owned),
+    })?;
     if json {
-        print_json(&r);
+        print_json(&json!(marked));
     } else {
-        let v: String = r["version"]
-            .as_str()
-            .unwrap_or_default()
-            .chars()
-            .take(12)
-            .collect();
-        println!("Marked {v} as {name}.");
+        println!("Marked {} as {name}.", short(&marked.version));
     }
     Ok(())
 }
@@ -59,28 +47,19 @@ pub fn mark(door: &Door, name: Option<&str>, version: Option<&str>, json: bool) 
 /// Creates a branch at a version (default the workspace as it is now), or lists them.
 pub fn branch(door: &Door, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
     let Some(name) = name else {
-        listing(
-            &door.call(Method::BranchList, json!({}))?,
-            "branches",
-            "head",
-            json,
-        );
+        let list = door.request(BranchListParams {})?;
+        let pairs = list.branches.iter().map(|b| (&*b.name, &*b.head));
+        listing("branches", pairs, json);
         return Ok(());
     };
-    let r = door.call(
-        Method::BranchCreate,
-        json!({ "name": name, "from": version }),
-    )?;
+    let created = door.request(BranchParams {
+        name: name.to_owned(),
+        from: version.map(str::to_owned),
+    })?;
     if json {
-        print_json(&r);
+        print_json(&json!(created));
     } else {
-        let v: String = r["from"]
-            .as_str()
-            .unwrap_or_default()
-            .chars()
-            .take(12)
-            .collect();
-        println!("Created branch {name} at {v}.");
+        println!("Created branch {name} at {}.", short(&created.from));
     }
     Ok(())
 }
@@ -89,44 +68,42 @@ pub fn branch(door: &Door, name: Option<&str>, version: Option<&str>, json: bool
 /// files written into the tree, and each conflict with both sides. Exits 5 when the merge
 /// recorded conflict objects.
 pub fn merge(door: &Door, branch: &str, json: bool) -> Outcome<i32> {
-    let answer = door.call(Method::Merge, json!({ "source": branch }))?;
-    let conflicts = answer["conflicts"].as_array().cloned().unwrap_or_default();
-    let (written, removed) = (&answer["steps"]["writes"], &answer["steps"]["removals"]);
+    let merged = door.request(MergeParams {
+        source: branch.to_owned(),
+    })?;
+    let conflicts = &merged.conflicts;
+    let (written, removed) = (merged.steps.writes, merged.steps.removals);
     if json {
         print_json(&json!({
             "branch": branch,
-            "version": answer["version"],
-            "noop": answer["noop"],
+            "version": merged.version,
+            "noop": merged.noop,
             "conflicts": conflicts,
             "written": written,
             "removed": removed,
         }));
-    } else if answer["noop"] == true {
+    } else if merged.noop {
         println!("Nothing to merge: main already contains {branch}.");
     } else {
-        let short: String = answer["version"]
-            .as_str()
-            .unwrap_or_default()
-            .chars()
-            .take(12)
-            .collect();
         println!(
-            "Merged {branch} into main as {short} ({written} path(s) written, {removed} removed)."
+            "Merged {branch} into main as {} ({written} path(s) written, {removed} removed).",
+            short(&merged.version)
         );
-        for c in &conflicts {
-            let who = |side: &serde_json::Value| {
+        for c in conflicts {
+            let who = |side: &Option<MergeSide>| {
+                let side = side.as_ref();
                 format!(
                     "{} ({})",
-                    side["actor"].as_str().unwrap_or("?"),
-                    side["intent"].as_str().unwrap_or("")
+                    side.and_then(|s| s.actor.as_deref()).unwrap_or("?"),
+                    side.and_then(|s| s.intent.as_deref()).unwrap_or("")
                 )
             };
             println!(
                 "conflict {}: main's change by {} against {branch}'s by {}; the workspace keeps \
                  main's",
-                c["path"].as_str().unwrap_or_default(),
-                who(&c["ours"]),
-                who(&c["theirs"])
+                c.path,
+                who(&c.ours),
+                who(&c.theirs)
             );
         }
     }

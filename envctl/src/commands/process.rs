@@ -12,16 +12,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
-use environment_core::{Action, ActorId, Exit, Resource};
+use environment_core::{Action, ActorId, Exit, Governance, Resource};
 use environment_sandbox::{
     Bind, CgroupLimits, ForkConfig, Forks, Isolation as Sandbox, IsolationSpec, Launcher, Pick,
     SandboxError, Shell, Tournament, Unconfined, WorkingTree, Workspace as SandboxWorkspace,
 };
 use environment_supervisor::{AgentSpec, ShellHandles, Supervisor, SupervisorConfig, TrackedRoot};
+use environment_workspace::commands::ExecParams;
+use environment_workspace::tournament::{self, Report, TournamentParams};
 use serde_json::json;
 
-use environment_workspace::Method;
-
+use super::history::short;
 use crate::cli::{ExecArgs, Isolation, Network, PickArg, RunArgs, SandboxArgs, TournamentArgs};
 use crate::door::Door;
 use crate::failure::{ExitCode, Failure, Outcome};
@@ -133,40 +134,36 @@ pub fn host_sandbox(ws: &Workspace, args: &SandboxArgs) -> Outcome<Arc<dyn Launc
 /// back and kept as refused; the command then fails (denied) saying all of what happened.
 pub fn exec(door: &Door, a: &ExecArgs, cwd: Option<String>, json: bool) -> Outcome<i32> {
     program_of(&a.command)?;
-    let r = door.call(
-        Method::Exec,
-        json!({ "argv": a.command, "intent": a.intent, "cwd": cwd }),
-    )?;
-    let exit: Exit = serde_json::from_value(r["exit"].clone())
-        .map_err(|e| Failure::other(format!("the command's exit is unreadable: {e}")))?;
-    let status = exit_status(exit);
-    let cut = if r["stdout"]["truncated"] == true || r["stderr"]["truncated"] == true {
+    let r = door.request(ExecParams {
+        argv: a.command.clone(),
+        cwd,
+        env: Default::default(),
+        secrets: Default::default(),
+        intent: a.intent.clone(),
+        stdin: None,
+        timeout_ms: None,
+        output_limit: None,
+    })?;
+    let status = exit_status(r.exit);
+    let cut = if r.stdout.truncated || r.stderr.truncated {
         " (output cut at the limit)"
     } else {
         ""
     };
-    let refused =
-        serde_json::from_value::<Vec<environment_core::json::Refused>>(r["refused"].clone())
-            .ok()
-            .and_then(|r| environment_core::put_back_note(&r));
-    let op: String = r["op"]
-        .as_str()
-        .unwrap_or_default()
-        .chars()
-        .take(12)
-        .collect();
+    let refused = environment_core::put_back_note(&r.refused);
+    let op = short(&r.op);
     if json {
-        let mut out = r.clone();
+        let mut out = json!(r);
         out["status"] = json!(status);
         print_json(&out);
     } else {
         use std::io::Write;
-        let _ = std::io::stdout().write_all(&stream_bytes(&r["stdout"]));
-        let _ = std::io::stderr().write_all(&stream_bytes(&r["stderr"]));
+        let _ = std::io::stdout().write_all(&r.stdout.bytes.decode().unwrap_or_default());
+        let _ = std::io::stderr().write_all(&r.stderr.bytes.decode().unwrap_or_default());
         if refused.is_none() {
             eprintln!(
                 "envctl: recorded as {op} ({} file(s) changed), exit {status}{cut}{}",
-                r["files_changed"],
+                r.files_changed,
                 door.via()
             );
         }
@@ -185,18 +182,6 @@ pub fn exec(door: &Door, a: &ExecArgs, cwd: Option<String>, json: bool) -> Outco
     .hint(next);
     f.partial = true;
     Err(f)
-}
-
-/// The bytes of a stored output stream as the service answers it (text, or base64).
-fn stream_bytes(s: &serde_json::Value) -> Vec<u8> {
-    use base64::Engine as _;
-    match (s["text"].as_str(), s["base64"].as_str()) {
-        (Some(t), _) => t.as_bytes().to_vec(),
-        (None, Some(b)) => base64::engine::general_purpose::STANDARD
-            .decode(b)
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    }
 }
 
 /// The launcher of `run`, and where the agent finds the socket and the workspace.
@@ -335,7 +320,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
     config.socket = Some(socket);
     config.socket_inside = Some(place.socket_inside.clone());
     config.noise = noise;
-    config.policy = policy;
+    config.policy = policy.map(|p| p as Arc<dyn Governance>);
     config.token = ws.credentials.token.clone();
     config.capture_actor = actor.clone();
     let monitor = ws.home.join(crate::monitor::MONITOR_SOCKET);
@@ -351,7 +336,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
     }
     // The queue is there for the agent whether or not anyone used it before the run, as it is
     // without a supervisor (opening it creates it).
-    config.bus = Some(ws.open_bus()?);
+    config.bus = Some(Arc::new(ws.open_bus()?));
     let supervisor = Supervisor::open(config)?;
     if let Some(tracker) = supervisor.tracker() {
         let shell = Shell::new(place.launcher.clone(), tracker, None)?;
@@ -528,17 +513,15 @@ fn tournament_runs(a: &TournamentArgs) -> Outcome<()> {
 /// and adopts the winner into the live tree. Exit 0 when a winner was adopted, 1 when none
 /// passed.
 pub fn tournament(door: &Door, a: &TournamentArgs, json: bool) -> Outcome<i32> {
-    let r = door.call(
-        Method::Tournament,
-        json!({
-            "candidates": a.candidates,
-            "test": a.test,
-            "base": a.base,
-            "jobs": a.jobs,
-            "pick_all": a.pick == PickArg::All,
-        }),
-    )?;
-    Ok(print_tournament(&r["base"], &r["report"], a, json))
+    let outcome = door.request(TournamentParams {
+        candidates: a.candidates.clone(),
+        test: a.test.clone(),
+        base: a.base.clone(),
+        jobs: Some(a.jobs),
+        pick_all: a.pick == PickArg::All,
+        timeout_ms: None,
+    })?;
+    Ok(print_tournament(&outcome, a, json))
 }
 
 /// `envctl tournament` beside a running supervisor, which holds the tree: the candidates run
@@ -578,51 +561,40 @@ pub fn tournament_beside(
                 .resolve(merged["version"].as_str().unwrap_or("main"))?,
         );
     }
-    Ok(print_tournament(
-        &json!(base.to_string()),
-        &json!(environment_workspace::tournament::Report::from(&report)),
-        a,
-        json,
-    ))
+    let outcome = tournament::Outcome {
+        base: base.to_string(),
+        report: Report::from(&report),
+    };
+    Ok(print_tournament(&outcome, a, json))
 }
 
-/// Prints a tournament's report (its JSON form); its exit status (0 when a winner was
-/// adopted).
-fn print_tournament(
-    base: &serde_json::Value,
-    report: &serde_json::Value,
-    a: &TournamentArgs,
-    json: bool,
-) -> i32 {
-    let adopted = report["adopted"].as_str();
-    let status = if adopted.is_some() { 0 } else { 1 };
+/// Prints a tournament's outcome; its exit status (0 when a winner was adopted).
+fn print_tournament(outcome: &tournament::Outcome, a: &TournamentArgs, json: bool) -> i32 {
+    let report = &outcome.report;
+    let status = if report.adopted.is_some() { 0 } else { 1 };
     if json {
-        print_json(&json!({ "base": base, "report": report }));
+        print_json(&json!(outcome));
         return status;
     }
     println!("{:<4} {:<6} {:<42} command", "", "test", "branch");
-    let contestants = report["contestants"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for (i, c) in contestants.iter().enumerate() {
-        let mark = if report["winner"].as_u64() == Some(i as u64) {
+    for (i, c) in report.contestants.iter().enumerate() {
+        let mark = if report.winner == Some(i) {
             "winner"
         } else {
             ""
         };
         println!(
             "{:<4} {:<6} {:<42} {}  {mark}",
-            c["candidate"]["name"].as_str().unwrap_or_default(),
-            if c["passed"] == true { "pass" } else { "fail" },
-            c["branch"].as_str().unwrap_or_default(),
+            c.candidate.name,
+            if c.passed { "pass" } else { "fail" },
+            c.branch,
             a.candidates.get(i).map(String::as_str).unwrap_or_default(),
         );
     }
-    match adopted {
+    match &report.adopted {
         Some(head) => println!(
             "adopted: main is now {} (written into the workspace)",
-            head.chars().take(12).collect::<String>()
+            short(head)
         ),
         None => eprintln!("envctl: no candidate passed the test; nothing was adopted"),
     }

@@ -1,8 +1,13 @@
 //! `envctl queue`: the durable queue through which agents and humans hand work to each other,
 //! through the workspace's door (in process, or the running supervisor's), rendered here.
 
-use environment_workspace::Method;
-use serde_json::{Value as Json, json};
+use environment_core::{Clock, SystemClock};
+use environment_workspace::Request;
+use environment_workspace::queue::{
+    AckParams, ClaimParams, DeadParams, LeasesParams, NackParams, PublishParams, RedriveParams,
+    StatsParams, SubscribeParams,
+};
+use serde::Serialize;
 
 use crate::cli::QueueCommand;
 use crate::door::Door;
@@ -21,7 +26,25 @@ fn read_payload(payload: &str) -> Outcome<Vec<u8>> {
 
 /// Runs a queue command.
 pub fn run(door: &Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
-    let (method, params) = match cmd {
+    // Sends a typed request and shows its typed answer: as JSON, or in words by `human`.
+    fn show<R: Request>(
+        door: &Door,
+        json: bool,
+        request: R,
+        human: impl FnOnce(&R::Answer),
+    ) -> Outcome<()>
+    where
+        R::Answer: Serialize,
+    {
+        let answer = door.request(request)?;
+        if json {
+            print_json(&serde_json::to_value(&answer).unwrap_or_default());
+        } else {
+            human(&answer);
+        }
+        Ok(())
+    }
+    match cmd {
         QueueCommand::Publish {
             topic,
             payload,
@@ -33,107 +56,136 @@ pub fn run(door: &Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
                 Failure::usage("the payload is not UTF-8 text")
                     .hint("encode binary payloads (e.g. base64) before publishing them")
             })?;
-            (
-                Method::QueuePublish,
-                json!({ "topic": topic, "payload": text, "ordering_key": key, "dedup_id": dedup }),
-            )
-        }
-        QueueCommand::Subscribe { group, topics } => (
-            Method::QueueSubscribe,
-            json!({ "group": group, "topics": topics }),
-        ),
-        QueueCommand::Claim { group, lease, max } => (
-            Method::QueueClaim,
-            json!({ "group": group, "max": max, "lease_ms": lease.saturating_mul(1000) }),
-        ),
-        QueueCommand::Ack { receipt } => (Method::QueueAck, json!({ "receipt": receipt })),
-        QueueCommand::Nack { receipt, error } => (
-            Method::QueueNack,
-            json!({ "receipt": receipt, "error": error }),
-        ),
-        QueueCommand::Dead { group } => (Method::QueueDead, json!({ "group": group })),
-        QueueCommand::Redrive { group } => (Method::QueueRedrive, json!({ "group": group })),
-        QueueCommand::Stats => (Method::QueueStats, json!({})),
-    };
-    let out = door.call(method, params)?;
-    if json {
-        print_json(&out);
-    } else {
-        print_human(cmd, &out);
-    }
-    Ok(())
-}
-
-fn print_human(cmd: &QueueCommand, out: &Json) {
-    match cmd {
-        QueueCommand::Publish { topic, .. } => {
-            if out["duplicate"].as_bool() == Some(true) {
-                println!(
-                    "Already published to {topic} (message {}): not delivered again.",
-                    out["id"]
-                );
-            } else {
-                println!("Published message {} to {topic}.", out["id"]);
-            }
+            let request = PublishParams {
+                topic: topic.clone(),
+                payload: text,
+                ordering_key: key.clone(),
+                dedup_id: dedup.clone(),
+                delay_ms: None,
+                correlation_id: None,
+            };
+            show(door, json, request, |p| {
+                if p.duplicate {
+                    println!(
+                        "Already published to {topic} (message {}): not delivered again.",
+                        p.id
+                    );
+                } else {
+                    println!("Published message {} to {topic}.", p.id);
+                }
+            })
         }
         QueueCommand::Subscribe { group, topics } => {
-            println!("Group {group} now receives {}.", topics.join(", "));
+            let request = SubscribeParams {
+                group: group.clone(),
+                topics: topics.clone(),
+            };
+            show(door, json, request, |s| {
+                println!("Group {} now receives {}.", s.group, s.topics.join(", "));
+            })
         }
-        QueueCommand::Claim { group, .. } => {
-            let leases = out["leases"].as_array().cloned().unwrap_or_default();
-            if leases.is_empty() {
-                println!("Nothing to claim in {group}.");
-            }
-            for l in leases {
-                println!(
-                    "{} {} #{} attempt {}: {}",
-                    l["receipt"].as_str().unwrap_or_default(),
-                    l["topic"].as_str().unwrap_or_default(),
-                    l["message_id"],
-                    l["attempt"],
-                    l["payload"].as_str().unwrap_or_default()
-                );
-            }
+        QueueCommand::Claim { group, lease, max } => {
+            let request = ClaimParams {
+                group: group.clone(),
+                consumer: None,
+                max: Some(*max),
+                lease_ms: Some(lease.saturating_mul(1000)),
+            };
+            show(door, json, request, |c| {
+                if c.leases.is_empty() {
+                    println!("Nothing to claim in {group}.");
+                }
+                for l in &c.leases {
+                    println!(
+                        "{} {} #{} attempt {}: {}",
+                        l.receipt,
+                        l.topic,
+                        l.message_id,
+                        l.attempt,
+                        l.payload.as_deref().unwrap_or("(binary)")
+                    );
+                }
+            })
         }
-        QueueCommand::Ack { receipt } => println!("Acknowledged {receipt}."),
-        QueueCommand::Nack { receipt, .. } => {
-            println!("Gave back {receipt}; it is retried after a backoff.")
+        QueueCommand::Ack { receipt } => {
+            let request = AckParams {
+                receipt: receipt.clone(),
+            };
+            show(door, json, request, |s| {
+                println!("Acknowledged {}.", s.receipt)
+            })
+        }
+        QueueCommand::Nack { receipt, error } => {
+            let request = NackParams {
+                receipt: receipt.clone(),
+                delay_ms: None,
+                error: error.clone(),
+            };
+            show(door, json, request, |s| {
+                println!("Gave back {}; it is retried after a backoff.", s.receipt)
+            })
         }
         QueueCommand::Dead { group } => {
-            let dead = out["dead"].as_array().cloned().unwrap_or_default();
-            if dead.is_empty() {
-                println!("No dead letters in {group}.");
-            }
-            for d in dead {
-                println!(
-                    "#{} {} after {} attempt(s): {}",
-                    d["message_id"],
-                    d["topic"].as_str().unwrap_or_default(),
-                    d["attempts"],
-                    d["last_error"].as_str().unwrap_or("-")
-                );
-            }
+            let request = DeadParams {
+                group: group.clone(),
+                limit: None,
+            };
+            show(door, json, request, |d| {
+                if d.dead.is_empty() {
+                    println!("No dead letters in {group}.");
+                }
+                for l in &d.dead {
+                    println!(
+                        "#{} {} after {} attempt(s): {}",
+                        l.message_id,
+                        l.topic,
+                        l.attempts,
+                        l.last_error.as_deref().unwrap_or("-")
+                    );
+                }
+            })
         }
         QueueCommand::Redrive { group } => {
-            println!("Sent {} dead letter(s) of {group} back.", out["redriven"])
+            let request = RedriveParams {
+                group: group.clone(),
+            };
+            show(door, json, request, |r| {
+                println!("Sent {} dead letter(s) of {} back.", r.redriven, r.group)
+            })
         }
-        QueueCommand::Stats => {
-            for t in out["topics"].as_array().cloned().unwrap_or_default() {
-                println!(
-                    "{} ({} retained)",
-                    t["topic"].as_str().unwrap_or_default(),
-                    t["retained"]
-                );
-                for g in t["groups"].as_array().cloned().unwrap_or_default() {
+        QueueCommand::Stats => show(door, json, StatsParams::default(), |s| {
+            for t in &s.topics {
+                println!("{} ({} retained)", t.topic, t.retained);
+                for g in &t.groups {
                     println!(
                         "  {}: {} waiting, {} in flight, {} dead",
-                        g["group"].as_str().unwrap_or_default(),
-                        g["depth"],
-                        g["in_flight"],
-                        g["dead_letters"]
+                        g.group, g.depth, g.in_flight, g.dead_letters
                     );
                 }
             }
+        }),
+        QueueCommand::Leases { group } => {
+            let request = LeasesParams {
+                group: group.clone(),
+                limit: Some(1000),
+            };
+            show(door, json, request, |l| {
+                if l.leases.is_empty() {
+                    println!("No lease in flight.");
+                }
+                let now = SystemClock.now_ms();
+                for l in &l.leases {
+                    println!(
+                        "{} #{} {} held by {} (attempt {}), {}s left",
+                        l.group,
+                        l.message_id,
+                        l.topic,
+                        l.consumer,
+                        l.attempt,
+                        (l.lease_until_ms - now).max(0) / 1000
+                    );
+                }
+            })
         }
     }
 }

@@ -1,9 +1,10 @@
 //! `envctl restore`, `undo` and `redo`: bring the workspace back to an earlier version, through
 //! the workspace service (in process, or the running supervisor's), rendered here.
 
-use environment_workspace::Method;
-use serde_json::{Value, json};
+use environment_workspace::versions::{Plan, RedoParams, RestoreParams, UndoParams};
+use serde_json::json;
 
+use super::history::short;
 use crate::door::Door;
 use crate::failure::{Failure, Outcome};
 use crate::output::print_json;
@@ -28,119 +29,100 @@ pub enum Rollback {
 /// Runs `what` through `door` and renders its answer: every path with `verbose`, else the
 /// counts under each top-level entry (a venv restored away is one line, not 1,500).
 pub fn run(door: &Door, what: &Rollback, verbose: bool, json: bool) -> Outcome<()> {
-    let (method, params, dry_run) = match what {
-        Rollback::Restore { version, dry_run } => (
-            Method::Restore,
-            json!({
-                "version": version,
-                "dry_run": dry_run,
-                "intent": format!("restore to {version}"),
-            }),
-            *dry_run,
-        ),
-        Rollback::Undo => (Method::Undo, json!({}), false),
-        Rollback::Redo => (Method::Redo, json!({}), false),
-    };
+    let dry_run = matches!(what, Rollback::Restore { dry_run: true, .. });
     let progress = (!dry_run).then(|| Progress::spinner("restoring the workspace"));
-    let answer = door.call(method, params);
+    let answer = match what {
+        Rollback::Restore { version, dry_run } => door.request(RestoreParams {
+            version: version.clone(),
+            dry_run: *dry_run,
+            intent: Some(format!("restore to {version}")),
+        }),
+        Rollback::Undo => door.request(UndoParams {}),
+        Rollback::Redo => door.request(RedoParams {}),
+    };
     if let Some(p) = progress {
         p.finish();
     }
     let answer = answer?;
-    let steps = &answer["steps"];
+    let steps = &answer.steps;
     if json {
         print_json(&json!({
-            "from": answer["from"],
-            "to": if dry_run { answer["to"].clone() } else { answer["restored_to"].clone() },
+            "from": answer.from,
+            "to": if dry_run { &answer.to } else { &answer.restored_to },
             "dry_run": dry_run,
-            "write": steps["write"],
-            "remove": steps["remove"],
-            "writes": steps["writes"],
-            "removals": steps["removals"],
-            "not_restored": steps["not_restored"],
-            "ignored_removed": steps["ignored_removed"],
-            "version": answer["version"],
+            "write": steps.write,
+            "remove": steps.remove,
+            "writes": steps.writes,
+            "removals": steps.removals,
+            "not_restored": steps.not_restored,
+            "ignored_removed": steps.ignored_removed,
+            "version": answer.version,
         }));
         return partial(steps);
     }
     print_plan(steps, verbose);
-    let ignored = match steps["ignored_removed"].as_u64().unwrap_or(0) {
+    let ignored = match steps.ignored_removed {
         0 => String::new(),
         n => format!(", and {n} ignored path(s) under the directories that go"),
     };
-    let short = |v: &Value| {
-        v.as_str()
-            .unwrap_or_default()
-            .chars()
-            .take(12)
-            .collect::<String>()
-    };
+    let version = |v: &Option<String>| short(v.as_deref().unwrap_or_default()).to_owned();
     if dry_run {
         println!(
             "Dry run: restoring {} would write {} path(s) and remove {}{ignored}; nothing was \
              changed.",
-            short(&answer["to"]),
-            steps["writes"],
-            steps["removals"],
+            version(&answer.to),
+            steps.writes,
+            steps.removals,
         );
     } else {
-        let changed =
-            steps["writes"].as_u64().unwrap_or(0) + steps["removals"].as_u64().unwrap_or(0);
+        let changed = steps.writes + steps.removals;
         println!(
             "Restored the workspace to {} ({changed} path(s) changed{ignored}); the rollback is {}.",
-            short(&answer["restored_to"]),
-            short(&answer["version"])
+            version(&answer.restored_to),
+            version(&answer.version)
         );
     }
     partial(steps)
 }
 
-fn print_plan(steps: &Value, verbose: bool) {
-    let listed = |key: &str| steps[key].as_array().cloned().unwrap_or_default();
+fn print_plan(steps: &Plan, verbose: bool) {
     if verbose {
-        for (key, verb) in [("write", "write "), ("remove", "remove")] {
-            for p in listed(key) {
-                println!("{verb} {}", p.as_str().unwrap_or_default());
-            }
+        for p in &steps.write {
+            println!("write  {p}");
         }
-        let shown = listed("write").len() + listed("remove").len();
-        let total = steps["writes"].as_u64().unwrap_or(0) + steps["removals"].as_u64().unwrap_or(0);
-        if (shown as u64) < total {
-            println!("… and {} more path(s)", total - shown as u64);
+        for p in &steps.remove {
+            println!("remove {p}");
+        }
+        let shown = steps.write.len() + steps.remove.len();
+        let total = steps.writes + steps.removals;
+        if shown < total {
+            println!("… and {} more path(s)", total - shown);
         }
         return;
     }
-    for top in listed("by_top") {
+    for top in &steps.by_top {
         let mut parts = Vec::new();
-        for (key, what) in [("written", "written"), ("removed", "removed")] {
-            match top[key].as_u64() {
-                Some(0) | None => {}
-                Some(n) => parts.push(format!("{n} {what}")),
+        for (n, what) in [(top.written, "written"), (top.removed, "removed")] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
             }
         }
-        println!(
-            "  {}: {}",
-            top["top"].as_str().unwrap_or_default(),
-            parts.join(", ")
-        );
+        println!("  {}: {}", top.top, parts.join(", "));
     }
 }
 
 /// A restore that could not write everything says what and fails: the tree is not exactly the
 /// version there.
-fn partial(steps: &Value) -> Outcome<()> {
-    let missed = steps["not_restored"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+fn partial(steps: &Plan) -> Outcome<()> {
+    let missed = &steps.not_restored;
     let Some(first) = missed.first() else {
         return Ok(());
     };
     let mut f = Failure::other(format!(
         "{} path(s) could not be restored (first: {}: {}); the rest of the tree is the version",
         missed.len(),
-        first["path"].as_str().unwrap_or_default(),
-        first["why"].as_str().unwrap_or_default(),
+        first.path,
+        first.why,
     ))
     .hint("`--json` lists them; a device node needs the privilege to make one");
     f.partial = true;

@@ -332,6 +332,15 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         adapt: keep,
     },
     ToolSpec {
+        name: "queue_leases",
+        method: Method::QueueLeases,
+        description: "The leases in flight: who holds which message of a consumer group (or of every group), on which attempt, until when (ms since the epoch).",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: None,
+        adapt: keep,
+    },
+    ToolSpec {
         name: "policy_explain",
         method: Method::PolicyExplain,
         description: "Ask the policy whether you may do an action on a resource, and why (the rules that decide and what to do if refused).",

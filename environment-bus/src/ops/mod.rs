@@ -32,7 +32,7 @@ mod upkeep;
 pub(crate) use check::{check_message, check_name, check_range, check_text};
 pub(crate) use lease::{Claimed, claim, redrive, settle};
 pub(crate) use publish::publish;
-pub(crate) use upkeep::{dead_letters, delivery_state, metrics, purge_step};
+pub(crate) use upkeep::{dead_letters, delivery_state, leases, metrics, purge_step};
 
 /// What an operation needs besides the connection.
 pub(crate) struct Ctx<'a> {

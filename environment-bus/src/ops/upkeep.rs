@@ -6,7 +6,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{group_row, message_from};
 use crate::error::{Result, SqlContext};
-use crate::schema::{ACKED, CAUSE_TERMINATED};
+use crate::schema::{ACKED, CAUSE_TERMINATED, LEASED};
+use environment_core::queue::LeaseInFlight;
+
 use crate::types::{DeadCause, DeadLetter, GroupMetrics, MessageId, PurgeReport, TopicMetrics};
 
 /// One bounded purge step, so a purge never holds the write lock for long: it examines at most
@@ -104,6 +106,37 @@ pub(crate) fn dead_letters(
         .collect()
     })
     .ctx("listing dead letters")
+}
+
+/// The leases in flight at `now` (of `group`, or of every group), oldest message first.
+pub(crate) fn leases(
+    conn: &Connection,
+    group: Option<&str>,
+    now: i64,
+    limit: u32,
+) -> Result<Vec<LeaseInFlight>> {
+    conn.prepare_cached(
+        "SELECT g.name, t.name, m.id, d.consumer, d.attempts, m.published_at, d.lease_until
+         FROM bus_deliveries d JOIN bus_groups g ON g.id = d.group_id
+         JOIN bus_messages m ON m.id = d.msg_id JOIN bus_topics t ON t.id = m.topic_id
+         WHERE d.state = ?1 AND d.lease_until >= ?2 AND (?3 IS NULL OR g.name = ?3)
+         ORDER BY d.msg_id LIMIT ?4",
+    )
+    .and_then(|mut s| {
+        s.query_map(params![LEASED, now, group, limit], |r| {
+            Ok(LeaseInFlight {
+                group: r.get(0)?,
+                topic: r.get(1)?,
+                message_id: r.get(2)?,
+                consumer: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
+                attempt: r.get(4)?,
+                published_at_ms: r.get(5)?,
+                lease_until_ms: r.get(6)?,
+            })
+        })?
+        .collect()
+    })
+    .ctx("listing leases in flight")
 }
 
 pub(crate) fn metrics(conn: &Connection, now: i64) -> Result<Vec<TopicMetrics>> {

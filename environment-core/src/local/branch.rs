@@ -10,20 +10,9 @@ use crate::authz::{Action, ActorId, Resource};
 use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result};
 use crate::key::Key;
-use crate::merge::{Conflict, ConflictSide, KeyConflict, merge_views};
+use crate::merge::{Conflict, ConflictSide, KeyConflict, MergeOutcome, merge_views};
 use crate::op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation};
 use crate::tree::{self, TreeEdit};
-
-/// What a merge did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MergeOutcome {
-    /// The merge operation (or the unchanged head when there was nothing to merge).
-    pub version: OpId,
-    /// The keys that became conflict objects.
-    pub conflicts: Vec<Key>,
-    /// Nothing to merge: the source was already contained in the target.
-    pub noop: bool,
-}
 
 impl LocalEnvironment {
     /// Creates branch `name` at `from`, recording a branch operation there.

@@ -3,7 +3,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rusqlite::{Connection, params};
-use serde::{Deserialize, Serialize};
 
 use super::{Inner, LocalEnvironment, decode_op, op_id_from};
 use crate::authz::{Action, ActorId, Resource};
@@ -12,36 +11,8 @@ use crate::error::{EnvError, Result};
 use crate::hash::Hash;
 use crate::op::OpId;
 use crate::tree::{self, Node, NodeId, Ptr};
+use crate::upkeep::{GcReport, VerifyReport};
 use crate::value::Content;
-
-/// What a garbage collection did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GcReport {
-    /// Blobs still referenced.
-    pub kept: u64,
-    /// Blobs deleted.
-    pub removed: u64,
-    /// Bytes of content removed (a pack's share is freed on disk when the pack is rewritten).
-    pub bytes_removed: u64,
-    /// Packs rewritten without their dead blobs.
-    #[serde(default)]
-    pub packs_rewritten: u64,
-    /// Temporary files of dead writers removed.
-    pub temp_removed: u64,
-    /// Tree nodes that only dropped versions used, removed.
-    pub nodes_removed: u64,
-}
-
-/// What an integrity check covered.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VerifyReport {
-    /// Operations re-hashed.
-    pub ops: u64,
-    /// Tree nodes re-hashed.
-    pub nodes: u64,
-    /// Blobs referenced (checked present; re-hashed with `deep`).
-    pub blobs: u64,
-}
 
 fn broken(at: String, detail: impl Into<String>) -> EnvError {
     EnvError::Integrity {

@@ -16,14 +16,15 @@ use std::sync::Arc;
 use foldhash::{HashMap, HashMapExt};
 use rusqlite::{Connection, OptionalExtension, params};
 
-pub use act::{ActRequest, Change, Observation, Refusal};
-pub use branch::MergeOutcome;
-pub use effect::{BeginOutcome, EffectRecord, EffectState};
+pub use crate::action::{ActRequest, Change, Observation, Refusal, RefusedChange};
+pub use crate::effect::{BeginOutcome, EffectRecord, EffectState};
+pub use crate::history::{HistoryEntry, HistoryOptions};
+pub use crate::merge::MergeOutcome;
+pub use crate::upkeep::{GcReport, VerifyReport};
 pub use events::Subscription;
-pub use history::{HistoryEntry, HistoryOptions, ShownOp};
-pub use maintain::{GcReport, VerifyReport};
+pub use history::ShownOp;
+pub use refused::put_back_note;
 pub(crate) use refused::reason as refused_reason;
-pub use refused::{RefusedChange, put_back_note};
 pub use undo::UndoStep;
 
 use crate::authz::{

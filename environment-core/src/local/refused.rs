@@ -11,7 +11,8 @@ use std::collections::HashSet;
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
-use super::{Change, LocalEnvironment};
+use super::LocalEnvironment;
+use crate::action::{Change, RefusedChange};
 use crate::authz::{ActorId, Decision};
 use crate::clock::Clock;
 use crate::error::{EnvError, Result};
@@ -19,29 +20,6 @@ use crate::hash::Hash;
 use crate::key::Key;
 use crate::op::{Intent, OpId};
 use crate::value::{Content, Value};
-
-/// One change an actor made that the policy refused to record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RefusedChange {
-    /// Its position among the refused changes (increasing).
-    pub id: u64,
-    /// Who made it.
-    pub actor: ActorId,
-    /// The branch it was refused on.
-    pub branch: String,
-    /// The head it was refused against: the key's last allowed state is its value there.
-    pub head: OpId,
-    /// The key.
-    pub key: Key,
-    /// What the actor put there (`None`: it deleted the key).
-    pub value: Option<Value>,
-    /// Why the actor acted.
-    pub intent: Intent,
-    /// The decision that refused it (a deny, or an approval still needed).
-    pub decision: Decision,
-    /// When it was refused, in milliseconds since the epoch.
-    pub time_ms: i64,
-}
 
 /// What [`RefusedChange`] stores (all but the id, which is the row's).
 #[derive(Serialize, Deserialize)]
