@@ -320,6 +320,20 @@ async fn a_person_follows_and_steers_the_environment_in_a_browser() {
             json!([]),
         )
         .await;
+    // Drawn as a graph: the branch's operation in its own lane, forked from main's and joined
+    // back by the merge.
+    browser
+        .until(
+            "the branch's lane, its fork and its merge",
+            "const rows = [...document.querySelectorAll('#history li')]; \
+             const merge = rows.find(l => l.classList.contains('merge') && l.textContent.includes('agent:coder')); \
+             const feature = rows.find(l => l.textContent.includes('on feature')); \
+             return !!(merge && merge.querySelector('svg .merge-edge') && feature && feature.querySelector('svg .dot[data-lane=\"1\"]') \
+               && document.querySelector('#history svg .fork-edge') && document.getElementById('branches').textContent.includes('feature'))",
+            json!([]),
+        )
+        .await;
+    browser.shot("history-graph").await;
 
     // A dead letter, redriven from the queue board.
     let t = &server.token;
@@ -350,7 +364,24 @@ async fn a_person_follows_and_steers_the_environment_in_a_browser() {
     }
     let (_, dead) = call(&server, t, "queue.dead", json!({ "group": "workers" })).await;
     assert_eq!(dead["dead"].as_array().unwrap().len(), 1, "{dead}");
+    // And a lease in flight, shown on the board with its holder and attempt.
+    call(
+        &server,
+        t,
+        "queue.publish",
+        json!({ "topic": "tasks", "payload": "review" }),
+    )
+    .await;
+    let (_, held) = call(&server, t, "queue.claim", json!({ "group": "workers" })).await;
+    let held_id = held["leases"][0]["message_id"].as_i64().unwrap();
     browser.goto(&format!("{}/#queue", server.base)).await;
+    browser
+        .until(
+            "the lease in flight on the board",
+            "return [...document.querySelectorAll('#queue li.lease')].some(l => l.textContent.startsWith('#' + arguments[0] + ' held by ') && l.textContent.includes('attempt 1'))",
+            json!([held_id]),
+        )
+        .await;
     browser.shot("queue").await;
     browser.click("#queue button.redrive").await;
     browser

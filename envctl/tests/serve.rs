@@ -303,6 +303,50 @@ async fn the_event_stream_resumes_after_a_reconnect_without_losing_an_event() {
     assert_eq!(missed[1].1["intent"]["text"], "write three.txt");
 }
 
+/// The queue's figures come with a new stream, and again after every change of the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_s_changes_are_on_the_event_stream() {
+    let (_ws, server) = serve();
+    let mut stream = reqwest::Client::new()
+        .get(format!("{}/api/v1/events", server.base))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    let queue = |e: &[(String, String, Value)]| -> Vec<Value> {
+        e.iter()
+            .filter(|(k, _, _)| k == "queue")
+            .map(|(_, _, v)| v.clone())
+            .collect()
+    };
+    let opened = events_until(&mut stream, |e| !queue(e).is_empty()).await;
+    let topics = |v: &Value| -> Vec<String> {
+        v["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["topic"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(!topics(&queue(&opened)[0]).contains(&"tasks".to_owned()));
+    let (status, _) = call(
+        &server,
+        &server.token,
+        "queue.publish",
+        json!({ "topic": "tasks", "payload": "build" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let changed = events_until(&mut stream, |e| {
+        queue(e)
+            .iter()
+            .any(|v| topics(v).contains(&"tasks".to_owned()))
+    })
+    .await;
+    let last = queue(&changed).pop().unwrap();
+    assert_eq!(last["topics"][0]["retained"], 1, "{last}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_mcp_clients_over_http_each_act_as_themselves() {
     use rmcp::ServiceExt;

@@ -1,7 +1,8 @@
 //! The environment's events as Server-Sent Events: each new operation (`operation`, its id
 //! the operation's position in the log, so a client that reconnects with `Last-Event-ID` gets
-//! every one since), and the approvals and effects (`approval`, `effect`: the state of each on
-//! connecting, then every change). One watcher looks at the log for the whole server, so an
+//! every one since), the approvals and effects (`approval`, `effect`: the state of each on
+//! connecting, then every change), and the queue (`queue`: its figures on connecting and after
+//! every change). One watcher looks at the log for the whole server, so an
 //! operation another process records shows up too; then one feed per caller reads what changed
 //! through the service, as that caller (so it sees only what it may read), once for all the
 //! streams the caller has open.
@@ -15,10 +16,11 @@ use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use environment_core::LocalEnvironment;
 use environment_core::json::HistoryLine;
+use environment_core::{Governance, LocalEnvironment, Queue};
 use environment_workspace::effects::ListParams as EffectListParams;
 use environment_workspace::permissions::ApprovalListParams;
+use environment_workspace::queue::StatsParams;
 use environment_workspace::versions::HistoryParams;
 use environment_workspace::{Caller, Request};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -28,13 +30,24 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::Served;
 use crate::door::Door;
 
-/// What the watcher saw last: the log's last operation, and how often the approvals and the
-/// effects changed.
+/// What the watcher saw last: the log's last operation, and how often the approvals, the
+/// effects and the queue changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Seen {
     seq: u64,
     approvals: u64,
     effects: u64,
+    queue: u64,
+}
+
+/// What the watcher looks at: the environment's log and effects, the policy's approvals and
+/// the queue's figures.
+#[derive(Clone)]
+pub(crate) struct Watched {
+    pub(crate) env: LocalEnvironment,
+    pub(crate) policy: Option<Arc<dyn Governance>>,
+    pub(crate) queue: Option<Arc<dyn Queue>>,
+    pub(crate) branch: String,
 }
 
 /// How often the log is looked at.
@@ -42,16 +55,13 @@ const TICK: Duration = Duration::from_millis(50);
 /// At most this many operations are replayed to a client that reconnects.
 const REPLAY: usize = 1000;
 
-/// Watches the log (and the approvals and effects) of `env` for the whole server: at once
-/// for what this process commits through `env`, within a tick for what other processes do.
-pub(crate) async fn watch_log(
-    env: LocalEnvironment,
-    policy: Option<Arc<environment_policy::Policy>>,
-    branch: String,
-) -> watch::Receiver<Seen> {
+/// Watches the log (and the approvals, effects and queue) for the whole server: at once for
+/// what this process commits through its environment, within a tick for what other processes
+/// do.
+pub(crate) async fn watch_log(watched: Watched) -> watch::Receiver<Seen> {
     // What is there already, before the first stream opens: a stream starts after it.
     let first = {
-        let (env, branch) = (env.clone(), branch.clone());
+        let (env, branch) = (watched.env.clone(), watched.branch.clone());
         tokio::task::spawn_blocking(move || {
             env.head(&branch)
                 .and_then(|h| env.op(&h))
@@ -66,25 +76,27 @@ pub(crate) async fn watch_log(
         ..Seen::default()
     };
     let (tx, rx) = watch::channel(start);
-    let mut commits = env.subscribe(environment_core::EventFilter::default());
+    let mut commits = watched
+        .env
+        .subscribe(environment_core::EventFilter::default());
     tokio::spawn(async move {
         let mut seen = start;
-        let mut digests = (String::new(), String::new());
+        let mut digests = Digests::default();
         for n in 0u64.. {
             if tx.is_closed() {
                 return;
             }
-            // Approvals and effects change less often; a digest of their states says when.
-            let (env, policy, branch) = (env.clone(), policy.clone(), branch.clone());
+            // Approvals, effects and the queue change less often; a digest of their states
+            // says when.
+            let w = watched.clone();
             let looked = tokio::task::spawn_blocking(move || {
-                let seq = env
-                    .head(&branch)
-                    .and_then(|h| env.op(&h))
+                let seq = w
+                    .env
+                    .head(&w.branch)
+                    .and_then(|h| w.env.op(&h))
                     .map(|op| op.seq)
                     .ok();
-                let states = n
-                    .is_multiple_of(5)
-                    .then(|| digests_of(&env, policy.as_deref()));
+                let states = n.is_multiple_of(5).then(|| Digests::of(&w));
                 (seq, states)
             })
             .await;
@@ -94,15 +106,11 @@ pub(crate) async fn watch_log(
             if let Some(seq) = seq {
                 seen.seq = seq;
             }
-            if let Some((approvals, effects)) = states {
-                if approvals != digests.0 {
-                    seen.approvals += 1;
-                    digests.0 = approvals;
-                }
-                if effects != digests.1 {
-                    seen.effects += 1;
-                    digests.1 = effects;
-                }
+            if let Some(now) = states {
+                seen.approvals += u64::from(now.approvals != digests.approvals);
+                seen.effects += u64::from(now.effects != digests.effects);
+                seen.queue += u64::from(now.queue != digests.queue);
+                digests = now;
             }
             tx.send_if_modified(|s| std::mem::replace(s, seen) != seen);
             tokio::select! {
@@ -114,28 +122,48 @@ pub(crate) async fn watch_log(
     rx
 }
 
-/// What the approvals and the effects are: each one's id and state, in a line.
-fn digests_of(
-    env: &LocalEnvironment,
-    policy: Option<&environment_policy::Policy>,
-) -> (String, String) {
-    let approvals = policy
-        .map(|p| {
-            p.approvals()
-                .iter()
-                .map(|a| format!("{}:{};", a.id, a.state.name()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let effects = env
-        .effects()
-        .map(|list| {
-            list.iter()
-                .map(|e| format!("{}:{}:{};", e.id, e.state.as_str(), e.updated_ms))
-                .collect()
-        })
-        .unwrap_or_default();
-    (approvals, effects)
+/// What the approvals, the effects and the queue are, each in a line: a change of the line is a
+/// change of what it sums up.
+#[derive(Default, PartialEq, Eq)]
+struct Digests {
+    approvals: String,
+    effects: String,
+    queue: String,
+}
+
+impl Digests {
+    fn of(w: &Watched) -> Digests {
+        let approvals = w
+            .policy
+            .as_ref()
+            .map(|p| {
+                p.approvals()
+                    .iter()
+                    .map(|a| format!("{}:{};", a.id, a.state))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let effects = w
+            .env
+            .effects()
+            .map(|list| {
+                list.iter()
+                    .map(|e| format!("{}:{}:{};", e.id, e.state.as_str(), e.updated_ms))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let queue = w
+            .queue
+            .as_ref()
+            .and_then(|q| q.metrics().ok())
+            .and_then(|m| serde_json::to_string(&m).ok())
+            .unwrap_or_default();
+        Digests {
+            approvals,
+            effects,
+            queue,
+        }
+    }
 }
 
 /// One event, as every stream of a caller sends it.
@@ -262,8 +290,8 @@ async fn operations_after(door: &Door, after: u64, limit: usize) -> Vec<(u64, Hi
     newer
 }
 
-/// One stream: what it missed (with `Last-Event-ID`), the approvals and effects as they stand,
-/// then the caller's feed, until the client goes away.
+/// One stream: what it missed (with `Last-Event-ID`), the approvals, effects and queue as they
+/// stand, then the caller's feed, until the client goes away.
 async fn client(
     door: Door,
     mut live: broadcast::Receiver<Item>,
@@ -293,6 +321,11 @@ async fn client(
                 return;
             }
         }
+    }
+    if let Some(stats) = ask(&door, StatsParams::default()).await
+        && !send(&tx, Item::of("queue", None, &stats)).await
+    {
+        return;
     }
     loop {
         let item = tokio::select! {
@@ -361,6 +394,13 @@ async fn feed(
                     }
                 }
             }
+        }
+        // The queue's figures as the caller may read them (none for one who may not).
+        if !first
+            && current.queue != last.queue
+            && let Some(stats) = ask(&door, StatsParams::default()).await
+        {
+            let _ = Item::of("queue", None, &stats).map(|i| tx.send(i));
         }
         first = false;
         last = current;

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use environment_core::{ActorId, LocalEnvironment};
+use environment_core::{ActorId, Governance, LocalEnvironment, Queue};
 use environment_policy::Policy;
 use environment_workspace::{self as service, Caller};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -119,8 +119,13 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
     };
     let env = LocalEnvironment::open(&ws.home, environment_core::Options::default())?;
     let session = auth::SessionToken::create(&ws.home, &actor)?;
+    // Beside a supervisor, its queue is watched in the file it keeps it in.
+    let mut queue: Option<Arc<dyn Queue>> = None;
     let backend = match crate::target::running(&ws, &actor) {
-        Some(addr) => Backend::Supervisor(addr.socket),
+        Some(addr) => {
+            queue = Some(Arc::new(ws.open_bus()?));
+            Backend::Supervisor(addr.socket)
+        }
         None => {
             let launcher =
                 crate::commands::process::host_sandbox(&ws, &crate::cli::SandboxArgs::default())?;
@@ -149,10 +154,20 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
             .map_err(|e| Failure::other(format!("cannot read the bound address: {e}")))?;
         // In process, the service's own environment tells of its commits at once.
         let watched = match &backend {
-            Backend::Direct(ws) => ws.env.clone(),
-            Backend::Supervisor(_) => env,
+            Backend::Direct(ws) => events::Watched {
+                env: ws.env.clone(),
+                policy: ws.policy.clone(),
+                queue: ws.bus.clone(),
+                branch: ws.branch.clone(),
+            },
+            Backend::Supervisor(_) => events::Watched {
+                env,
+                policy: policy.clone().map(|p| p as Arc<dyn Governance>),
+                queue,
+                branch: environment_core::MAIN.into(),
+            },
         };
-        let seen = events::watch_log(watched, policy.clone(), environment_core::MAIN.into()).await;
+        let seen = events::watch_log(watched).await;
         let served = Arc::new(Served {
             backend,
             remotes: Mutex::new(HashMap::new()),

@@ -61,17 +61,19 @@ window.addEventListener("hashchange", route);
 function opLine(line, fresh) {
   if (line.type === "captures") {
     const li = el("li", { class: "captures", "data-newest": line.newest },
-      `${line.count} automatic capture(s), ${line.changed} key(s) changed`);
+      el("span", { class: "text" }, `${line.count} automatic capture(s), ${line.changed} key(s) changed`));
     li.addEventListener("click", () => expandCaptures(li, line));
     return li;
   }
   const kind = line.intent.kind;
   const li = el("li", { class: kind + (fresh ? " fresh" : ""), "data-id": line.id, "data-seq": line.seq },
-    el("span", { class: "seq" }, "#" + line.seq),
-    el("span", { class: "actor" }, line.actor), " ",
-    `${kind}: ${line.intent.text}`,
-    ...line.marks.map((m) => el("span", { class: "mark" }, m)),
-    line.flags.length ? el("small", {}, "  [" + line.flags.join(", ") + "]") : "");
+    el("span", { class: "text" },
+      el("span", { class: "seq" }, "#" + line.seq),
+      el("span", { class: "actor" }, line.actor), " ",
+      `${kind}: ${line.intent.text}`,
+      ...line.marks.map((m) => el("span", { class: "mark" }, m)),
+      line.restored_from ? el("small", {}, `  back to ${line.restored_from.slice(0, 12)}`) : "",
+      line.flags.length ? el("small", {}, "  [" + line.flags.join(", ") + "]") : ""));
   li.addEventListener("click", () => { location.hash = "op/" + line.id; });
   return li;
 }
@@ -82,17 +84,109 @@ async function expandCaptures(li, line) {
   li.replaceWith(...inside.map((e) => opLine(e, false)));
 }
 
+// ---- the history as a graph -----------------------------------------------------------------
+// One lane per branch (the workspace's first), one row per operation or run of captures, newest
+// first. A branch's lane runs from its newest row down to the row it forked from; a merge joins
+// the merged branch's lane; a rollback is drawn as a diamond.
+
+const ROW = 26, LANE = 16;
+let shownSeq = 0;
+
 async function loadHistory() {
-  const h = await api("history", { limit: 200 });
-  $("head").textContent = `${h.branch} at ${h.head.slice(0, 12)}`;
-  $("history").replaceChildren(...h.entries.map((e) => opLine(e, false)));
+  const [main, list] = await Promise.all([
+    api("history", { limit: 200 }),
+    api("branch.list").catch(() => ({ branches: [] })),
+  ]);
+  const others = list.branches.filter((b) => b.name !== main.branch);
+  const more = await Promise.all(others.map((b) => api("history", { branch: b.name, limit: 200 }).catch(() => null)));
+  const fresh = shownSeq;
+  drawGraph([main, ...more.filter(Boolean)], fresh);
+  $("head").textContent = `${main.branch} at ${main.head.slice(0, 12)}`;
 }
 
+function drawGraph(histories, freshAfter) {
+  const lanes = new Map(histories.map((h, i) => [h.branch, i]));
+  const rows = [], seen = new Set();
+  for (const h of histories) {
+    for (const e of h.entries) {
+      const key = e.type === "op" ? e.id : "captures:" + e.newest;
+      if (seen.has(key)) continue;
+      seen.add(key);
+      const lane = e.type === "op" && lanes.has(e.branch) ? lanes.get(e.branch) : lanes.get(h.branch);
+      rows.push({ e, lane, time: e.type === "op" ? e.time_ms : e.to_ms, seq: e.seq || 0 });
+    }
+  }
+  rows.sort((a, b) => b.time - a.time || b.seq - a.seq);
+  const rowOf = new Map(rows.map((r, i) => [r.e.type === "op" ? r.e.id : r.e.newest, i]));
+  // Each lane's span (newest row to oldest), then the forks and merges that stretch it.
+  const span = new Map();
+  rows.forEach((r, i) => {
+    const s = span.get(r.lane) || { top: i, bottom: i };
+    s.bottom = i;
+    span.set(r.lane, s);
+  });
+  const forks = [], merges = [];
+  for (const [lane, s] of span) {
+    const oldest = rows[s.bottom].e;
+    const parent = oldest.type === "op" ? oldest.parents[0] : null;
+    if (lane !== 0 && parent && rowOf.has(parent)) {
+      const at = rowOf.get(parent);
+      if (rows[at].lane !== lane) { s.bottom = at; forks.push({ row: at, from: rows[at].lane, to: lane }); }
+    }
+  }
+  rows.forEach((r, i) => {
+    if (r.e.type !== "op" || !r.e.flags.includes("merge") || r.e.parents.length < 2) return;
+    const source = rowOf.get(r.e.parents[1]);
+    if (source === undefined || rows[source].lane === r.lane) return;
+    const s = span.get(rows[source].lane);
+    s.top = Math.min(s.top, i);
+    merges.push({ row: i, from: rows[source].lane, to: r.lane });
+  });
+  const width = LANE * Math.max(1, span.size) + 4;
+  const x = (lane) => LANE / 2 + lane * LANE + 2;
+  const svgNS = "http://www.w3.org/2000/svg";
+  const shape = (tag, attrs) => {
+    const n = document.createElementNS(svgNS, tag);
+    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+    return n;
+  };
+  const items = rows.map((r, i) => {
+    const li = opLine(r.e, r.e.type === "op" && freshAfter > 0 && r.e.seq > freshAfter);
+    const svg = shape("svg", { class: "graph", width, height: ROW, viewBox: `0 0 ${width} ${ROW}` });
+    for (const [lane, s] of span) {
+      if (i < s.top || i > s.bottom) continue;
+      const y1 = i === s.top ? ROW / 2 : 0, y2 = i === s.bottom ? ROW / 2 : ROW;
+      if (y1 !== y2) svg.append(shape("line", { class: "lane", "data-lane": lane, x1: x(lane), x2: x(lane), y1, y2 }));
+    }
+    for (const f of forks.filter((f) => f.row === i)) {
+      svg.append(shape("line", { class: "fork-edge", x1: x(f.from), x2: x(f.to), y1: ROW / 2, y2: ROW / 2 }));
+    }
+    for (const m of merges.filter((m) => m.row === i)) {
+      svg.append(shape("line", { class: "merge-edge", x1: x(m.from), x2: x(m.to), y1: ROW / 2, y2: ROW / 2 }));
+    }
+    const cx = x(r.lane), cy = ROW / 2;
+    const rollback = r.e.type === "op" && (r.e.flags.includes("rollback") || ["restore", "undo", "redo"].includes(r.e.intent.kind));
+    if (r.e.type === "captures") svg.append(shape("circle", { class: "dot captures", "data-lane": r.lane, cx, cy, r: 3 }));
+    else if (rollback) svg.append(shape("polygon", { class: "dot rollback", "data-lane": r.lane, points: `${cx},${cy - 6} ${cx + 6},${cy} ${cx},${cy + 6} ${cx - 6},${cy}` }));
+    else svg.append(shape("circle", { class: "dot", "data-lane": r.lane, cx, cy, r: 5 }));
+    li.prepend(svg);
+    return li;
+  });
+  const legend = [...lanes].filter(([, lane]) => span.has(lane)).map(([name, lane]) =>
+    el("span", { class: "branch lane-" + (lane % 6) }, name));
+  $("branches").replaceChildren(...legend);
+  $("history").replaceChildren(...items);
+  shownSeq = Math.max(shownSeq, ...rows.map((r) => r.seq));
+}
+
+// A new operation: the graph is drawn again (once for a burst), its new rows highlighted.
+let redraw = null;
 function addLive(line) {
-  const list = $("history");
-  if (!list || list.querySelector(`[data-seq="${line.seq}"]`)) return;
-  list.prepend(opLine(line, true));
-  $("head").textContent = `${line.branch} at ${line.id.slice(0, 12)}`;
+  if (line.seq <= shownSeq || redraw) return;
+  redraw = setTimeout(() => {
+    redraw = null;
+    if (!$("view-history").hidden) loadHistory().catch(showError);
+  }, 100);
 }
 
 async function loadOp(id) {
@@ -206,11 +300,24 @@ async function loadQueue() {
     if (e.status === 503) { $("queue").textContent = "No queue here."; return; }
     throw e;
   }
+  // Leases in flight, by group: who holds which message, how long since it was published, and
+  // how long the lease has left.
+  const held = {};
+  try {
+    for (const l of (await api("queue.leases", { limit: 1000 })).leases) (held[l.group] ||= []).push(l);
+  } catch (e) { if (e.status !== 403) throw e; }
+  const now = Date.now();
+  const secs = (ms) => `${Math.max(0, Math.round(ms / 1000))}s`;
   const board = el("div", { class: "board" });
   for (const t of stats.topics) {
     const card = el("div", { class: "topic" }, el("h3", {}, t.topic), el("p", {}, `${t.retained} message(s) kept`));
     for (const g of t.groups) {
       card.append(el("p", {}, `${g.group}: ${g.depth} waiting, ${g.in_flight} leased, ${g.dead_letters} dead`));
+      const leases = (held[g.group] || []).filter((l) => l.topic === t.topic);
+      if (leases.length) {
+        card.append(el("ul", { class: "leases" }, ...leases.map((l) => el("li", { class: "lease" },
+          `#${l.message_id} held by ${l.consumer} (attempt ${l.attempt}), ${secs(now - l.published_at_ms)} old, ${secs(l.lease_until_ms - now)} left`))));
+      }
       if (g.dead_letters > 0) {
         card.append(el("button", { class: "redrive", onclick: async () => {
           try { await api("queue.redrive", { group: g.group }); await loadQueue(); } catch (e) { showError(e); }
@@ -266,6 +373,7 @@ function listen() {
     else api("approval.list").then((l) => updatePending(l.approvals)).catch(() => {});
   });
   source.addEventListener("effect", () => { if (!$("view-effects").hidden) loadEffects().catch(showError); });
+  source.addEventListener("queue", () => { if (!$("view-queue").hidden) loadQueue().catch(showError); });
 }
 
 api("status").then((s) => { $("whoami").textContent = `signed in as ${s.actor}`; }).catch(showError);
