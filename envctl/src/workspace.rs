@@ -341,6 +341,20 @@ impl Session {
         rules
     }
 
+    /// Tracks the workspace tree in the background from now on, as a long-running server's
+    /// own watcher: what anyone changes in it is captured (as the witness's, as every
+    /// command's opening capture is) once the tree is quiet, rather than at the next command.
+    /// The opening capture took what changed before.
+    pub fn watch_in_background(&mut self) -> Outcome<()> {
+        if let Some(t) = self.tracker.take() {
+            t.close()?;
+        }
+        let mut config = self.tracker_config(witness(), true);
+        config.rescan_on_open = false;
+        self.tracker = Some(self.track(config, "watching the workspace")?);
+        Ok(())
+    }
+
     /// Stops tracking, so that another tracker can take over (e.g. one attributing captures to
     /// a command's actor).
     pub fn stop_tracker(&mut self) -> Outcome<()> {

@@ -303,6 +303,76 @@ async fn the_event_stream_resumes_after_a_reconnect_without_losing_an_event() {
     assert_eq!(missed[1].1["intent"]["text"], "write three.txt");
 }
 
+/// A page of the server's own origin may call it, whichever of its names it was opened by
+/// (`localhost` as well as the address it printed) and, behind a proxy that ends TLS, by its
+/// public name over HTTPS; any other origin, or the public name over plain HTTP, may not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_s_own_pages_may_call_it_by_each_of_its_names() {
+    let ws = Ws::acting_as(Some("human:alice"));
+    let server = common::serving::start_with(&ws, &["--host", "env.example.org"]);
+    let port = server.base.rsplit(':').next().unwrap().to_owned();
+    let client = reqwest::Client::new();
+    let write = |host: String, origin: String, path: &'static str| {
+        client
+            .post(format!("{}/api/v1/file.write", server.base))
+            .header("Host", host)
+            .header("Origin", origin)
+            .bearer_auth(&server.token)
+            .json(&json!({ "path": path, "content": "x" }))
+            .send()
+    };
+    let local = format!("localhost:{port}");
+    let by_name = write(local.clone(), format!("http://{local}"), "by-name.txt")
+        .await
+        .unwrap();
+    assert_eq!(by_name.status(), StatusCode::OK);
+    let public = "env.example.org".to_owned();
+    let proxied = write(public.clone(), format!("https://{public}"), "proxied.txt")
+        .await
+        .unwrap();
+    assert_eq!(proxied.status(), StatusCode::OK);
+    for (origin, path) in [
+        (format!("http://{public}"), "plain.txt"),
+        (format!("https://{local}"), "tls-local.txt"),
+        (
+            "https://env.example.org.attacker.example".to_owned(),
+            "lookalike.txt",
+        ),
+    ] {
+        let refused = write(public.clone(), origin.clone(), path).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{origin}");
+        assert!(!ws.path(path).exists(), "{origin}");
+    }
+    assert!(ws.path("by-name.txt").exists() && ws.path("proxied.txt").exists());
+}
+
+/// Without a supervisor, the server watches the tree itself: a file someone edits with no
+/// command at all is captured and reaches a connected stream, and the API reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_in_the_tree_reaches_the_stream_without_a_command() {
+    let (ws, server) = serve();
+    let mut stream = reqwest::Client::new()
+        .get(format!("{}/api/v1/events", server.base))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    std::fs::write(ws.path("edited.txt"), "by hand\n").unwrap();
+    let touches = |v: &Value| v["summary"]["keys"].to_string().contains("edited.txt");
+    let got = events_until(&mut stream, |e| ops(e).iter().any(|(_, v)| touches(v))).await;
+    let (_, op) = ops(&got).into_iter().find(|(_, v)| touches(v)).unwrap();
+    assert_eq!(op["intent"]["kind"], "capture", "{op}");
+    let (status, read) = call(
+        &server,
+        &server.token,
+        "file.read",
+        json!({ "path": "edited.txt" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(read["text"], "by hand\n");
+}
+
 /// The queue's figures come with a new stream, and again after every change of the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_s_changes_are_on_the_event_stream() {

@@ -128,6 +128,19 @@ pub(crate) fn hosts(bound: SocketAddr, extra: &[String]) -> Vec<String> {
     hosts
 }
 
+/// The origins a page of this server has: each of its own addresses over plain HTTP, and each
+/// public name given with `--host` over HTTPS only (the reverse proxy in front ends TLS, so a
+/// page of that name over plain HTTP is not the server's).
+pub(crate) fn origins(hosts: &[String], public: &[String]) -> Vec<String> {
+    hosts
+        .iter()
+        .map(|h| match public.contains(h) {
+            true => format!("https://{h}"),
+            false => format!("http://{h}"),
+        })
+        .collect()
+}
+
 /// An error the server answers before the service is reached, in the API's error shape, its
 /// text rendered as the service renders its own.
 pub(crate) fn refused(status: StatusCode, kind: ErrorKind, message: &str, next: &str) -> Response {
@@ -159,7 +172,10 @@ pub(crate) async fn same_site(
         );
     }
     if let Some(origin) = headers.get(header::ORIGIN)
-        && origin.as_bytes() != served.origin.as_bytes()
+        && !served
+            .origins
+            .iter()
+            .any(|o| o.as_bytes() == origin.as_bytes())
     {
         return refused(
             StatusCode::FORBIDDEN,

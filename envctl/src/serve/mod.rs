@@ -60,9 +60,9 @@ pub(crate) struct Served {
     pub(crate) session: auth::SessionToken,
     /// Verifies capability tokens presented as credentials.
     pub(crate) policy: Option<Arc<Policy>>,
-    /// The `Host` values a request may carry, and the one origin a browser may send.
+    /// The `Host` values a request may carry, and the origins a browser may send.
     pub(crate) hosts: Vec<String>,
-    pub(crate) origin: String,
+    pub(crate) origins: Vec<String>,
     pub(crate) limiter: auth::RateLimiter,
     /// What the log's watcher saw last.
     pub(crate) seen: tokio::sync::watch::Receiver<events::Seen>,
@@ -129,15 +129,17 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
         None => {
             let launcher =
                 crate::commands::process::host_sandbox(&ws, &crate::cli::SandboxArgs::default())?;
+            // A server's own watcher: what anyone changes in the tree is captured as it
+            // happens (and shows up live), not at the next request.
             let serving = Serving {
                 launcher: Some(launcher),
-                capture_each_call: true,
+                capture_each_call: false,
                 create_queue: true,
                 forking: crate::commands::process::namespaces().is_ok(),
             };
-            Backend::Direct(Arc::new(
-                Session::open(ws.clone(), actor.clone())?.into_service(serving)?,
-            ))
+            let mut session = Session::open(ws.clone(), actor.clone())?;
+            session.watch_in_background()?;
+            Backend::Direct(Arc::new(session.into_service(serving)?))
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -168,13 +170,14 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
             },
         };
         let seen = events::watch_log(watched).await;
+        let hosts = auth::hosts(bound, &a.hosts);
         let served = Arc::new(Served {
             backend,
             remotes: Mutex::new(HashMap::new()),
             session,
             policy,
-            hosts: auth::hosts(bound, &a.hosts),
-            origin: format!("http://{bound}"),
+            hosts: hosts.clone(),
+            origins: auth::origins(&hosts, &a.hosts),
             limiter: auth::RateLimiter::default(),
             seen,
             feeds: events::Feeds::default(),
@@ -186,7 +189,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
         }
         let mcp_config = StreamableHttpServerConfig::default()
             .with_allowed_hosts(served.hosts.clone())
-            .with_allowed_origins([served.origin.clone()])
+            .with_allowed_origins(served.origins.clone())
             .with_max_request_body_bytes(MAX_BODY);
         // The MCP sessions end with the server.
         let stop = mcp_config.cancellation_token.clone();

@@ -30,8 +30,15 @@ impl Drop for Server {
 
 /// Starts `envctl serve` in `ws` as its actor, on a free loopback port.
 pub fn start(ws: &Ws) -> Server {
+    start_with(ws, &[])
+}
+
+/// [`start`], with further arguments of `envctl serve`.
+pub fn start_with(ws: &Ws, more: &[&str]) -> Server {
+    let mut args = vec!["--json", "serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(more);
     let mut child = ws
-        .cmd(&["--json", "serve", "--listen", "127.0.0.1:0"])
+        .cmd(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
