@@ -121,6 +121,9 @@ pub enum Command {
         /// Only the counts.
         #[arg(long)]
         stat: bool,
+        /// Show how this one file changed, line by line (a unified diff).
+        #[arg(long, value_name = "PATH", conflicts_with = "stat")]
+        file: Option<String>,
     },
     /// Bring the workspace back to a version (appends a rollback; --dry-run previews it).
     Restore {

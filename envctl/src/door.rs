@@ -91,6 +91,26 @@ impl Door {
         })
     }
 
+    /// Every item of a list the service answers a page at a time: `request` asks for the page
+    /// after a cursor (`None`: the first), `items` splits an answer into its items and the
+    /// cursor of the next page.
+    pub fn every<R: Request, T, C>(
+        &self,
+        request: impl Fn(Option<C>) -> R,
+        items: impl Fn(R::Answer) -> (Vec<T>, Option<C>),
+    ) -> Outcome<Vec<T>> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, next) = items(self.request(request(after))?);
+            all.extend(page);
+            match next {
+                Some(next) => after = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+
     /// Calls `method` with `params` (an object; nulls are left out).
     pub fn call(&self, method: Method, params: Value) -> Outcome<Value> {
         self.call_cancellable(method, params, &Cancel::new())

@@ -102,6 +102,17 @@ fn an_agent_works_and_is_rolled_back() {
     );
     let stat = ws.json(&["diff", "good", "--stat"]);
     assert!(stat.get("changes").is_none() && stat["removed"] == 1);
+    // One file's changes, line by line.
+    let patch = ws.ok(&["diff", "good", "--file", "README.md"]);
+    assert!(
+        patch.starts_with("--- a/README.md\n+++ b/README.md\n@@ ") && patch.contains("\n+broken\n"),
+        "{patch}"
+    );
+    let gone = ws.json(&["diff", "good", "--file", "src/lib.rs"]);
+    assert!(
+        gone["after"].is_null() && gone["before"]["size"].as_u64() > Some(0),
+        "{gone}"
+    );
 
     // A dry run previews and changes nothing.
     let before = ws.full_log("human:test");

@@ -474,6 +474,16 @@ async fn every_tool_over_stdio() {
             .await
             .contains("A made.txt")
     );
+    let patch = ok(
+        &client,
+        "file_diff",
+        json!({"path": "made.txt", "from": "before"}),
+    )
+    .await;
+    assert!(
+        patch.starts_with("--- /dev/null\n+++ b/made.txt\n@@ -1,0 +1,1 @@"),
+        "{patch}"
+    );
     let failed = ok(&client, "exec", json!({"command": ["sh", "-c", "exit 3"]})).await;
     assert!(failed.contains("status 3"), "{failed}");
 
@@ -1225,6 +1235,7 @@ async fn tools_are_annotated_and_binary_files_read_as_base64() {
         "verify",
         "queue_stats",
         "queue_leases",
+        "file_diff",
     ];
     for t in &tools {
         let a = t

@@ -373,6 +373,31 @@ async fn an_edit_in_the_tree_reaches_the_stream_without_a_command() {
     assert_eq!(read["text"], "by hand\n");
 }
 
+/// A file that is not text is compared by size and content hash, not line by line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_file_is_compared_by_size_and_hash() {
+    let (ws, server) = serve();
+    ws.ok(&["mark", "before"]);
+    ws.ok(&["exec", "--", "sh", "-c", "printf 'a\\377\\000b' > blob.bin"]);
+    let (status, diff) = call(
+        &server,
+        &server.token,
+        "file.diff",
+        json!({ "path": "blob.bin", "from": "before" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{diff}");
+    assert_eq!(diff["text"], false, "{diff}");
+    assert_eq!(diff["before"], Value::Null);
+    assert_eq!(diff["after"]["size"], 4);
+    let bytes = std::fs::read(ws.path("blob.bin")).unwrap();
+    assert_eq!(
+        diff["after"]["hash"],
+        blake3::hash(&bytes).to_hex().to_string()
+    );
+    assert_eq!(diff["hunks"], json!([]));
+}
+
 /// The queue's figures come with a new stream, and again after every change of the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_s_changes_are_on_the_event_stream() {
@@ -479,6 +504,8 @@ async fn several_mcp_clients_over_http_each_act_as_themselves() {
 async fn every_long_list_comes_a_page_at_a_time() {
     let (_ws, server) = serve();
     let t = &server.token;
+    let (status, _) = call(&server, t, "mark", json!({ "name": "start" })).await;
+    assert_eq!(status, StatusCode::OK);
     for n in 0..7 {
         let (status, _) = call(
             &server,
@@ -555,6 +582,117 @@ async fn every_long_list_comes_a_page_at_a_time() {
     )
     .await;
     assert_eq!(effects.len(), 7, "{effects:?}");
+    // The group subscribes first: it receives what is published from then on.
+    let (status, _) = call(
+        &server,
+        t,
+        "queue.subscribe",
+        json!({ "group": "paged", "topics": ["paged"] }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    for n in 0..7 {
+        for (method, params) in [
+            ("mark", json!({ "name": format!("m{n}") })),
+            ("branch.create", json!({ "name": format!("b{n}") })),
+            (
+                "queue.publish",
+                json!({ "topic": "paged", "payload": n.to_string() }),
+            ),
+        ] {
+            let (status, body) = call(&server, t, method, params).await;
+            assert_eq!(status, StatusCode::OK, "{method}: {body}");
+        }
+    }
+    let marks = walk(
+        &server,
+        "marks",
+        json!({ "limit": 3 }),
+        "marks",
+        "after",
+        "name",
+    )
+    .await;
+    assert_eq!(marks.len(), 8, "start and m0..m6: {marks:?}");
+    let branches = walk(
+        &server,
+        "branch.list",
+        json!({ "limit": 3 }),
+        "branches",
+        "after",
+        "name",
+    )
+    .await;
+    assert_eq!(branches.len(), 8, "main and b0..b6: {branches:?}");
+    let changes = walk(
+        &server,
+        "diff",
+        json!({ "from": "start", "prefix": "pages", "limit": 3 }),
+        "changes",
+        "after",
+        "path",
+    )
+    .await;
+    assert_eq!(
+        changes.len(),
+        8,
+        "the directory and its 7 files: {changes:?}"
+    );
+    let (status, claimed) = call(
+        &server,
+        t,
+        "queue.claim",
+        json!({ "group": "paged", "max": 7 }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{claimed}");
+    let leases = walk(
+        &server,
+        "queue.leases",
+        json!({ "group": "paged", "limit": 3 }),
+        "leases",
+        "after",
+        "message_id",
+    )
+    .await;
+    assert_eq!(leases.len(), 7, "{leases:?}");
+    // Given back on their last attempt, every one is a dead letter.
+    for attempt in 1..=5 {
+        let leases = if attempt == 1 {
+            claimed["leases"].as_array().unwrap().clone()
+        } else {
+            let (_, again) = call(
+                &server,
+                t,
+                "queue.claim",
+                json!({ "group": "paged", "max": 7 }),
+            )
+            .await;
+            again["leases"].as_array().unwrap().clone()
+        };
+        assert_eq!(leases.len(), 7, "attempt {attempt}: {leases:?}");
+        for l in leases {
+            let receipt = l["receipt"].clone();
+            let (status, body) = call(
+                &server,
+                t,
+                "queue.nack",
+                json!({ "receipt": receipt, "delay_ms": 0 }),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+    }
+    let dead = walk(
+        &server,
+        "queue.dead",
+        json!({ "group": "paged", "limit": 3 }),
+        "dead",
+        "after",
+        "message_id",
+    )
+    .await;
+    assert_eq!(dead.len(), 7, "{dead:?}");
     // A cursor that names nothing is refused.
     let (status, _) = call(&server, t, "file.list", json!({ "after": "nowhere" })).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);

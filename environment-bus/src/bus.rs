@@ -531,25 +531,37 @@ impl Bus {
         }
     }
 
-    /// The leases in flight now, of `group` or of every group, oldest message first: who holds
-    /// which message, on which attempt, until when (blocks briefly on a read connection).
+    /// The leases in flight now, of `group` or of every group, in delivery order after the
+    /// delivery `after`: who holds which message, on which attempt, until when (blocks briefly
+    /// on a read connection).
     pub fn leases(
         &self,
         group: Option<&str>,
+        after: Option<i64>,
         limit: u32,
     ) -> Result<Vec<environment_core::queue::LeaseInFlight>> {
         let now = self.inner.config.clock.now_ms();
-        self.read(|c| ops::leases(c, group, now, limit))
+        self.read(|c| ops::leases(c, group, after, now, limit))
     }
 
     /// The group's dead letters, oldest first (blocks briefly on a read connection).
     pub fn dead_letters(&self, group: &str, limit: u32) -> Result<Vec<DeadLetter>> {
-        self.read(|c| ops::dead_letters(c, group, None, limit))
+        self.dead_letters_after(group, None, limit)
+    }
+
+    /// The group's dead letters after the message `after`, oldest first: the next page.
+    pub fn dead_letters_after(
+        &self,
+        group: &str,
+        after: Option<MessageId>,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>> {
+        self.read(|c| ops::dead_letters(c, group, None, after, limit))
     }
 
     /// One dead letter.
     pub fn dead_letter(&self, group: &str, message: MessageId) -> Result<DeadLetter> {
-        self.read(|c| ops::dead_letters(c, group, Some(message), 1))?
+        self.read(|c| ops::dead_letters(c, group, Some(message), None, 1))?
             .pop()
             .ok_or_else(|| BusError::NoSuchDeadLetter {
                 group: group.to_owned(),

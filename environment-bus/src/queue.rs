@@ -10,7 +10,7 @@ use environment_core::{ErrorKind, PortError, Queue};
 
 use crate::bus::Bus;
 use crate::error::BusError;
-use crate::types::{self, GroupOptions, Headers, PublishOptions, Receipt};
+use crate::types::{self, GroupOptions, Headers, MessageId, PublishOptions, Receipt};
 
 impl Queue for Bus {
     fn publish(&self, topic: &str, payload: Vec<u8>, o: Publish) -> Result<Posted, PortError> {
@@ -85,12 +85,22 @@ impl Queue for Bus {
             .wait()?)
     }
 
-    fn leases(&self, group: Option<&str>, limit: u32) -> Result<Vec<LeaseInFlight>, PortError> {
-        Ok(Bus::leases(self, group, limit)?)
+    fn leases(
+        &self,
+        group: Option<&str>,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<LeaseInFlight>, PortError> {
+        Ok(Bus::leases(self, group, after, limit)?)
     }
 
-    fn dead_letters(&self, group: &str, limit: u32) -> Result<Vec<DeadLetter>, PortError> {
-        let dead = Bus::dead_letters(self, group, limit)?;
+    fn dead_letters(
+        &self,
+        group: &str,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, PortError> {
+        let dead = self.dead_letters_after(group, after.map(MessageId), limit)?;
         Ok(dead
             .into_iter()
             .map(|d| DeadLetter {

@@ -32,10 +32,21 @@ pub trait Queue: Send + Sync {
     fn extend(&self, receipt: &str, lease: Duration) -> Result<(), PortError>;
     /// Subscribes `group` to `topics`, creating both when new.
     fn subscribe(&self, group: &str, topics: &[String]) -> Result<(), PortError>;
-    /// The leases of `group` in flight now (every group's when `None`), oldest message first.
-    fn leases(&self, group: Option<&str>, limit: u32) -> Result<Vec<LeaseInFlight>, PortError>;
-    /// `group`'s dead letters, oldest first.
-    fn dead_letters(&self, group: &str, limit: u32) -> Result<Vec<DeadLetter>, PortError>;
+    /// The leases of `group` in flight now (every group's when `None`), in delivery order, after
+    /// the delivery `after`.
+    fn leases(
+        &self,
+        group: Option<&str>,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<LeaseInFlight>, PortError>;
+    /// `group`'s dead letters, oldest message first, after the message `after`.
+    fn dead_letters(
+        &self,
+        group: &str,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, PortError>;
     /// Sends `group`'s dead letters back to the queue; returns how many.
     fn redrive(&self, group: &str) -> Result<u64, PortError>;
     /// Depth, leases and dead letters per topic and group.
@@ -125,6 +136,9 @@ pub enum Settlement {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseInFlight {
+    /// The delivery leased (the number before the dot of its receipt, which alone settles
+    /// nothing): where the next page of leases starts.
+    pub delivery: i64,
     /// The consumer group.
     pub group: String,
     /// The message's topic.

@@ -279,6 +279,31 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
     let op = env.op(&env.head("main").unwrap()).unwrap();
     assert_eq!(written["version"], op.id.to_string());
     assert_eq!(op.actor, agent());
+    // What the write did to the file, line by line, and the two sides by size and hash.
+    write(work, "docs/notes.md", b"hello\nworld\n");
+    let diff = t.ok(
+        "file.diff",
+        json!({ "path": "docs/notes.md", "from": written["version"] }),
+    );
+    assert_eq!(diff["text"], true, "{diff}");
+    assert_eq!(
+        diff["hunks"][0]["lines"],
+        json!([{ "op": "keep", "text": "hello" }, { "op": "add", "text": "world" }]),
+        "{diff}"
+    );
+    assert_eq!(diff["before"]["size"], 6);
+    assert_eq!(diff["after"]["size"], 12);
+    assert_ne!(diff["before"]["hash"], diff["after"]["hash"]);
+    t.refused(
+        "file.diff",
+        json!({ "path": "../outside", "from": written["version"] }),
+        ErrorKind::Invalid,
+    );
+    t.refused(
+        "file.diff",
+        json!({ "path": "docs/notes.md", "from": "no-such-mark" }),
+        ErrorKind::NotFound,
+    );
 
     // A refusal changes nothing, on disk or in the log.
     let head = env.head("main").unwrap();
@@ -1330,6 +1355,7 @@ fn typed_requests_scenario(dir: &Path) {
         to: Some(written.version.clone()),
         prefix: None,
         limit: None,
+        after: None,
     };
     let d = socket.request(diff.clone()).unwrap();
     assert_eq!(d, service.request(diff).unwrap());
@@ -1563,6 +1589,33 @@ fn captures_are_the_agent_s_scenario(dir: &Path) {
         _ => None,
     });
     assert_eq!(lib_by, Some(agent()), "the allowed change is the agent's");
+
+    // The refused changes come a page at a time, newest first, each once.
+    for name in ["a", "b", "c"] {
+        write(&work, &format!("secrets/{name}"), b"again\n");
+    }
+    socket.mark("after-more").unwrap();
+    let (mut ids, mut after) = (Vec::new(), None);
+    loop {
+        let page = socket
+            .request(environment_workspace::versions::RefusedParams {
+                branch: None,
+                limit: Some(1),
+                after,
+            })
+            .unwrap();
+        assert!(page.refused.len() <= 1, "{page:?}");
+        ids.extend(page.refused.iter().map(|r| r.id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let mut expected = ids.clone();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    expected.dedup();
+    assert_eq!(ids, expected, "newest first, each once");
+    assert_eq!(ids.len(), 4, "{ids:?}");
 
     // The witness is no caller: not in process, not through the operator's socket.
     let before = env.head("main").unwrap();

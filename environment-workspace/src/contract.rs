@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use super::error::ServiceError;
 use super::methods::Method;
 use super::session::Session;
-use super::{commands, effects, files, permissions, queue, tournament, versions};
+use super::{commands, effects, files, patch, permissions, queue, tournament, versions};
 
 /// The request of one use case: its parameters, the method it is sent as, and the type of its
 /// answer. Every door sends the same request; [`Workspace::request`](crate::Workspace::request)
@@ -75,6 +75,7 @@ use_cases! {
     Status: versions::StatusParams => versions::Status = versions::status;
     FileRead: files::ReadParams => files::FileRead = files::read;
     FileList: files::ListParams => files::FileList = files::list;
+    FileDiff: patch::FileDiffParams => patch::FileDiff = patch::file_diff;
     FileWrite: files::WriteParams => files::Edited = files::write;
     FileDelete: files::DeleteParams => files::Edited = files::delete;
     QueuePublish: queue::PublishParams => queue::Published = queue::publish;

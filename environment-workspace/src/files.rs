@@ -16,7 +16,7 @@ use environment_sandbox::error::SandboxError;
 /// At most this many entries are listed.
 const MAX_LISTED: usize = 10_000;
 
-fn fs_key(path: &str) -> Result<Key, ServiceError> {
+pub(super) fn fs_key(path: &str) -> Result<Key, ServiceError> {
     Key::fs(path.trim_start_matches("./")).map_err(|e| {
         ServiceError::new(
             ErrorKind::Invalid,
@@ -27,7 +27,7 @@ fn fs_key(path: &str) -> Result<Key, ServiceError> {
 }
 
 /// The version to read: the one named, else the head after a capture of what changed.
-fn version(g: &Session<'_>, spec: Option<&str>) -> Result<OpId, ServiceError> {
+pub(super) fn version(g: &Session<'_>, spec: Option<&str>) -> Result<OpId, ServiceError> {
     match spec {
         Some(v) => resolve(g.shared(), v),
         None => {

@@ -21,6 +21,7 @@ pub mod error;
 pub mod files;
 mod methods;
 mod page;
+pub mod patch;
 pub mod permissions;
 pub mod queue;
 mod session;

@@ -36,6 +36,7 @@
 //! | `verify` | read | environment | — |
 //! | `tournament` | execute | each candidate's and the test's program | `tournament` |
 //! | `file.read`, `file.list` | read | the key, the prefix | `read`, `list` |
+//! | `file.diff` | read | the key | `read` |
 //! | `file.write`, `file.delete` | write, delete | the key | `write`, `delete` |
 //! | `gc` | delete | environment | `gc` |
 //!
@@ -87,6 +88,8 @@ pub enum Method {
     FileRead,
     /// Lists workspace files (at the head, or at a version).
     FileList,
+    /// How a workspace file changed between two versions, line by line.
+    FileDiff,
     /// Writes a whole workspace file, recorded as one operation.
     FileWrite,
     /// Deletes a workspace file or symlink, recorded as one operation.
@@ -192,6 +195,7 @@ impl Method {
         Method::Status,
         Method::FileRead,
         Method::FileList,
+        Method::FileDiff,
         Method::FileWrite,
         Method::FileDelete,
         Method::QueuePublish,
@@ -254,6 +258,7 @@ impl Method {
             Method::Status => "status",
             Method::FileRead => "file.read",
             Method::FileList => "file.list",
+            Method::FileDiff => "file.diff",
             Method::FileWrite => "file.write",
             Method::FileDelete => "file.delete",
             Method::QueuePublish => "queue.publish",

@@ -347,6 +347,9 @@ pub struct DeadParams {
     /// At most this many (default 100, at most 1000).
     #[serde(default)]
     pub limit: Option<u32>,
+    /// The page after this message (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<i64>,
 }
 
 /// A group's dead letters.
@@ -357,6 +360,9 @@ pub struct DeadLetters {
     pub group: String,
     /// Oldest first.
     pub dead: Vec<DeadLetter>,
+    /// Where the next page starts (`after`), when more follow.
+    #[serde(default)]
+    pub next: Option<i64>,
 }
 
 /// A message that ran out of attempts.
@@ -382,7 +388,10 @@ pub struct DeadLetter {
 pub(super) fn dead_letters(g: &Session<'_>, p: DeadParams) -> Result<DeadLetters, ServiceError> {
     let bus = bus(g)?;
     g.allow(Action::Consume, Resource::Topic(p.group.clone()), None)?;
-    let dead = bus.dead_letters(&p.group, p.limit.unwrap_or(100).clamp(1, 1000))?;
+    let limit = p.limit.unwrap_or(100).clamp(1, 1000);
+    // One more than asked says whether another page follows.
+    let mut dead = bus.dead_letters(&p.group, p.after, limit + 1)?;
+    let next = more_than(&mut dead, limit).then(|| dead.last().map(|d| d.message.id));
     let dead = dead
         .into_iter()
         .map(|d| {
@@ -401,6 +410,7 @@ pub(super) fn dead_letters(g: &Session<'_>, p: DeadParams) -> Result<DeadLetters
     Ok(DeadLetters {
         group: p.group,
         dead,
+        next: next.flatten(),
     })
 }
 
@@ -466,14 +476,20 @@ pub struct LeasesParams {
     /// At most this many (default 100, at most 1000).
     #[serde(default)]
     pub limit: Option<u32>,
+    /// The page after this delivery (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<i64>,
 }
 
 /// Leases in flight.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Leases {
-    /// Oldest message first.
+    /// In delivery order.
     pub leases: Vec<LeaseInFlight>,
+    /// Where the next page starts (`after`), when more follow.
+    #[serde(default)]
+    pub next: Option<i64>,
 }
 
 pub(super) fn leases(g: &Session<'_>, p: LeasesParams) -> Result<Leases, ServiceError> {
@@ -482,6 +498,19 @@ pub(super) fn leases(g: &Session<'_>, p: LeasesParams) -> Result<Leases, Service
         Some(group) => g.allow(Action::Consume, Resource::Topic(group.clone()), None)?,
         None => g.allow(Action::Read, Resource::Environment, Some("queue.leases"))?,
     }
-    let leases = bus.leases(p.group.as_deref(), p.limit.unwrap_or(100).clamp(1, 1000))?;
-    Ok(Leases { leases })
+    let limit = p.limit.unwrap_or(100).clamp(1, 1000);
+    let mut leases = bus.leases(p.group.as_deref(), p.after, limit + 1)?;
+    let next = more_than(&mut leases, limit).then(|| leases.last().map(|l| l.delivery));
+    Ok(Leases {
+        leases,
+        next: next.flatten(),
+    })
+}
+
+/// Whether `items` (read with one more than `limit`) has more than `limit`, which it keeps.
+fn more_than<T>(items: &mut Vec<T>, limit: u32) -> bool {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let more = items.len() > limit;
+    items.truncate(limit);
+    more
 }

@@ -75,6 +75,9 @@ pub struct RefusedParams {
     #[serde(default)]
     #[schemars(range(min = 1, max = 1000))]
     pub limit: Option<usize>,
+    /// The page after this refused change (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<u64>,
 }
 
 /// The changes refused on a branch.
@@ -85,6 +88,9 @@ pub struct RefusedList {
     pub branch: String,
     /// Newest first.
     pub refused: Vec<json::Refused>,
+    /// Where the next page starts (`after`), when more may follow.
+    #[serde(default)]
+    pub next: Option<u64>,
 }
 
 /// A read of `branch`'s history of at most `limit` entries (default 50): the limit checked,
@@ -113,12 +119,16 @@ fn history_read(
 pub(super) fn refused(g: &Session<'_>, p: RefusedParams) -> Result<RefusedList, ServiceError> {
     let branch = p.branch.unwrap_or_else(|| g.branch().to_owned());
     let limit = history_read(g, &branch, p.limit)?;
-    let refused = g
+    // One more than asked says whether another page follows.
+    let mut refused = g
         .env()
-        .refused(g.actor(), &branch, limit)
+        .refused_before(g.actor(), &branch, p.after, limit + 1)
         .map_err(ServiceError::from)?;
+    let more = refused.len() > limit;
+    refused.truncate(limit);
     Ok(RefusedList {
         branch,
+        next: more.then(|| refused.last().map(|r| r.id)).flatten(),
         refused: refused.iter().map(json::Refused::from).collect(),
     })
 }
@@ -213,6 +223,9 @@ pub struct DiffParams {
     /// At most this many changes listed (default 200, at most 1000); the counts are of all.
     #[serde(default)]
     pub limit: Option<usize>,
+    /// The page after this path (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<String>,
 }
 
 /// What changed between two versions.
@@ -231,10 +244,13 @@ pub struct Diff {
     pub modified: usize,
     /// Keys removed.
     pub removed: usize,
-    /// More changes than are listed.
+    /// More changes follow the ones listed.
     pub truncated: bool,
-    /// The first changes, by path.
+    /// The changes of this page, by path.
     pub changes: Vec<json::Change>,
+    /// Where the next page starts (`after`), when more follow.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 const MAX_LISTED: usize = 1000;
@@ -263,16 +279,34 @@ pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Diff, ServiceError>
         .diff(g.actor(), &from, &to, prefix.as_ref())
         .map_err(ServiceError::from)?;
     let count = |what: &str| changes.iter().filter(|c| c.change() == what).count();
+    let (total, added, modified, removed) = (
+        changes.len(),
+        count("added"),
+        count("modified"),
+        count("removed"),
+    );
+    let listed: Vec<json::Change> = changes.iter().map(json::Change::from).collect();
+    let (changes, next) = super::page::page(listed, key_of, p.after.as_ref(), limit)?;
     Ok(Diff {
         from: from.to_string(),
         to: to.to_string(),
-        total: changes.len(),
-        added: count("added"),
-        modified: count("modified"),
-        removed: count("removed"),
-        truncated: changes.len() > limit,
-        changes: changes.iter().take(limit).map(json::Change::from).collect(),
+        total,
+        added,
+        modified,
+        removed,
+        truncated: next.is_some(),
+        changes,
+        next,
     })
+}
+
+/// A listed change's cursor: its path, with the namespace in front outside the files (as
+/// [`key_text`] writes a key).
+fn key_of(c: &json::Change) -> String {
+    match c.namespace.as_str() {
+        "fs" => c.path.clone(),
+        ns => format!("{ns}:{}", c.path),
+    }
 }
 
 pub(super) fn key_text(k: &Key) -> String {
@@ -322,11 +356,31 @@ pub(super) fn mark(g: &Session<'_>, p: MarkParams) -> Result<Marked, ServiceErro
     })
 }
 
+/// Lists the marks, by name, a page at a time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MarksParams {
+    /// The page after this mark (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// At most this many (default and most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// Lists the branches and their heads, by name, a page at a time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BranchListParams {
+    /// The page after this branch (the `next` of the previous page).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// At most this many (default and most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
 no_params! {
-    /// Lists the marks, by name.
-    MarksParams;
-    /// Lists the branches and their heads, by name.
-    BranchListParams;
     /// Undoes the last operation not undone yet, in every tracked tree (sequential: a second
     /// undo steps further back, skipping undos).
     UndoParams;
@@ -344,21 +398,27 @@ no_params! {
 pub struct Marks {
     /// By name.
     pub marks: Vec<Marked>,
+    /// Where the next page starts (`after`), when more follow.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
-/// Every mark with its version, by name.
-pub(super) fn marks(g: &Session<'_>, _: MarksParams) -> Result<Marks, ServiceError> {
+/// The marks with their versions, by name.
+pub(super) fn marks(g: &Session<'_>, p: MarksParams) -> Result<Marks, ServiceError> {
     g.allow(Action::Read, Resource::Environment, Some("marks"))?;
-    let marks = g.env().marks().map_err(ServiceError::from)?;
-    Ok(Marks {
-        marks: marks
-            .into_iter()
-            .map(|(name, v)| Marked {
-                name,
-                version: v.to_string(),
-            })
-            .collect(),
-    })
+    let all: Vec<Marked> = g
+        .env()
+        .marks()
+        .map_err(ServiceError::from)?
+        .into_iter()
+        .map(|(name, v)| Marked {
+            name,
+            version: v.to_string(),
+        })
+        .collect();
+    let limit = p.limit.unwrap_or(1000).min(1000);
+    let (marks, next) = super::page::page(all, |m| m.name.clone(), p.after.as_ref(), limit)?;
+    Ok(Marks { marks, next })
 }
 
 /// A branch and its head.
@@ -377,21 +437,27 @@ pub struct BranchHead {
 pub struct Branches {
     /// By name.
     pub branches: Vec<BranchHead>,
+    /// Where the next page starts (`after`), when more follow.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
-/// Every branch with its head, by name.
-pub(super) fn branches(g: &Session<'_>, _: BranchListParams) -> Result<Branches, ServiceError> {
+/// The branches with their heads, by name.
+pub(super) fn branches(g: &Session<'_>, p: BranchListParams) -> Result<Branches, ServiceError> {
     g.allow(Action::Read, Resource::Environment, Some("branch.list"))?;
-    let branches = g.env().branches().map_err(ServiceError::from)?;
-    Ok(Branches {
-        branches: branches
-            .into_iter()
-            .map(|(name, head)| BranchHead {
-                name,
-                head: head.to_string(),
-            })
-            .collect(),
-    })
+    let all: Vec<BranchHead> = g
+        .env()
+        .branches()
+        .map_err(ServiceError::from)?
+        .into_iter()
+        .map(|(name, head)| BranchHead {
+            name,
+            head: head.to_string(),
+        })
+        .collect();
+    let limit = p.limit.unwrap_or(1000).min(1000);
+    let (branches, next) = super::page::page(all, |b| b.name.clone(), p.after.as_ref(), limit)?;
+    Ok(Branches { branches, next })
 }
 
 /// Creates a branch at a version: a line of work to try something on and merge back, the tree

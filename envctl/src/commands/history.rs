@@ -2,6 +2,7 @@
 //! (in process or through a running supervisor alike), rendered here.
 
 use environment_core::json::{Change, HistoryLine};
+use environment_workspace::patch::FileDiffParams;
 use environment_workspace::versions::{DiffParams, HistoryParams, RefusedParams, ShowParams};
 use serde_json::json;
 
@@ -49,6 +50,7 @@ pub fn refused(door: &Door, branch: &str, limit: usize, json: bool) -> Outcome<(
     let list = door.request(RefusedParams {
         branch: Some(branch.to_owned()),
         limit: Some(limit.clamp(1, MOST)),
+        after: None,
     })?;
     if json {
         print_json(&json!(list));
@@ -121,6 +123,7 @@ pub fn diff(door: &Door, from: &str, to: Option<&str>, stat: bool, json: bool) -
         to: to.map(str::to_owned),
         prefix: None,
         limit: Some(MOST),
+        after: None,
     })?;
     if json {
         let mut out = json!({
@@ -154,5 +157,21 @@ pub fn diff(door: &Door, from: &str, to: Option<&str>, stat: bool, json: bool) -
         short(&d.from),
         short(&d.to)
     );
+    Ok(())
+}
+
+/// How one file changed between two versions, as a unified diff.
+pub fn file_diff(door: &Door, path: &str, from: &str, to: Option<&str>, json: bool) -> Outcome<()> {
+    let diff = door.request(FileDiffParams {
+        path: path.to_owned(),
+        from: from.to_owned(),
+        to: to.map(str::to_owned),
+        context: None,
+    })?;
+    if json {
+        print_json(&json!(diff));
+    } else {
+        println!("{diff}");
+    }
     Ok(())
 }

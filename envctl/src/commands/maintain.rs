@@ -13,28 +13,22 @@ use crate::workspace::{ROOTFS_DIR, Workspace};
 
 /// The effect log, through the workspace's door.
 pub fn effects(door: &Door, unfinished: bool, json: bool) -> Outcome<()> {
-    let mut list = door.request(ListParams {
-        unfinished,
-        ..ListParams::default()
-    })?;
-    // Every page.
-    while let Some(after) = list.next {
-        let more = door.request(ListParams {
+    let effects = door.every(
+        |after| ListParams {
             unfinished,
-            after: Some(after),
-            ..ListParams::default()
-        })?;
-        list.effects.extend(more.effects);
-        list.next = more.next;
-    }
+            after,
+            limit: None,
+        },
+        |page| (page.effects, page.next),
+    )?;
     if json {
-        print_json(&json!(list));
+        print_json(&json!({ "effects": effects, "next": null }));
         return Ok(());
     }
-    if list.effects.is_empty() {
+    if effects.is_empty() {
         println!("No {}effects.", if unfinished { "unfinished " } else { "" });
     }
-    for e in &list.effects {
+    for e in &effects {
         println!(
             "#{} {} {} → {} ({}, {} attempt(s))",
             e.id, e.state, e.key, e.target, e.actor, e.attempts

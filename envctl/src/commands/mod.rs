@@ -167,7 +167,15 @@ fn through_door(cli: &Cli, target: Target, held: Option<&Workspace>) -> Outcome<
         Command::Log { all, branch, limit } => history::log(&door, *all, branch, *limit, json)?,
         Command::Show { version } => history::show(&door, version, json)?,
         Command::Refused { branch, limit } => history::refused(&door, branch, *limit, json)?,
-        Command::Diff { from, to, stat } => history::diff(&door, from, to.as_deref(), *stat, json)?,
+        Command::Diff {
+            from,
+            to,
+            file: Some(path),
+            ..
+        } => history::file_diff(&door, path, from, to.as_deref(), json)?,
+        Command::Diff { from, to, stat, .. } => {
+            history::diff(&door, from, to.as_deref(), *stat, json)?
+        }
         Command::Mark { name, version } => {
             names::mark(&door, name.as_deref(), version.as_deref(), json)?
         }

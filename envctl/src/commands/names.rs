@@ -27,8 +27,11 @@ fn listing<'a>(key: &str, pairs: impl Iterator<Item = (&'a str, &'a str)>, json:
 /// Names a version (default the workspace as it is now), or lists the marks.
 pub fn mark(door: &Door, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
     let Some(name) = name else {
-        let list = door.request(MarksParams {})?;
-        let pairs = list.marks.iter().map(|m| (&*m.name, &*m.version));
+        let marks = door.every(
+            |after| MarksParams { after, limit: None },
+            |page| (page.marks, page.next),
+        )?;
+        let pairs = marks.iter().map(|m| (&*m.name, &*m.version));
         listing("marks", pairs, json);
         return Ok(());
     };
@@ -47,8 +50,11 @@ pub fn mark(door: &Door, name: Option<&str>, version: Option<&str>, json: bool) 
 /// Creates a branch at a version (default the workspace as it is now), or lists them.
 pub fn branch(door: &Door, name: Option<&str>, version: Option<&str>, json: bool) -> Outcome<()> {
     let Some(name) = name else {
-        let list = door.request(BranchListParams {})?;
-        let pairs = list.branches.iter().map(|b| (&*b.name, &*b.head));
+        let branches = door.every(
+            |after| BranchListParams { after, limit: None },
+            |page| (page.branches, page.next),
+        )?;
+        let pairs = branches.iter().map(|b| (&*b.name, &*b.head));
         listing("branches", pairs, json);
         return Ok(());
     };

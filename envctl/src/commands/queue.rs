@@ -129,6 +129,7 @@ pub fn run(door: &Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
             let request = DeadParams {
                 group: group.clone(),
                 limit: None,
+                after: None,
             };
             show(door, json, request, |d| {
                 if d.dead.is_empty() {
@@ -168,6 +169,7 @@ pub fn run(door: &Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
             let request = LeasesParams {
                 group: group.clone(),
                 limit: Some(1000),
+                after: None,
             };
             show(door, json, request, |l| {
                 if l.leases.is_empty() {

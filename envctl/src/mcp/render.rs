@@ -48,6 +48,12 @@ pub(super) fn answer(method: Method, answer: &Value) -> String {
             ));
             out
         }
+        Method::FileDiff => {
+            match serde_json::from_value::<environment_workspace::patch::FileDiff>(answer.clone()) {
+                Ok(diff) => diff.to_string(),
+                Err(_) => answer.to_string(),
+            }
+        }
         Method::Mark => format!(
             "Marked {} as {}.",
             short(&answer["version"]),

@@ -152,6 +152,15 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         adapt: keep,
     },
     ToolSpec {
+        name: "file_diff",
+        method: Method::FileDiff,
+        description: "Show how one file changed between two versions, as a unified diff (lines kept, removed, added, with context); a binary or very large file is compared by size and blake3 hash. `from` is a version (id prefix, mark, branch, HEAD~N); `to` defaults to the workspace as it is now.",
+        effect: Effect::Reads,
+        idempotent: true,
+        input: None,
+        adapt: keep,
+    },
+    ToolSpec {
         name: "mark",
         method: Method::Mark,
         description: "Name a version (default: the workspace as it is now) so you can restore it later by that name, e.g. before a risky change. A name is taken once.",

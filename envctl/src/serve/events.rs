@@ -260,10 +260,7 @@ where
     R::Answer: Send,
 {
     let door = door.clone();
-    tokio::task::spawn_blocking(move || door.request(request).ok())
-        .await
-        .ok()
-        .flatten()
+    blocking(move || door.request(request)).await
 }
 
 /// The operations after `after`, oldest first (at most `limit`, the newest ones).
@@ -416,17 +413,15 @@ async fn feed(
 }
 
 /// Every approval request the caller may see, page after page.
-async fn every_approval(door: &Door) -> Option<Vec<environment_workspace::permissions::Approval>> {
-    let mut all = Vec::new();
-    let mut after = None;
-    loop {
-        let page = ask(door, ApprovalListParams { after, limit: None }).await?;
-        all.extend(page.approvals);
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return Some(all),
-        }
-    }
+async fn every_approval(door: &Door) -> Option<Vec<environment_core::governance::Approval>> {
+    let door = door.clone();
+    blocking(move || {
+        door.every(
+            |after| ApprovalListParams { after, limit: None },
+            |page| (page.approvals, page.next),
+        )
+    })
+    .await
 }
 
 /// Every effect (or every unfinished one), page after page.
@@ -434,24 +429,28 @@ async fn every_effect(
     door: &Door,
     unfinished: bool,
 ) -> Option<Vec<environment_core::json::Effect>> {
-    let mut all = Vec::new();
-    let mut after = None;
-    loop {
-        let page = ask(
-            door,
-            EffectListParams {
+    let door = door.clone();
+    blocking(move || {
+        door.every(
+            |after| EffectListParams {
                 unfinished,
                 after,
                 limit: None,
             },
+            |page| (page.effects, page.next),
         )
-        .await?;
-        all.extend(page.effects);
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return Some(all),
-        }
-    }
+    })
+    .await
+}
+
+/// Runs `work` (calls of the service, which may block) on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> crate::failure::Outcome<T> + Send + 'static,
+) -> Option<T> {
+    tokio::task::spawn_blocking(move || work().ok())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Sends one event; false once the client is gone.

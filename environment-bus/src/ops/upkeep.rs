@@ -76,6 +76,7 @@ pub(crate) fn dead_letters(
     conn: &Connection,
     group: &str,
     only: Option<MessageId>,
+    after: Option<MessageId>,
     limit: u32,
 ) -> Result<Vec<DeadLetter>> {
     let (gid, _) = group_row(conn, group)?;
@@ -85,10 +86,12 @@ pub(crate) fn dead_letters(
         " FROM bus_deliveries d JOIN bus_messages m ON m.id = d.msg_id
          JOIN bus_topics t ON t.id = m.topic_id
          WHERE d.group_id = ?1 AND d.state = 4 AND (?2 IS NULL OR d.msg_id = ?2)
-         ORDER BY d.id LIMIT ?3"
+           AND d.msg_id > ?3
+         ORDER BY d.msg_id LIMIT ?4"
     ))
     .and_then(|mut s| {
-        s.query_map(params![gid, only.map(|m| m.0), limit], |r| {
+        let after = after.map_or(0, |m| m.0);
+        s.query_map(params![gid, only.map(|m| m.0), after, limit], |r| {
             let cause: Option<i64> = r.get(2)?;
             Ok(DeadLetter {
                 group: group.to_owned(),
@@ -112,28 +115,34 @@ pub(crate) fn dead_letters(
 pub(crate) fn leases(
     conn: &Connection,
     group: Option<&str>,
+    after: Option<i64>,
     now: i64,
     limit: u32,
 ) -> Result<Vec<LeaseInFlight>> {
     conn.prepare_cached(
-        "SELECT g.name, t.name, m.id, d.consumer, d.attempts, m.published_at, d.lease_until
+        "SELECT g.name, t.name, m.id, d.consumer, d.attempts, m.published_at, d.lease_until, d.id
          FROM bus_deliveries d JOIN bus_groups g ON g.id = d.group_id
          JOIN bus_messages m ON m.id = d.msg_id JOIN bus_topics t ON t.id = m.topic_id
          WHERE d.state = ?1 AND d.lease_until >= ?2 AND (?3 IS NULL OR g.name = ?3)
-         ORDER BY d.msg_id LIMIT ?4",
+           AND d.id > ?4
+         ORDER BY d.id LIMIT ?5",
     )
     .and_then(|mut s| {
-        s.query_map(params![LEASED, now, group, limit], |r| {
-            Ok(LeaseInFlight {
-                group: r.get(0)?,
-                topic: r.get(1)?,
-                message_id: r.get(2)?,
-                consumer: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
-                attempt: r.get(4)?,
-                published_at_ms: r.get(5)?,
-                lease_until_ms: r.get(6)?,
-            })
-        })?
+        s.query_map(
+            params![LEASED, now, group, after.unwrap_or(0), limit],
+            |r| {
+                Ok(LeaseInFlight {
+                    group: r.get(0)?,
+                    topic: r.get(1)?,
+                    message_id: r.get(2)?,
+                    consumer: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
+                    attempt: r.get(4)?,
+                    published_at_ms: r.get(5)?,
+                    lease_until_ms: r.get(6)?,
+                    delivery: r.get(7)?,
+                })
+            },
+        )?
         .collect()
     })
     .ctx("listing leases in flight")

@@ -160,11 +160,24 @@ impl LocalEnvironment {
         branch: &str,
         limit: usize,
     ) -> Result<Vec<RefusedChange>> {
+        self.refused_before(actor, branch, None, limit)
+    }
+
+    /// [`LocalEnvironment::refused`] from before the refused change `before` (the id of the
+    /// last one a caller has): the next page of the list.
+    pub fn refused_before(
+        &self,
+        actor: &ActorId,
+        branch: &str,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<RefusedChange>> {
         self.may_read_history(actor, branch)?;
+        let before = before.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
         self.inner.readers.with(|conn| {
-            let mut stmt =
-                conn.prepare_cached("SELECT id, record FROM refused ORDER BY id DESC")?;
-            let mut rows = stmt.query([])?;
+            let mut stmt = conn
+                .prepare_cached("SELECT id, record FROM refused WHERE id < ?1 ORDER BY id DESC")?;
+            let mut rows = stmt.query([before])?;
             let mut out = Vec::new();
             while out.len() < limit
                 && let Some(row) = rows.next()?

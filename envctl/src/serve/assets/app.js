@@ -212,42 +212,28 @@ async function loadOp(id) {
   $("restore-confirm").onclick = () => confirmRestore(op.id).catch(showError);
 }
 
-async function content(path, version) {
-  try {
-    const f = await api("file.read", { path, version });
-    return f.text !== null ? { text: f.text } : { binary: f.size };
-  } catch (e) {
-    if (e.status === 404) return { text: "" };
-    throw e;
-  }
-}
-
+// A file's diff, as the service computes it: hunks of lines kept, removed and added, or for a
+// file that is not compared by lines, each side's size and hash.
 async function showDiff(op, change) {
-  const before = op.parents[0] ? await content(change.path, op.parents[0]) : { text: "" };
-  const after = change.after ? await content(change.path, op.id) : { text: "" };
   const box = $("op-diff");
-  if (before.binary !== undefined || after.binary !== undefined) {
-    box.replaceChildren(el("p", {}, `${change.path}: binary, ${before.binary ?? 0} → ${after.binary ?? 0} bytes`));
+  if (!op.parents[0]) { box.replaceChildren(el("p", {}, `${change.path}: created with the environment`)); return; }
+  const d = await api("file.diff", { path: change.path, from: op.parents[0], to: op.id });
+  const side = (s) => s ? `${s.size} bytes, blake3 ${s.hash.slice(0, 16)}` : "absent";
+  if (!d.text) {
+    box.replaceChildren(el("h3", {}, change.path),
+      el("p", { class: "binary" }, `not compared by lines (binary or too large): ${side(d.before)} → ${side(d.after)}`));
     return;
   }
-  box.replaceChildren(el("h3", {}, change.path), diffView(before.text.split("\n"), after.text.split("\n")));
-}
-
-// A line diff (longest common subsequence), enough for the files people read here.
-function diffView(a, b) {
-  const n = a.length, m = b.length;
-  if (n * m > 4e6) return el("p", {}, `${n} → ${m} lines (too long to show here)`);
-  const dp = Array.from({ length: n + 1 }, () => new Uint32Array(m + 1));
-  for (let i = n - 1; i >= 0; i--) for (let j = m - 1; j >= 0; j--)
-    dp[i][j] = a[i] === b[j] ? dp[i + 1][j + 1] + 1 : Math.max(dp[i + 1][j], dp[i][j + 1]);
   const pre = el("pre", { class: "diff" });
-  let i = 0, j = 0;
-  while (i < n || j < m) {
-    if (i < n && j < m && a[i] === b[j]) { pre.append(el("div", {}, "  " + a[i])); i++; j++; }
-    else if (j < m && (i >= n || dp[i][j + 1] >= dp[i + 1][j])) { pre.append(el("div", { class: "add" }, "+ " + b[j])); j++; }
-    else { pre.append(el("div", { class: "del" }, "- " + a[i])); i++; }
+  for (const h of d.hunks) {
+    pre.append(el("div", { class: "hunk" }, `@@ -${h.old_start},${h.old_lines} +${h.new_start},${h.new_lines} @@`));
+    for (const l of h.lines) {
+      const [cls, mark] = { add: ["add", "+ "], remove: ["del", "- "] }[l.op] || ["", "  "];
+      pre.append(el("div", cls ? { class: cls } : {}, mark + l.text));
+    }
   }
-  return pre;
+  if (d.truncated) pre.append(el("div", {}, "… more changes are not listed"));
+  box.replaceChildren(el("h3", {}, change.path), el("p", { class: "sides" }, `${side(d.before)} → ${side(d.after)}`), pre);
 }
 
 async function previewRestore(id) {
