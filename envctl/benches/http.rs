@@ -73,7 +73,14 @@ impl Drop for Server {
 
 fn serve(dir: &Path) -> Server {
     let mut child = envctl(dir)
-        .args(["--json", "serve", "--listen", "127.0.0.1:0"])
+        .args([
+            "--json",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--rate-limit",
+            "0",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

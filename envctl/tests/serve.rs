@@ -373,6 +373,65 @@ async fn an_edit_in_the_tree_reaches_the_stream_without_a_command() {
     assert_eq!(read["text"], "by hand\n");
 }
 
+/// Each credential has its own rate (`--rate-limit`, in bursts of twice as many): past it, a
+/// request is refused with 429 before it runs and changes nothing, while another credential is
+/// still served. A body over 16 MiB is refused whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_rate_or_its_size_a_request_is_refused_and_changes_nothing() {
+    let ws = Ws::acting_as(Some("human:alice"));
+    std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
+    ws.ok(&["policy", "load", "../rules.toml"]);
+    let server = common::serving::start_with(&ws, &["--rate-limit", "5"]);
+    let coder = capability(&ws, "agent:coder");
+    let mut refused = None;
+    for n in 0..40 {
+        let path = format!("src/r{n}.txt");
+        let (status, body) = call(
+            &server,
+            &coder,
+            "file.write",
+            json!({ "path": path, "content": "x" }),
+        )
+        .await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(body["error"]["kind"], "unavailable", "{body}");
+            refused = Some(path);
+            break;
+        }
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(n < 20, "the burst of 10 is long spent by request {n}");
+    }
+    let refused = refused.expect("the rate was enforced");
+    assert!(!ws.path(&refused).exists(), "a refused write wrote nothing");
+    let (status, _) = call(&server, &server.token, "status", json!({})).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "another credential has its own rate"
+    );
+
+    // A body announced over the limit is refused before it is read (the server answers, and
+    // closes, without waiting for it).
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let mut raw = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let head = format!(
+        "POST /api/v1/file.write HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"path\": \"huge.txt\"",
+        server.token,
+        17 << 20
+    );
+    raw.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), raw.read(&mut answer))
+        .await
+        .expect("the server answered without the body")
+        .unwrap();
+    let line = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(line.starts_with("HTTP/1.1 413"), "{line}");
+    assert!(!ws.path("huge.txt").exists());
+}
+
 /// A file that is not text is compared by size and content hash, not line by line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binary_file_is_compared_by_size_and_hash() {

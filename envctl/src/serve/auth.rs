@@ -272,21 +272,31 @@ fn capability(served: &Served, credential: &str) -> Option<Caller> {
     })
 }
 
-/// A token bucket per credential: `RATE` requests a second on average, bursts of `BURST`.
-#[derive(Default)]
+/// A token bucket per credential: `rate` requests a second on average, bursts of twice that.
+/// A bucket refills whole after a second of quiet; a rate of 0 admits everything.
 pub(crate) struct RateLimiter {
+    rate: f64,
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
 }
 
-const RATE: f64 = 2000.0;
-const BURST: f64 = 4000.0;
-
 impl RateLimiter {
+    /// At most `rate` requests a second per credential (0: no limit).
+    pub(crate) fn new(rate: u32) -> RateLimiter {
+        RateLimiter {
+            rate: f64::from(rate),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
     fn admit(&self, credential: &str) -> bool {
+        if self.rate == 0.0 {
+            return true;
+        }
+        let burst = 2.0 * self.rate;
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let (tokens, at) = buckets.entry(credential.to_owned()).or_insert((BURST, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * RATE).min(BURST);
+        let (tokens, at) = buckets.entry(credential.to_owned()).or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(burst);
         *at = now;
         if *tokens < 1.0 {
             return false;

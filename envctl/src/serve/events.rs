@@ -23,9 +23,9 @@ use environment_workspace::permissions::ApprovalListParams;
 use environment_workspace::queue::StatsParams;
 use environment_workspace::versions::HistoryParams;
 use environment_workspace::{Caller, Request};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, watch};
 use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::BroadcastStream;
 
 use super::Served;
 use crate::door::Door;
@@ -230,7 +230,10 @@ impl Feeds {
     }
 }
 
-/// `GET /api/v1/events`.
+/// `GET /api/v1/events`: what the client missed and what stands now, then the caller's feed.
+/// The stream is the feed itself, read by the connection's own task: no task or queue of its
+/// own per client, so a hundred open streams cost a hundred socket writes per event and little
+/// more.
 pub(crate) async fn stream(
     State(served): State<Arc<Served>>,
     Extension(caller): Extension<Caller>,
@@ -246,9 +249,21 @@ pub(crate) async fn stream(
         .and_then(|v| v.trim().parse::<u64>().ok());
     // Subscribed first, so nothing falls between what is replayed and what the feed sends.
     let live = served.feeds.subscribe(&caller, &door, &served.seen);
-    let (tx, rx) = mpsc::channel::<Event>(256);
-    tokio::spawn(client(door, live, resume, tx));
-    let events = ReceiverStream::new(rx).map(Ok::<Event, Infallible>);
+    let (opening, mut cursor) = opening(&door, resume).await;
+    let live = BroadcastStream::new(live)
+        // Fallen behind (or the feed ended): closed, the client resumes from its last id.
+        .map_while(Result::ok)
+        .filter_map(move |item| match item.id {
+            Some(id) if id <= cursor => None,
+            Some(id) => {
+                cursor = id;
+                Some(item)
+            }
+            None => Some(item),
+        });
+    let events = tokio_stream::iter(opening)
+        .chain(live)
+        .map(|item| Ok::<Event, Infallible>(item.event()));
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
@@ -287,62 +302,28 @@ async fn operations_after(door: &Door, after: u64, limit: usize) -> Vec<(u64, Hi
     newer
 }
 
-/// One stream: what it missed (with `Last-Event-ID`), the approvals, effects and queue as they
-/// stand, then the caller's feed, until the client goes away.
-async fn client(
-    door: Door,
-    mut live: broadcast::Receiver<Item>,
-    resume: Option<u64>,
-    tx: mpsc::Sender<Event>,
-) {
+/// What a stream opens with: the operations it missed (after `Last-Event-ID`), then the
+/// approvals, effects and queue as they stand; and the last operation sent.
+async fn opening(door: &Door, resume: Option<u64>) -> (Vec<Item>, u64) {
+    let mut items = Vec::new();
     let mut cursor = 0;
     if let Some(after) = resume {
         cursor = after;
-        for (seq, line) in operations_after(&door, after, REPLAY).await {
-            if !send(&tx, Item::of("operation", Some(seq), &line)).await {
-                return;
-            }
+        for (seq, line) in operations_after(door, after, REPLAY).await {
+            items.extend(Item::of("operation", Some(seq), &line));
             cursor = seq;
         }
     }
-    if let Some(list) = every_approval(&door).await {
-        for a in list {
-            if !send(&tx, Item::of("approval", None, &a)).await {
-                return;
-            }
-        }
+    for a in every_approval(door).await.unwrap_or_default() {
+        items.extend(Item::of("approval", None, &a));
     }
-    if let Some(list) = every_effect(&door, true).await {
-        for e in list {
-            if !send(&tx, Item::of("effect", None, &e)).await {
-                return;
-            }
-        }
+    for e in every_effect(door, true).await.unwrap_or_default() {
+        items.extend(Item::of("effect", None, &e));
     }
-    if let Some(stats) = ask(&door, StatsParams::default()).await
-        && !send(&tx, Item::of("queue", None, &stats)).await
-    {
-        return;
+    if let Some(stats) = ask(door, StatsParams::default()).await {
+        items.extend(Item::of("queue", None, &stats));
     }
-    loop {
-        let item = tokio::select! {
-            item = live.recv() => item,
-            _ = tx.closed() => return,
-        };
-        match item {
-            Ok(item) if item.id.is_some_and(|id| id <= cursor) => {}
-            Ok(item) => {
-                if let Some(id) = item.id {
-                    cursor = id;
-                }
-                if !send(&tx, Some(item)).await {
-                    return;
-                }
-            }
-            // Fallen behind (or the feed ended): closed, the client resumes from its last id.
-            Err(_) => return,
-        }
-    }
+    (items, cursor)
 }
 
 /// A caller's feed: reads what changed, as the caller, each time the watcher sees a change,
@@ -451,12 +432,4 @@ async fn blocking<T: Send + 'static>(
         .await
         .ok()
         .flatten()
-}
-
-/// Sends one event; false once the client is gone.
-async fn send(tx: &mpsc::Sender<Event>, item: Option<Item>) -> bool {
-    match item {
-        Some(item) => tx.send(item.event()).await.is_ok(),
-        None => true,
-    }
 }

@@ -178,7 +178,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
             policy,
             hosts: hosts.clone(),
             origins: auth::origins(&hosts, &a.hosts),
-            limiter: auth::RateLimiter::default(),
+            limiter: auth::RateLimiter::new(a.rate_limit),
             seen,
             feeds: events::Feeds::default(),
         });
