@@ -1,5 +1,5 @@
 //! environment-bus benches: publish → claim → ack one at a time, in batches of 100, with 8
-//! concurrent clients (group commit), the raw single-row SQLite transaction rate and the raw
+//! concurrent clients (group commit; and with ack-and-claim-next, a cycle of two operations), the raw single-row SQLite transaction rate and the raw
 //! group-commit rate of 8 threads measured in the same run (for the ratios), and the
 //! publish-to-claim wake-up latency of a waiting consumer.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -209,6 +209,37 @@ fn eight_clients(bus: &Bus, iters: u64, per_iter: u64, batch: bool) -> Duration 
     start.elapsed()
 }
 
+/// [`eight_clients`] one message at a time, each worker's cycle two operations: it publishes,
+/// then acks what it holds and claims the next in one step (ack-and-claim-next).
+fn eight_clients_ack_next(bus: &Bus, iters: u64) -> Duration {
+    let clients = 8u64;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for c in 0..clients {
+            let bus = bus.clone();
+            let n = iters / clients + u64::from(c < iters % clients);
+            s.spawn(move || {
+                let name = format!("n{c}");
+                let mut held = None;
+                for _ in 0..n {
+                    bus.publish("t", vec![7u8; 64], PublishOptions::default())
+                        .wait()
+                        .unwrap();
+                    let next = match &held {
+                        Some(receipt) => bus.ack_and_claim(&name, receipt, "g", 1, LEASE),
+                        None => bus.claim("g", &name, 1, LEASE),
+                    };
+                    held = next.wait().unwrap().first().map(|l| l.receipt);
+                }
+                if let Some(receipt) = held {
+                    bus.ack(&receipt).wait().unwrap();
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
 fn concurrent(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let mut g = c.benchmark_group("bus");
@@ -216,6 +247,10 @@ fn concurrent(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     g.bench_function("publish_claim_ack_8_clients_single", |b| {
         b.iter_custom(|iters| eight_clients(&bus, iters, 1, false))
+    });
+    let bus = open_bus(&dir, "c8n.db");
+    g.bench_function("publish_ackclaimnext_8_clients_single", |b| {
+        b.iter_custom(|iters| eight_clients_ack_next(&bus, iters))
     });
     let bus = open_bus(&dir, "c8b.db");
     g.throughput(Throughput::Elements(100));

@@ -3,7 +3,7 @@
 //! - an API read (`file.read`) and the first screen of the history (`history`, 200 entries) of
 //!   an environment with many operations (`ENVCTL_BENCH_OPS`, default 100,000);
 //! - how long after its commit an operation reaches a connected event stream;
-//! - API writes with no event stream connected, and with 100 connected;
+//! - API writes with no event stream connected, and with 100 connected and read;
 //! - MCP `read_file` and `write_file` over Streamable HTTP against stdio, with the 95th
 //!   percentile of each printed beside criterion's figures.
 //!
@@ -200,10 +200,17 @@ fn api(c: &mut Criterion) {
         });
     };
     write("api write, no event stream", &mut g);
+    // Each stream is read as a browser reads it, on the same two cores.
     let streams: Vec<reqwest::Response> =
         rt.block_on(async { futures_all(&http, &server, 100).await });
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|mut s| rt.spawn(async move { while let Ok(Some(_)) = s.chunk().await {} }))
+        .collect();
     write("api write, 100 event streams", &mut g);
-    drop(streams);
+    for r in readers {
+        r.abort();
+    }
     g.finish();
 }
 

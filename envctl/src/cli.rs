@@ -474,6 +474,12 @@ pub enum QueueCommand {
     Ack {
         /// The receipt (DELIVERY.TOKEN).
         receipt: String,
+        /// Also lease up to N further messages of the same group, in the same step.
+        #[arg(long, value_name = "N")]
+        next: Option<u32>,
+        /// Lease length in seconds of those further messages.
+        #[arg(long, default_value_t = 60)]
+        lease: u64,
     },
     /// Give a lease back (retried after a backoff).
     Nack {

@@ -440,7 +440,12 @@ fn queue_round_trip() {
     let held = ws.json(&["queue", "leases", "--group", "coders"]);
     assert_eq!(held["leases"][0]["message_id"], leases[0]["message_id"]);
     assert_eq!(held["leases"][0]["attempt"], 1);
-    ws.ok(&["queue", "ack", &receipt]);
+    // The ack takes the next task in the same step.
+    ws.ok(&["queue", "publish", "task.created", "{\"id\": 2}"]);
+    let cycled = ws.json(&["queue", "ack", &receipt, "--next", "1"]);
+    assert_eq!(cycled["leases"][0]["payload"], "{\"id\": 2}", "{cycled}");
+    let next = cycled["leases"][0]["receipt"].as_str().unwrap().to_owned();
+    ws.ok(&["queue", "ack", &next]);
     assert_eq!(
         ws.json(&["queue", "leases"])["leases"],
         serde_json::json!([])

@@ -383,6 +383,51 @@ impl Bus {
         self.settle_by(Some(consumer), receipt, Settle::Ack)
     }
 
+    /// Acks `receipt` as `consumer` and leases up to `max` further messages of `group` (the
+    /// receipt's group) to the same consumer, in one command: a worker's cycle is two
+    /// operations (publish, then this), not three. A receipt of another group is
+    /// [`BusError::OtherGroup`] and acks nothing.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use environment_bus::{Bus, BusConfig, GroupOptions, PublishOptions};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let bus = Bus::open(dir.path().join("bus.db"), BusConfig::default()).unwrap();
+    /// # bus.create_topic("jobs").wait().unwrap();
+    /// # bus.create_group("workers", &["jobs"], GroupOptions::default()).wait().unwrap();
+    /// for job in ["build", "test"] {
+    ///     bus.publish("jobs", job.as_bytes().to_vec(), PublishOptions::default()).wait().unwrap();
+    /// }
+    /// let lease = Duration::from_secs(30);
+    /// let first = bus.claim("workers", "agent:a", 1, lease).wait().unwrap();
+    /// let next = bus
+    ///     .ack_and_claim("agent:a", &first[0].receipt, "workers", 1, lease)
+    ///     .wait()
+    ///     .unwrap();
+    /// assert_eq!(next[0].message.payload, b"test");
+    /// ```
+    pub fn ack_and_claim(
+        &self,
+        consumer: &str,
+        receipt: &Receipt,
+        group: &str,
+        max: u32,
+        lease: Duration,
+    ) -> Pending<Vec<Lease>> {
+        let checked = self
+            .check_claim(consumer, max, lease)
+            .and_then(|lease_ms| ops::check_name("group", group).map(|()| lease_ms));
+        let lease_ms = match checked {
+            Ok(l) => l,
+            Err(e) => return Pending::done(Err(e)),
+        };
+        let (receipt, consumer, group) = (*receipt, consumer.to_owned(), group.to_owned());
+        // It may refuse after its ack (a receipt of another group): a savepoint undoes it.
+        self.submit_with(true, move |ctx| {
+            ops::ack_and_claim(ctx, &receipt, &consumer, &group, max, lease_ms).map(|c| c.leases)
+        })
+    }
+
     /// Acks many receipts in one transaction; each gets its own outcome (a stale receipt does
     /// not stop the others). A database error fails the whole call and acks none.
     pub fn ack_many(&self, receipts: &[Receipt]) -> Pending<Vec<Result<()>>> {

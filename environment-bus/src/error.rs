@@ -87,6 +87,15 @@ pub enum BusError {
         /// Who presented it.
         consumer: String,
     },
+    /// The receipt is of another consumer group than the one to claim the next message from
+    /// (an ack-and-claim-next continues in the group it acks in). Nothing was changed.
+    #[error("receipt {receipt} is not of group {group:?}")]
+    OtherGroup {
+        /// The receipt presented.
+        receipt: Receipt,
+        /// The group named.
+        group: String,
+    },
     /// No dead letter with that message id in that group.
     #[error("no dead letter for message {message} in group {group:?}")]
     NoSuchDeadLetter {
@@ -146,6 +155,7 @@ impl BusError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             BusError::InvalidName { .. }
+            | BusError::OtherGroup { .. }
             | BusError::PayloadTooLarge { .. }
             | BusError::OutOfRange { .. } => ErrorKind::Invalid,
             BusError::UnknownTopic { .. }

@@ -39,17 +39,22 @@ impl Queue for Bus {
         max: u32,
         lease: Duration,
     ) -> Result<Vec<Lease>, PortError> {
-        let leases = Bus::claim(self, group, consumer, max, lease).wait()?;
-        Ok(leases
-            .into_iter()
-            .map(|l| Lease {
-                receipt: l.receipt.to_string(),
-                group: l.group,
-                message: message(l.message),
-                attempt: l.attempt,
-                lease_until_ms: l.lease_until_ms,
-            })
-            .collect())
+        Ok(leases(
+            Bus::claim(self, group, consumer, max, lease).wait()?,
+        ))
+    }
+
+    fn ack_and_claim(
+        &self,
+        consumer: &str,
+        receipt: &str,
+        group: &str,
+        max: u32,
+        lease: Duration,
+    ) -> Result<Vec<Lease>, PortError> {
+        let receipt: Receipt = receipt.parse()?;
+        let next = Bus::ack_and_claim(self, consumer, &receipt, group, max, lease).wait()?;
+        Ok(leases(next))
     }
 
     fn holder(&self, receipt: &str) -> Result<Holder, PortError> {
@@ -119,6 +124,19 @@ impl Queue for Bus {
     fn metrics(&self) -> Result<Vec<TopicMetrics>, PortError> {
         Ok(Bus::metrics(self)?)
     }
+}
+
+fn leases(leases: Vec<types::Lease>) -> Vec<Lease> {
+    leases
+        .into_iter()
+        .map(|l| Lease {
+            receipt: l.receipt.to_string(),
+            group: l.group,
+            message: message(l.message),
+            attempt: l.attempt,
+            lease_until_ms: l.lease_until_ms,
+        })
+        .collect()
 }
 
 fn message(m: types::Message) -> Message {

@@ -701,3 +701,59 @@ fn only_the_claimer_settles_as_a_consumer() {
         Some(DeliveryStatus::Acked)
     );
 }
+
+#[test]
+fn ack_and_claim_next_is_one_step_of_a_worker_and_refuses_whole() {
+    let (_d, _c, bus) = setup();
+    bus.create_topic("other").wait().unwrap();
+    bus.create_group("elsewhere", &["other"], GroupOptions::default())
+        .wait()
+        .unwrap();
+    for job in ["one", "two", "three"] {
+        publish(&bus, job, PublishOptions::default());
+    }
+    let first = bus.claim("workers", "a", 1, LEASE).wait().unwrap();
+    let next = bus
+        .ack_and_claim("a", &first[0].receipt, "workers", 1, LEASE)
+        .wait()
+        .unwrap();
+    assert_eq!(next[0].message.payload, b"two");
+    assert_eq!(
+        bus.status("workers", first[0].message.id).unwrap(),
+        Some(DeliveryStatus::Acked)
+    );
+    // Another consumer's receipt, or a receipt of another group: refused, nothing acked and
+    // nothing claimed.
+    assert!(matches!(
+        bus.ack_and_claim("b", &next[0].receipt, "workers", 1, LEASE)
+            .wait(),
+        Err(BusError::NotYourReceipt { .. })
+    ));
+    assert!(matches!(
+        bus.ack_and_claim("a", &next[0].receipt, "elsewhere", 1, LEASE)
+            .wait(),
+        Err(BusError::OtherGroup { .. })
+    ));
+    assert_eq!(
+        bus.status("workers", next[0].message.id).unwrap(),
+        Some(DeliveryStatus::Leased)
+    );
+    // The lease still holds: the worker goes on, and the last message comes with the ack.
+    let last = bus
+        .ack_and_claim("a", &next[0].receipt, "workers", 5, LEASE)
+        .wait()
+        .unwrap();
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].message.payload, b"three");
+    let none = bus
+        .ack_and_claim("a", &last[0].receipt, "workers", 5, LEASE)
+        .wait()
+        .unwrap();
+    assert!(none.is_empty());
+    // A settled receipt again is stale.
+    assert!(matches!(
+        bus.ack_and_claim("a", &last[0].receipt, "workers", 1, LEASE)
+            .wait(),
+        Err(BusError::StaleReceipt { .. })
+    ));
+}

@@ -468,6 +468,25 @@ fn body(t: &mut Transcript<'_>, env: &LocalEnvironment, work: &Path) {
         "queue.nack",
         json!({ "receipt": receipt, "delay_ms": 60000 }),
     );
+    // A worker's cycle in two steps: the ack of what is done takes what is next.
+    for payload in ["three", "four"] {
+        t.ok(
+            "queue.publish",
+            json!({ "topic": "tasks", "payload": payload }),
+        );
+    }
+    let claimed = t.ok("queue.claim", json!({ "group": "tasks", "max": 1 }));
+    assert_eq!(claimed["leases"][0]["payload"], "three", "{claimed}");
+    let receipt = claimed["leases"][0]["receipt"].as_str().unwrap().to_owned();
+    let cycled = t.ok("queue.ack", json!({ "receipt": receipt, "next": 1 }));
+    assert_eq!(cycled["leases"][0]["payload"], "four", "{cycled}");
+    t.refused(
+        "queue.ack",
+        json!({ "receipt": receipt, "next": 1 }),
+        ErrorKind::Conflict,
+    );
+    let next = cycled["leases"][0]["receipt"].as_str().unwrap().to_owned();
+    t.ok("queue.ack", json!({ "receipt": next }));
     t.ok(
         "queue.subscribe",
         json!({ "group": "audit", "topics": ["tasks"] }),

@@ -137,13 +137,25 @@ pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Claimed, ServiceE
         p.max.unwrap_or(1),
         Duration::from_millis(p.lease_ms.unwrap_or(30_000)),
     )?;
+    Ok(Claimed {
+        leases: handed_out(g, &consumer, leases),
+    })
+}
+
+/// Leases handed to the caller, as `consumer`: each receipt remembered with its claim (only
+/// the caller settles it), each message in the answer's form.
+fn handed_out(
+    g: &Session<'_>,
+    consumer: &str,
+    leases: Vec<environment_core::queue::Lease>,
+) -> Vec<Lease> {
     let mut receipts = lock(&g.shared().receipts);
-    let leases = leases
+    leases
         .into_iter()
         .map(|l| {
             let claim = Claim {
                 group: l.group.clone(),
-                consumer: consumer.clone(),
+                consumer: consumer.to_owned(),
                 claimer: g.actor().clone(),
             };
             receipts.insert(l.receipt.clone(), claim);
@@ -170,8 +182,7 @@ pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Claimed, ServiceE
                 lease_until_ms: l.lease_until_ms,
             }
         })
-        .collect();
-    Ok(Claimed { leases })
+        .collect()
 }
 
 /// Acknowledges a lease: the message was handled and is not delivered again.
@@ -180,6 +191,13 @@ pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Claimed, ServiceE
 pub struct AckParams {
     /// The receipt queue.claim gave.
     pub receipt: String,
+    /// Also lease up to this many further messages of the same group, in the same step (a
+    /// worker's cycle: ack what is done, take what is next).
+    #[serde(default)]
+    pub next: Option<u32>,
+    /// How long the further leases last (default 30 s).
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
 }
 
 /// Gives a lease back: the message is delivered again later (or dead-lettered after its last
@@ -205,6 +223,9 @@ pub struct Settled {
     pub receipt: String,
     /// `ack` or `nack`.
     pub settled: String,
+    /// The further leases an ack with `next` took (oldest first).
+    #[serde(default)]
+    pub leases: Vec<Lease>,
 }
 
 /// Who may settle `receipt`, decided: the consumer group it was claimed from (the caller must
@@ -245,7 +266,19 @@ fn holder(g: &Session<'_>, receipt: &str) -> Result<Claim, ServiceError> {
 }
 
 pub(super) fn ack(g: &Session<'_>, p: AckParams) -> Result<Settled, ServiceError> {
-    settle(g, p.receipt, Settlement::Ack)
+    let Some(max) = p.next else {
+        return settle(g, p.receipt, Settlement::Ack);
+    };
+    let bus = bus(g)?;
+    let claim = holder(g, &p.receipt)?;
+    let lease = Duration::from_millis(p.lease_ms.unwrap_or(30_000));
+    let next = bus.ack_and_claim(&claim.consumer, &p.receipt, &claim.group, max, lease)?;
+    lock(&g.shared().receipts).remove(&p.receipt);
+    Ok(Settled {
+        receipt: p.receipt,
+        settled: "ack".to_owned(),
+        leases: handed_out(g, &claim.consumer, next),
+    })
 }
 
 pub(super) fn nack(g: &Session<'_>, p: NackParams) -> Result<Settled, ServiceError> {
@@ -269,6 +302,7 @@ fn settle(g: &Session<'_>, receipt: String, how: Settlement) -> Result<Settled, 
     Ok(Settled {
         receipt,
         settled: settled.to_owned(),
+        leases: Vec::new(),
     })
 }
 

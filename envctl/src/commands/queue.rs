@@ -4,8 +4,8 @@
 use environment_core::{Clock, SystemClock};
 use environment_workspace::Request;
 use environment_workspace::queue::{
-    AckParams, ClaimParams, DeadParams, LeasesParams, NackParams, PublishParams, RedriveParams,
-    StatsParams, SubscribeParams,
+    AckParams, ClaimParams, DeadParams, Lease, LeasesParams, NackParams, PublishParams,
+    RedriveParams, StatsParams, SubscribeParams,
 };
 use serde::Serialize;
 
@@ -95,24 +95,22 @@ pub fn run(door: &Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
                 if c.leases.is_empty() {
                     println!("Nothing to claim in {group}.");
                 }
-                for l in &c.leases {
-                    println!(
-                        "{} {} #{} attempt {}: {}",
-                        l.receipt,
-                        l.topic,
-                        l.message_id,
-                        l.attempt,
-                        l.payload.as_deref().unwrap_or("(binary)")
-                    );
-                }
+                print_leases(&c.leases);
             })
         }
-        QueueCommand::Ack { receipt } => {
+        QueueCommand::Ack {
+            receipt,
+            next,
+            lease,
+        } => {
             let request = AckParams {
                 receipt: receipt.clone(),
+                next: *next,
+                lease_ms: Some(lease.saturating_mul(1000)),
             };
             show(door, json, request, |s| {
-                println!("Acknowledged {}.", s.receipt)
+                println!("Acknowledged {}.", s.receipt);
+                print_leases(&s.leases);
             })
         }
         QueueCommand::Nack { receipt, error } => {
@@ -189,5 +187,19 @@ pub fn run(door: &Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
                 }
             })
         }
+    }
+}
+
+/// One line per lease: its receipt, topic, message, attempt and payload.
+fn print_leases(leases: &[Lease]) {
+    for l in leases {
+        println!(
+            "{} {} #{} attempt {}: {}",
+            l.receipt,
+            l.topic,
+            l.message_id,
+            l.attempt,
+            l.payload.as_deref().unwrap_or("(binary)")
+        );
     }
 }

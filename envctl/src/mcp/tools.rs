@@ -307,7 +307,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "queue_ack",
         method: Method::QueueAck,
-        description: "Acknowledge a claimed message by its receipt: the work is done and it is not delivered again.",
+        description: "Acknowledge a claimed message by its receipt: the work is done and it is not delivered again. With `next`, also claim up to that many further messages of the same group in the same step (ack what is done, take what is next).",
         effect: Effect::Changes,
         idempotent: false,
         input: None,

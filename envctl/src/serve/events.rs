@@ -24,6 +24,7 @@ use environment_workspace::queue::StatsParams;
 use environment_workspace::versions::HistoryParams;
 use environment_workspace::{Caller, Request};
 use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::BroadcastStream;
 
@@ -50,8 +51,11 @@ pub(crate) struct Watched {
     pub(crate) branch: String,
 }
 
-/// How often the log is looked at.
+/// How often the log is looked at when nothing is committed in this process.
 const TICK: Duration = Duration::from_millis(50);
+/// The log is looked at at most this often, so a burst of commits reaches the streams as one
+/// batch (a quiet environment's first commit goes out at once).
+const BATCH: Duration = Duration::from_millis(10);
 /// At most this many operations are replayed to a client that reconnects.
 const REPLAY: usize = 1000;
 
@@ -113,10 +117,15 @@ pub(crate) async fn watch_log(watched: Watched) -> watch::Receiver<Seen> {
                 digests = now;
             }
             tx.send_if_modified(|s| std::mem::replace(s, seen) != seen);
+            let looked = Instant::now();
             tokio::select! {
-                _ = commits.recv() => while commits.try_recv().is_some() {},
+                _ = commits.recv() => {}
                 _ = tokio::time::sleep(TICK) => {}
             }
+            // A burst of commits is looked at together, at most once a `BATCH`: each stream
+            // then wakes and writes once for the burst, not once per commit.
+            tokio::time::sleep_until(looked + BATCH).await;
+            while commits.try_recv().is_some() {}
         }
     });
     rx

@@ -214,7 +214,7 @@ fn leased_row(
 
 /// The hot settlement in one statement: the update itself checks the receipt, and only a
 /// refusal (which wrote nothing) reads the row to say why.
-fn ack(ctx: &mut Ctx<'_>, receipt: &Receipt, by: Option<&str>) -> Result<()> {
+fn ack(ctx: &mut Ctx<'_>, receipt: &Receipt, by: Option<&str>) -> Result<i64> {
     let acked: Option<(i64, Option<String>)> = ctx
         .conn
         .prepare_cached(
@@ -232,13 +232,35 @@ fn ack(ctx: &mut Ctx<'_>, receipt: &Receipt, by: Option<&str>) -> Result<()> {
         })
         .ctx("acking a delivery")?;
     match acked {
-        Some((gid, okey)) => promote_next(ctx, gid, okey.as_deref()),
+        Some((gid, okey)) => promote_next(ctx, gid, okey.as_deref()).map(|()| gid),
         None => leased_row(ctx, receipt, by).and_then(|_| {
             Err(BusError::Corrupt {
                 detail: format!("receipt {receipt} is current but its ack changed nothing"),
             })
         }),
     }
+}
+
+/// Acks the delivery `receipt` names, as `consumer` (who claimed it), and leases up to `max`
+/// further messages of `group`, its group, to the same consumer: a worker's whole cycle in one
+/// command. A receipt of another group is refused, and (the command's savepoint undone)
+/// nothing is acked.
+pub(crate) fn ack_and_claim(
+    ctx: &mut Ctx<'_>,
+    receipt: &Receipt,
+    consumer: &str,
+    group: &str,
+    max: u32,
+    lease_ms: i64,
+) -> Result<Claimed> {
+    let (gid, _) = ctx.names.group(ctx.conn, group)?;
+    if ack(ctx, receipt, Some(consumer))? != gid {
+        return Err(BusError::OtherGroup {
+            receipt: *receipt,
+            group: group.to_owned(),
+        });
+    }
+    claim(ctx, group, consumer, max, lease_ms)
 }
 
 /// Settles the delivery a receipt names; with `by`, only as the consumer that claimed it.
@@ -249,13 +271,13 @@ pub(crate) fn settle(
     by: Option<&str>,
 ) -> Result<()> {
     if let Settle::Ack = action {
-        return ack(ctx, receipt, by);
+        return ack(ctx, receipt, by).map(drop);
     }
     let (gid, attempts, okey) = leased_row(ctx, receipt, by)?;
     let now = ctx.now;
     let id = receipt.delivery;
     match action {
-        Settle::Ack => return ack(ctx, receipt, by),
+        Settle::Ack => return ack(ctx, receipt, by).map(drop),
         Settle::Nack { delay_ms, error } => {
             let max_attempts: u32 = ctx
                 .conn

@@ -30,7 +30,7 @@ mod publish;
 mod upkeep;
 
 pub(crate) use check::{check_message, check_name, check_range, check_text};
-pub(crate) use lease::{Claimed, claim, redrive, settle};
+pub(crate) use lease::{Claimed, ack_and_claim, claim, redrive, settle};
 pub(crate) use publish::publish;
 pub(crate) use upkeep::{dead_letters, delivery_state, leases, metrics, purge_step};
 
