@@ -3,7 +3,7 @@
 //! - an API read (`file.read`) and the first screen of the history (`history`, 200 entries) of
 //!   an environment with many operations (`ENVCTL_BENCH_OPS`, default 100,000);
 //! - how long after its commit an operation reaches a connected event stream;
-//! - API writes with no event stream connected, and with 100 connected and read;
+//! - API writes with no event stream connected, and with 100 connected (held, then read);
 //! - MCP `read_file` and `write_file` over Streamable HTTP against stdio, with the 95th
 //!   percentile of each printed beside criterion's figures.
 //!
@@ -200,14 +200,20 @@ fn api(c: &mut Criterion) {
         });
     };
     write("api write, no event stream", &mut g);
-    // Each stream is read as a browser reads it, on the same two cores.
+    // Held: the server writes every event to each of them (the sockets' buffers take them);
+    // the clients, whose reading would run on the same two cores, do not read.
+    let streams: Vec<reqwest::Response> =
+        rt.block_on(async { futures_all(&http, &server, 100).await });
+    write("api write, 100 event streams held", &mut g);
+    drop(streams);
+    // Read as a browser reads them, on the same two cores as the server.
     let streams: Vec<reqwest::Response> =
         rt.block_on(async { futures_all(&http, &server, 100).await });
     let readers: Vec<_> = streams
         .into_iter()
         .map(|mut s| rt.spawn(async move { while let Ok(Some(_)) = s.chunk().await {} }))
         .collect();
-    write("api write, 100 event streams", &mut g);
+    write("api write, 100 event streams read", &mut g);
     for r in readers {
         r.abort();
     }

@@ -161,3 +161,39 @@ pub struct RefusedChange {
     /// When it was refused, in milliseconds since the epoch.
     pub time_ms: i64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The trait's requests and answers travel as data: what is written reads back the same.
+    #[test]
+    fn an_act_request_and_its_port_types_round_trip_as_json() {
+        let request = ActRequest::new(ActorId::new("agent:a").unwrap(), Intent::edit("why"))
+            .on("feature")
+            .put(Key::fs("a.txt").unwrap(), Value::file("x"))
+            .delete(Key::fs("b.txt").unwrap())
+            .recording_refusals();
+        let text = serde_json::to_string(&request).unwrap();
+        assert_eq!(serde_json::from_str::<ActRequest>(&text).unwrap(), request);
+        let lease = crate::queue::Lease {
+            receipt: "1.00000000000000ab".into(),
+            group: "g".into(),
+            message: crate::queue::Message {
+                id: 1,
+                topic: "t".into(),
+                payload: vec![0, 255],
+                ordering_key: None,
+                correlation_id: Some("c".into()),
+                publisher: Some("agent:a".into()),
+            },
+            attempt: 1,
+            lease_until_ms: 2,
+        };
+        let text = serde_json::to_string(&lease).unwrap();
+        assert_eq!(
+            serde_json::from_str::<crate::queue::Lease>(&text).unwrap(),
+            lease
+        );
+    }
+}

@@ -44,7 +44,7 @@ pub enum BlobError {
 /// A failure reported through a port (the governance, the queue): its kind, what happened, and
 /// what the caller can do next. Adapters build it from their own errors, so none of their types
 /// cross into the service.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[error("{message}")]
 pub struct PortError {
     /// What kind of failure it is.

@@ -43,7 +43,7 @@ pub trait Governance: Authorizer {
 }
 
 /// What a grant allows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrantScope {
     /// How many times the approved request may pass (at least once).
     pub uses: u32,

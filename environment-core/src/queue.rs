@@ -65,7 +65,7 @@ pub trait Queue: Send + Sync {
 }
 
 /// How to publish a message.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Publish {
     /// Messages with the same key are handled one at a time, in order.
     pub ordering_key: Option<String>,
@@ -80,7 +80,7 @@ pub struct Publish {
 }
 
 /// A message published.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Posted {
     /// The message's id (for a duplicate, the id of the message it repeats).
     pub id: i64,
@@ -89,7 +89,7 @@ pub struct Posted {
 }
 
 /// A message as delivered.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     /// Its id.
     pub id: i64,
@@ -106,7 +106,7 @@ pub struct Message {
 }
 
 /// A message leased to a consumer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// What settles it, in text.
     pub receipt: String,
@@ -121,7 +121,7 @@ pub struct Lease {
 }
 
 /// Who holds a lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
     /// The consumer group the message was claimed from.
     pub group: String,
@@ -130,7 +130,7 @@ pub struct Holder {
 }
 
 /// How a lease is settled.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Settlement {
     /// Handled: not delivered again.
     Ack,
@@ -167,7 +167,7 @@ pub struct LeaseInFlight {
 }
 
 /// A message a group gave up on, kept until redriven.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeadLetter {
     /// The message.
     pub message: Message,
