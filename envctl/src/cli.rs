@@ -519,8 +519,8 @@ pub struct ServeArgs {
     /// TLS and forwards the original Host (see the README).
     #[arg(long)]
     pub behind_proxy: bool,
-    /// Requests a second each credential may make on average, in bursts of twice as many
-    /// (0: no limit).
+    /// Requests a second each actor may make on average, in bursts of twice as many (0: no
+    /// limit).
     #[arg(long, value_name = "PER_SECOND", default_value_t = 2000)]
     pub rate_limit: u32,
     /// Also accept this Host (a proxy's public name, `name` or `name:port`).

@@ -130,6 +130,20 @@ impl Workspace {
     pub fn open_bus(&self) -> Outcome<Bus> {
         Ok(Bus::open(self.home.join(BUS_FILE), BusConfig::default())?)
     }
+
+    /// Opens the queue to watch it beside the process that keeps it (a supervisor): only if
+    /// it exists, and without purging it (its keeper does).
+    pub fn watch_bus(&self) -> Outcome<Option<Bus>> {
+        let path = self.home.join(BUS_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let config = BusConfig {
+            auto_purge: None,
+            ..BusConfig::default()
+        };
+        Ok(Some(Bus::open(path, config)?))
+    }
 }
 
 /// The managed rootfs's noise rules: the defaults, and the mount points the sandbox makes in

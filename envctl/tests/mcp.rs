@@ -481,7 +481,7 @@ async fn every_tool_over_stdio() {
     )
     .await;
     assert!(
-        patch.starts_with("--- /dev/null\n+++ b/made.txt\n@@ -1,0 +1,1 @@"),
+        patch.starts_with("--- /dev/null\n+++ b/made.txt\n@@ -0,0 +1,1 @@"),
         "{patch}"
     );
     let failed = ok(&client, "exec", json!({"command": ["sh", "-c", "exit 3"]})).await;

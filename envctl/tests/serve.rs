@@ -455,6 +455,20 @@ async fn a_binary_file_is_compared_by_size_and_hash() {
         blake3::hash(&bytes).to_hex().to_string()
     );
     assert_eq!(diff["hunks"], json!([]));
+    // A symlink is told by its kind and target's hash, not refused.
+    ws.ok(&["exec", "--", "ln", "-s", "blob.bin", "link"]);
+    let (status, diff) = call(
+        &server,
+        &server.token,
+        "file.diff",
+        json!({ "path": "link", "from": "before" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{diff}");
+    assert_eq!(
+        (diff["text"].clone(), diff["after"]["kind"].clone()),
+        (json!(false), json!("symlink"))
+    );
 }
 
 /// The queue's figures come with a new stream, and again after every change of the queue.
@@ -499,6 +513,33 @@ async fn the_queue_s_changes_are_on_the_event_stream() {
     .await;
     let last = queue(&changed).pop().unwrap();
     assert_eq!(last["topics"][0]["retained"], 1, "{last}");
+
+    // A message waiting in a group changes nothing while it waits (its age grows, but that is
+    // no event): no further queue event comes unasked.
+    let (status, _) = call(
+        &server,
+        &server.token,
+        "queue.subscribe",
+        json!({ "group": "workers", "topics": ["tasks"] }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = call(
+        &server,
+        &server.token,
+        "queue.publish",
+        json!({ "topic": "tasks", "payload": "wait" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let waiting = |v: &Value| v["topics"][0]["groups"][0]["depth"] == 1;
+    events_until(&mut stream, |e| queue(e).iter().any(waiting)).await;
+    let mut text = String::new();
+    let quiet = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while let Ok(Ok(Some(chunk))) = tokio::time::timeout_at(quiet, stream.chunk()).await {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(!text.contains("event: queue"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

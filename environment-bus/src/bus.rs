@@ -287,6 +287,19 @@ impl Bus {
         })
     }
 
+    /// [`Bus::check_claim`] of a claim from `group`, whose name is checked too.
+    fn check_group_claim(
+        &self,
+        group: &str,
+        consumer: &str,
+        max: u32,
+        lease: Duration,
+    ) -> Result<i64> {
+        let lease_ms = self.check_claim(consumer, max, lease)?;
+        ops::check_name("group", group)?;
+        Ok(lease_ms)
+    }
+
     fn check_claim(&self, consumer: &str, max: u32, lease: Duration) -> Result<i64> {
         let limits = &self.inner.config.limits;
         ops::check_name("consumer", consumer)?;
@@ -310,10 +323,7 @@ impl Bus {
         max: u32,
         lease: Duration,
     ) -> Pending<Claimed> {
-        let checked = self
-            .check_claim(consumer, max, lease)
-            .and_then(|lease_ms| ops::check_name("group", group).map(|()| lease_ms));
-        let lease_ms = match checked {
+        let lease_ms = match self.check_group_claim(group, consumer, max, lease) {
             Ok(l) => l,
             Err(e) => return Pending::done(Err(e)),
         };
@@ -332,10 +342,7 @@ impl Bus {
         max: u32,
         lease: Duration,
     ) -> Pending<Vec<Lease>> {
-        let checked = self
-            .check_claim(consumer, max, lease)
-            .and_then(|lease_ms| ops::check_name("group", group).map(|()| lease_ms));
-        let lease_ms = match checked {
+        let lease_ms = match self.check_group_claim(group, consumer, max, lease) {
             Ok(l) => l,
             Err(e) => return Pending::done(Err(e)),
         };
@@ -414,10 +421,7 @@ impl Bus {
         max: u32,
         lease: Duration,
     ) -> Pending<Vec<Lease>> {
-        let checked = self
-            .check_claim(consumer, max, lease)
-            .and_then(|lease_ms| ops::check_name("group", group).map(|()| lease_ms));
-        let lease_ms = match checked {
+        let lease_ms = match self.check_group_claim(group, consumer, max, lease) {
             Ok(l) => l,
             Err(e) => return Pending::done(Err(e)),
         };
@@ -679,8 +683,7 @@ impl Bus {
     /// A consumer of `group` named `name` whose claims last `lease`; its `next()` waits for a
     /// message without polling.
     pub fn consumer(&self, group: &str, name: &str, lease: Duration) -> Result<Consumer> {
-        self.check_claim(name, 1, lease)?;
-        ops::check_name("group", group)?;
+        self.check_group_claim(group, name, 1, lease)?;
         let (gid, _) = self.read(|c| ops::group_row(c, group))?;
         Ok(Consumer::new(
             self.clone(),

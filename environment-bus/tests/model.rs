@@ -33,6 +33,8 @@ enum Step {
         lease: u16,
     },
     Ack(usize),
+    /// Acks a receipt and claims up to `max` more of its group, as its consumer, in one step.
+    AckNext(usize, u32, u16),
     Nack(usize, Option<u16>),
     Extend(usize, u16),
     Terminate(usize),
@@ -52,6 +54,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (0usize..2, 0u8..3, 1u32..4, 100u16..5000)
             .prop_map(|(group, consumer, max, lease)| Step::Claim { group, consumer, max, lease }),
         3 => any::<usize>().prop_map(Step::Ack),
+        2 => (any::<usize>(), 1u32..4, 100u16..5000).prop_map(|(i, max, lease)| Step::AckNext(i, max, lease)),
         2 => (any::<usize>(), proptest::option::of(0u16..3000)).prop_map(|(i, d)| Step::Nack(i, d)),
         1 => (any::<usize>(), 100u16..5000).prop_map(|(i, l)| Step::Extend(i, l)),
         1 => any::<usize>().prop_map(Step::Terminate),
@@ -101,8 +104,8 @@ struct Model {
     /// Per group: message id → delivery (BTreeMap order = publish order).
     groups: [std::collections::BTreeMap<i64, Delivery>; 2],
     dedup: HashMap<u8, (i64, i64)>,
-    /// Receipts ever handed out: (group, message).
-    receipts: Vec<(usize, i64, Receipt)>,
+    /// Receipts ever handed out: (group, message, receipt, consumer).
+    receipts: Vec<(usize, i64, Receipt, u8)>,
     /// Keys with a redriven message: a redrive puts an old message back in line behind the
     /// key's current head, so strict publish order is only checked for the other keys.
     redriven: [std::collections::HashSet<u8>; 2],
@@ -149,6 +152,104 @@ fn open(path: &Path, clock: &ManualClock) -> Bus {
         max: Duration::from_millis(8000),
     };
     Bus::open(path, config).unwrap()
+}
+
+/// Checks a claim's `leases` (up to `max` of `group` to `consumer`, for `lease` ms at `now`)
+/// against the model, and applies it: what a claim must, may and must not hand out.
+#[allow(clippy::too_many_arguments)]
+fn check_claim(
+    m: &mut Model,
+    bus: &Bus,
+    group: usize,
+    consumer: u8,
+    max: u32,
+    lease: u16,
+    now: i64,
+    leases: &[environment_bus::Lease],
+) -> Result<(), TestCaseError> {
+    let (gname, max_attempts) = GROUPS[group];
+    // Expired final attempts the claim may have dead-lettered: read the truth.
+    let ids: Vec<i64> = m.groups[group]
+        .iter()
+        .filter(|(_, d)| {
+            matches!(d.st, St::Leased { until, .. } if until < now) && d.attempts >= max_attempts
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    for id in ids {
+        let st = bus.status(gname, MessageId(id)).unwrap();
+        if st == Some(DeliveryStatus::Dead) {
+            let key = m.groups[group][&id].key;
+            m.groups[group].get_mut(&id).unwrap().st = St::Dead;
+            m.promote(group, key);
+        } else {
+            prop_assert!(
+                leases.len() == max as usize,
+                "an exhausted expired lease survived a non-full claim"
+            );
+        }
+    }
+    prop_assert!(leases.len() <= max as usize);
+    for l in leases {
+        let id = l.message.id.0;
+        prop_assert!(
+            m.groups[group].contains_key(&id),
+            "unknown message delivered"
+        );
+        let key = m.groups[group][&id].key;
+        prop_assert!(
+            m.key_head(group, id) || key.is_some_and(|k| m.redriven[group].contains(&k)),
+            "ordering key delivered out of order"
+        );
+        if let Some(k) = key {
+            let others_active = m.groups[group].iter().any(|(o, d)| {
+                *o != id && d.key == Some(k) && matches!(d.st, St::Ready { .. } | St::Leased { .. })
+            });
+            prop_assert!(!others_active, "two messages of one key active at once");
+        }
+        let d = m.groups[group].get_mut(&id).unwrap();
+        match d.st {
+            St::Ready { lo, .. } => prop_assert!(lo <= now, "delivered before due"),
+            St::Leased { until, .. } => {
+                prop_assert!(until < now, "delivered while leased to another")
+            }
+            ref other => prop_assert!(false, "delivered in state {:?}", other),
+        }
+        prop_assert!(d.attempts < max_attempts, "delivered beyond max attempts");
+        d.attempts += 1;
+        prop_assert_eq!(l.attempt, d.attempts);
+        d.st = St::Leased {
+            receipt: l.receipt,
+            until: now + i64::from(lease),
+        };
+        m.receipts.push((group, id, l.receipt, consumer));
+    }
+    if leases.len() < max as usize {
+        // The claim saw everything due: what surely was due must have come out,
+        // and what might have been due but did not is not due yet.
+        let got: Vec<i64> = leases.iter().map(|l| l.message.id.0).collect();
+        let ids: Vec<i64> = m.groups[group].keys().copied().collect();
+        for id in ids {
+            if got.contains(&id) {
+                continue;
+            }
+            let d = m.groups[group].get_mut(&id).unwrap();
+            match d.st {
+                // Ready is always the head of its key in the model.
+                St::Ready { lo, hi } => {
+                    prop_assert!(hi > now, "a due message was not delivered (lost?)");
+                    if lo <= now {
+                        d.st = St::Ready { lo: now + 1, hi };
+                    }
+                }
+                St::Leased { until, .. } => {
+                    prop_assert!(until >= now, "an expired lease was not redelivered")
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
@@ -226,109 +327,55 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 max,
                 lease,
             } => {
-                let (gname, max_attempts) = GROUPS[group];
                 let leases = bus
                     .claim(
-                        gname,
+                        GROUPS[group].0,
                         &format!("c{consumer}"),
                         max,
                         Duration::from_millis(u64::from(lease)),
                     )
                     .wait()
                     .unwrap();
-                // Expired final attempts the claim may have dead-lettered: read the truth.
-                let ids: Vec<i64> = m.groups[group]
-                    .iter()
-                    .filter(|(_, d)| {
-                        matches!(d.st, St::Leased { until, .. } if until < now)
-                            && d.attempts >= max_attempts
-                    })
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in ids {
-                    let st = bus.status(gname, MessageId(id)).unwrap();
-                    if st == Some(DeliveryStatus::Dead) {
-                        let key = m.groups[group][&id].key;
-                        m.groups[group].get_mut(&id).unwrap().st = St::Dead;
-                        m.promote(group, key);
-                    } else {
-                        prop_assert!(
-                            leases.len() == max as usize,
-                            "an exhausted expired lease survived a non-full claim"
-                        );
-                    }
-                }
-                prop_assert!(leases.len() <= max as usize);
-                for l in &leases {
-                    let id = l.message.id.0;
-                    prop_assert!(
-                        m.groups[group].contains_key(&id),
-                        "unknown message delivered"
-                    );
-                    let key = m.groups[group][&id].key;
-                    prop_assert!(
-                        m.key_head(group, id)
-                            || key.is_some_and(|k| m.redriven[group].contains(&k)),
-                        "ordering key delivered out of order"
-                    );
-                    if let Some(k) = key {
-                        let others_active = m.groups[group].iter().any(|(o, d)| {
-                            *o != id
-                                && d.key == Some(k)
-                                && matches!(d.st, St::Ready { .. } | St::Leased { .. })
-                        });
-                        prop_assert!(!others_active, "two messages of one key active at once");
-                    }
-                    let d = m.groups[group].get_mut(&id).unwrap();
-                    match d.st {
-                        St::Ready { lo, .. } => prop_assert!(lo <= now, "delivered before due"),
-                        St::Leased { until, .. } => {
-                            prop_assert!(until < now, "delivered while leased to another")
-                        }
-                        ref other => prop_assert!(false, "delivered in state {:?}", other),
-                    }
-                    prop_assert!(d.attempts < max_attempts, "delivered beyond max attempts");
-                    d.attempts += 1;
-                    prop_assert_eq!(l.attempt, d.attempts);
-                    d.st = St::Leased {
-                        receipt: l.receipt,
-                        until: now + i64::from(lease),
-                    };
-                    m.receipts.push((group, id, l.receipt));
-                }
-                if leases.len() < max as usize {
-                    // The claim saw everything due: what surely was due must have come out,
-                    // and what might have been due but did not is not due yet.
-                    let got: Vec<i64> = leases.iter().map(|l| l.message.id.0).collect();
-                    let ids: Vec<i64> = m.groups[group].keys().copied().collect();
-                    for id in ids {
-                        if got.contains(&id) {
-                            continue;
-                        }
-                        let d = m.groups[group].get_mut(&id).unwrap();
-                        match d.st {
-                            // Ready is always the head of its key in the model.
-                            St::Ready { lo, hi } => {
-                                prop_assert!(hi > now, "a due message was not delivered (lost?)");
-                                if lo <= now {
-                                    d.st = St::Ready { lo: now + 1, hi };
-                                }
-                            }
-                            St::Leased { until, .. } => {
-                                prop_assert!(until >= now, "an expired lease was not redelivered")
-                            }
-                            _ => {}
-                        }
-                    }
-                }
+                check_claim(&mut m, &bus, group, consumer, max, lease, now, &leases)?;
             }
-            Step::Ack(i) | Step::Nack(i, _) | Step::Extend(i, _) | Step::Terminate(i)
+            Step::Ack(i)
+            | Step::AckNext(i, ..)
+            | Step::Nack(i, _)
+            | Step::Extend(i, _)
+            | Step::Terminate(i)
                 if m.receipts.is_empty() =>
             {
                 let _ = i;
             }
+            Step::AckNext(i, max, lease) => {
+                let (g, id, r, consumer) = m.receipts[i % m.receipts.len()];
+                let res = bus
+                    .ack_and_claim(
+                        &format!("c{consumer}"),
+                        &r,
+                        GROUPS[g].0,
+                        max,
+                        Duration::from_millis(u64::from(lease)),
+                    )
+                    .wait();
+                let current =
+                    matches!(m.groups[g][&id].st, St::Leased { receipt, .. } if receipt == r);
+                if current {
+                    let leases = res.map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+                    let key = m.groups[g][&id].key;
+                    m.groups[g].get_mut(&id).unwrap().st = St::Acked;
+                    m.promote(g, key);
+                    check_claim(&mut m, &bus, g, consumer, max, lease, now, &leases)?;
+                } else {
+                    prop_assert!(
+                        matches!(res, Err(BusError::StaleReceipt { .. })),
+                        "{:?}",
+                        res
+                    );
+                }
+            }
             Step::Ack(i) => {
-                let (g, id, r) = m.receipts[i % m.receipts.len()];
+                let (g, id, r, _) = m.receipts[i % m.receipts.len()];
                 let res = bus.ack(&r).wait();
                 let current =
                     matches!(m.groups[g][&id].st, St::Leased { receipt, .. } if receipt == r);
@@ -346,7 +393,7 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 }
             }
             Step::Nack(i, delay) => {
-                let (g, id, r) = m.receipts[i % m.receipts.len()];
+                let (g, id, r, _) = m.receipts[i % m.receipts.len()];
                 let res = match delay {
                     Some(d) => bus
                         .nack_with_delay(&r, Duration::from_millis(u64::from(d)))
@@ -387,7 +434,7 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 }
             }
             Step::Extend(i, lease) => {
-                let (g, id, r) = m.receipts[i % m.receipts.len()];
+                let (g, id, r, _) = m.receipts[i % m.receipts.len()];
                 let res = bus
                     .extend(&r, Duration::from_millis(u64::from(lease)))
                     .wait();
@@ -408,7 +455,7 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 }
             }
             Step::Terminate(i) => {
-                let (g, id, r) = m.receipts[i % m.receipts.len()];
+                let (g, id, r, _) = m.receipts[i % m.receipts.len()];
                 let res = bus.terminate(&r, "poison").wait();
                 let current =
                     matches!(m.groups[g][&id].st, St::Leased { receipt, .. } if receipt == r);

@@ -2,7 +2,7 @@
 //! `similar`, in hunks with context), and by size and content hash otherwise, so a person or an
 //! agent sees what an operation did to a file without fetching both versions.
 
-use environment_core::{Action, EntryKind, ErrorKind, Resource};
+use environment_core::{Action, Content, EntryKind, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use similar::{ChangeTag, TextDiff};
@@ -16,6 +16,8 @@ use super::session::{Session, resolve};
 const MAX_TEXT: usize = 2 << 20;
 /// At most this many lines of hunks are listed.
 const MAX_LINES: usize = 20_000;
+/// A line diff that takes longer than this settles for a coarser result.
+const DIFF_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How a workspace file changed between two versions.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -60,9 +62,14 @@ pub struct FileDiff {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Side {
+    /// `file`, `symlink` or `dir` (only files are compared by lines).
+    pub kind: String,
     /// In bytes.
-    pub size: usize,
-    /// The blake3 hash of the content, in hex.
+    pub size: u64,
+    /// The content's identity, in hex: the blake3 hash of its bytes for a file of up to 2 MiB
+    /// (or a symlink's target), the store's content address (also blake3-based) beyond, so
+    /// the two sides of a large file are compared without reading them; empty for a
+    /// directory.
     pub hash: String,
     /// The Unix mode bits.
     pub mode: u32,
@@ -101,7 +108,8 @@ impl std::fmt::Display for FileDiff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let side = |s: &Option<Side>| match s {
             Some(s) => format!(
-                "{} bytes, blake3 {}",
+                "{} of {} bytes, {}",
+                s.kind,
                 s.size,
                 &s.hash[..16.min(s.hash.len())]
             ),
@@ -110,13 +118,13 @@ impl std::fmt::Display for FileDiff {
         if !self.text {
             return write!(
                 f,
-                "{}: not compared by lines (binary or too large): {} → {}",
+                "{}: not compared by lines (not text, or too large): {} → {}",
                 self.path,
                 side(&self.before),
                 side(&self.after)
             );
         }
-        if self.hunks.is_empty() {
+        if self.hunks.is_empty() && !self.truncated {
             return write!(f, "{}: no change between the two versions", self.path);
         }
         let name = |s: &Option<Side>, at: &str| match s {
@@ -147,34 +155,40 @@ impl std::fmt::Display for FileDiff {
     }
 }
 
-/// A file's content at a version, read as the caller (core checks the read again).
+/// One side as read: its description, and its bytes when it is a file small enough to compare
+/// by lines.
+type Read = (Side, Option<Vec<u8>>);
+
+/// A path's entry at a version, read as the caller (core checks the read again).
 fn side(
     g: &Session<'_>,
     key: &environment_core::Key,
     at: &environment_core::OpId,
-) -> Result<Option<(Side, Vec<u8>)>, ServiceError> {
+) -> Result<Option<Read>, ServiceError> {
     let env = g.env();
     let Some(value) = env.read(g.actor(), key, at).map_err(ServiceError::from)? else {
         return Ok(None);
     };
-    if value.meta.kind != EntryKind::File {
-        return Err(ServiceError::new(
-            ErrorKind::Invalid,
-            format!(
-                "{} is not a file at version {}",
-                key.display_path(),
-                at.short()
-            ),
-            "compare files only; list a directory's files with file.list.",
-        ));
-    }
-    let bytes = env.content(&value).map_err(ServiceError::from)?;
-    let side = Side {
-        size: bytes.len(),
-        hash: blake3::hash(&bytes).to_hex().to_string(),
-        mode: value.meta.mode,
+    let meta = &value.meta;
+    let small = meta.kind == EntryKind::File && meta.size <= MAX_TEXT as u64;
+    let (hash, bytes) = match (&value.content, small) {
+        (_, true) | (Content::Inline(_), _) => {
+            let bytes = env.content(&value).map_err(ServiceError::from)?;
+            (blake3::hash(&bytes).to_hex().to_string(), Some(bytes))
+        }
+        (Content::Blob(h) | Content::Chunks(h), false) => (h.to_hex(), None),
     };
-    Ok(Some((side, bytes)))
+    let side = Side {
+        kind: format!("{:?}", meta.kind).to_lowercase(),
+        size: meta.size,
+        hash: if meta.kind == EntryKind::Dir {
+            String::new()
+        } else {
+            hash
+        },
+        mode: meta.mode,
+    };
+    Ok(Some((side, bytes.filter(|_| small))))
 }
 
 pub(super) fn file_diff(g: &Session<'_>, p: FileDiffParams) -> Result<FileDiff, ServiceError> {
@@ -207,20 +221,23 @@ pub(super) fn file_diff(g: &Session<'_>, p: FileDiffParams) -> Result<FileDiff, 
     })
 }
 
-/// A side's text: empty when the file is absent, none when it is not UTF-8 or too large to
-/// compare by lines.
-fn text_of(side: &Option<(Side, Vec<u8>)>) -> Option<&str> {
+/// A side's text: empty when the path is absent, none when it is not a file, not UTF-8 or too
+/// large to compare by lines.
+fn text_of(side: &Option<Read>) -> Option<&str> {
     match side {
         None => Some(""),
-        Some((_, bytes)) if bytes.len() <= MAX_TEXT => std::str::from_utf8(bytes).ok(),
-        Some(_) => None,
+        Some((_, Some(bytes))) => std::str::from_utf8(bytes).ok(),
+        Some((_, None)) => None,
     }
 }
 
 /// The hunks of a line diff of `old` and `new` with `context` lines around each change, and
 /// whether some were left out (past [`MAX_LINES`]).
 fn hunks(old: &str, new: &str, context: usize) -> (Vec<Hunk>, bool) {
-    let diff = TextDiff::from_lines(old, new);
+    // A pathological pair settles for a coarser diff rather than holding the request.
+    let diff = TextDiff::configure()
+        .timeout(DIFF_TIME)
+        .diff_lines(old, new);
     let mut out = Vec::new();
     let mut listed = 0;
     for group in diff.grouped_ops(context) {
@@ -232,10 +249,12 @@ fn hunks(old: &str, new: &str, context: usize) -> (Vec<Hunk>, bool) {
             first.new_range().start..last.new_range().end,
         );
         let mut lines = Vec::new();
-        for op in &group {
+        let mut cut = false;
+        'ops: for op in &group {
             for change in diff.iter_changes(op) {
                 if listed == MAX_LINES {
-                    return (out, true);
+                    cut = true;
+                    break 'ops;
                 }
                 listed += 1;
                 let op = match change.tag() {
@@ -250,13 +269,18 @@ fn hunks(old: &str, new: &str, context: usize) -> (Vec<Hunk>, bool) {
                 });
             }
         }
+        // As unified diffs number them: from 1, and an empty range by the line before it.
+        let start = |r: &std::ops::Range<usize>| r.start + usize::from(!r.is_empty());
         out.push(Hunk {
-            old_start: old_range.start + 1,
+            old_start: start(&old_range),
             old_lines: old_range.len(),
-            new_start: new_range.start + 1,
+            new_start: start(&new_range),
             new_lines: new_range.len(),
             lines,
         });
+        if cut {
+            return (out, true);
+        }
     }
     (out, false)
 }
@@ -312,6 +336,7 @@ mod tests {
             to: "b".into(),
             before: None,
             after: Some(Side {
+                kind: "file".into(),
                 size: 2,
                 hash: "00".repeat(32),
                 mode: 0o644,
@@ -324,5 +349,30 @@ mod tests {
             diff.to_string(),
             "--- /dev/null\n+++ b/f.txt\n@@ -7,1 +7,2 @@\n g\n+h"
         );
+    }
+
+    #[test]
+    fn a_new_file_numbers_its_empty_side_by_the_line_before_and_a_cut_diff_says_so() {
+        let (new, _) = hunks("", "a\n", 3);
+        let h = &new[0];
+        assert_eq!(
+            (h.old_start, h.old_lines, h.new_start, h.new_lines),
+            (0, 0, 1, 1)
+        );
+        let long: String = (0..MAX_LINES + 10).map(|n| format!("{n}\n")).collect();
+        let (cut, truncated) = hunks("", &long, 3);
+        assert!(truncated);
+        assert_eq!(cut[0].lines.len(), MAX_LINES, "the cut hunk is kept");
+        let diff = FileDiff {
+            path: "long.txt".into(),
+            from: "a".into(),
+            to: "b".into(),
+            before: None,
+            after: None,
+            text: true,
+            hunks: Vec::new(),
+            truncated: true,
+        };
+        assert!(!diff.to_string().contains("no change"), "{diff}");
     }
 }

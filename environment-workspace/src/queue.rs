@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::commands::Bytes;
 use super::error::ServiceError;
+use super::page::more_than;
 use super::session::Session;
 use super::versions::no_params;
 use super::workspace::{Claimed as Claim, lock};
@@ -47,6 +48,13 @@ pub struct Published {
     /// Its dedup id was seen: it will not be delivered twice.
     pub duplicate: bool,
 }
+
+/// How long a lease lasts when the caller does not say.
+const LEASE_MS: u64 = 30_000;
+/// How many receipts the workspace remembers before it forgets the long-lapsed ones.
+const REMEMBERED: usize = 4096;
+/// How long after its lease ran out a receipt is forgotten.
+const FORGET_AFTER_MS: i64 = 3_600_000;
 
 pub(super) fn bus<'a>(g: &'a Session<'_>) -> Result<&'a dyn Queue, ServiceError> {
     g.shared()
@@ -135,7 +143,7 @@ pub(super) fn claim(g: &Session<'_>, p: ClaimParams) -> Result<Claimed, ServiceE
         &p.group,
         &consumer,
         p.max.unwrap_or(1),
-        Duration::from_millis(p.lease_ms.unwrap_or(30_000)),
+        Duration::from_millis(p.lease_ms.unwrap_or(LEASE_MS)),
     )?;
     Ok(Claimed {
         leases: handed_out(g, &consumer, leases),
@@ -150,6 +158,15 @@ fn handed_out(
     leases: Vec<environment_core::queue::Lease>,
 ) -> Vec<Lease> {
     let mut receipts = lock(&g.shared().receipts);
+    if receipts.len() >= REMEMBERED
+        && let Some(first) = leases.first()
+    {
+        // Receipts whose leases ran out long ago (never settled here) are forgotten, so the
+        // book does not grow with every lapsed claim (a new lease's end stands for now). An
+        // extended lease still held past that is settled as its holder's own (see `holder`).
+        let long_ago = first.lease_until_ms.saturating_sub(FORGET_AFTER_MS);
+        receipts.retain(|_, c| c.until_ms > long_ago);
+    }
     leases
         .into_iter()
         .map(|l| {
@@ -157,6 +174,7 @@ fn handed_out(
                 group: l.group.clone(),
                 consumer: consumer.to_owned(),
                 claimer: g.actor().clone(),
+                until_ms: l.lease_until_ms,
             };
             receipts.insert(l.receipt.clone(), claim);
             let Message {
@@ -241,6 +259,7 @@ fn holder(g: &Session<'_>, receipt: &str) -> Result<Claim, ServiceError> {
             group: held.group.clone(),
             consumer: held.consumer.clone(),
             claimer: g.actor().clone(),
+            until_ms: 0,
         },
         _ => {
             return Err(ServiceError::new(
@@ -266,12 +285,12 @@ fn holder(g: &Session<'_>, receipt: &str) -> Result<Claim, ServiceError> {
 }
 
 pub(super) fn ack(g: &Session<'_>, p: AckParams) -> Result<Settled, ServiceError> {
-    let Some(max) = p.next else {
+    let Some(max) = p.next.filter(|n| *n > 0) else {
         return settle(g, p.receipt, Settlement::Ack);
     };
     let bus = bus(g)?;
     let claim = holder(g, &p.receipt)?;
-    let lease = Duration::from_millis(p.lease_ms.unwrap_or(30_000));
+    let lease = Duration::from_millis(p.lease_ms.unwrap_or(LEASE_MS));
     let next = bus.ack_and_claim(&claim.consumer, &p.receipt, &claim.group, max, lease)?;
     lock(&g.shared().receipts).remove(&p.receipt);
     Ok(Settled {
@@ -425,7 +444,7 @@ pub(super) fn dead_letters(g: &Session<'_>, p: DeadParams) -> Result<DeadLetters
     let limit = p.limit.unwrap_or(100).clamp(1, 1000);
     // One more than asked says whether another page follows.
     let mut dead = bus.dead_letters(&p.group, p.after, limit + 1)?;
-    let next = more_than(&mut dead, limit).then(|| dead.last().map(|d| d.message.id));
+    let next = more_than(&mut dead, limit as usize).then(|| dead.last().map(|d| d.message.id));
     let dead = dead
         .into_iter()
         .map(|d| {
@@ -534,17 +553,9 @@ pub(super) fn leases(g: &Session<'_>, p: LeasesParams) -> Result<Leases, Service
     }
     let limit = p.limit.unwrap_or(100).clamp(1, 1000);
     let mut leases = bus.leases(p.group.as_deref(), p.after, limit + 1)?;
-    let next = more_than(&mut leases, limit).then(|| leases.last().map(|l| l.delivery));
+    let next = more_than(&mut leases, limit as usize).then(|| leases.last().map(|l| l.delivery));
     Ok(Leases {
         leases,
         next: next.flatten(),
     })
-}
-
-/// Whether `items` (read with one more than `limit`) has more than `limit`, which it keeps.
-fn more_than<T>(items: &mut Vec<T>, limit: u32) -> bool {
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let more = items.len() > limit;
-    items.truncate(limit);
-    more
 }

@@ -124,8 +124,7 @@ pub(super) fn refused(g: &Session<'_>, p: RefusedParams) -> Result<RefusedList, 
         .env()
         .refused_before(g.actor(), &branch, p.after, limit + 1)
         .map_err(ServiceError::from)?;
-    let more = refused.len() > limit;
-    refused.truncate(limit);
+    let more = super::page::more_than(&mut refused, limit);
     Ok(RefusedList {
         branch,
         next: more.then(|| refused.last().map(|r| r.id)).flatten(),
@@ -223,7 +222,7 @@ pub struct DiffParams {
     /// At most this many changes listed (default 200, at most 1000); the counts are of all.
     #[serde(default)]
     pub limit: Option<usize>,
-    /// The page after this path (the `next` of the previous page).
+    /// The page after this change (the `next` of the previous page: `namespace:path`).
     #[serde(default)]
     pub after: Option<String>,
 }
@@ -300,13 +299,10 @@ pub(super) fn diff(g: &Session<'_>, p: DiffParams) -> Result<Diff, ServiceError>
     })
 }
 
-/// A listed change's cursor: its path, with the namespace in front outside the files (as
-/// [`key_text`] writes a key).
+/// A listed change's cursor: its namespace and path (`fs:src/a.rs`), so a file whose name
+/// looks like another namespace's key is not mistaken for it.
 fn key_of(c: &json::Change) -> String {
-    match c.namespace.as_str() {
-        "fs" => c.path.clone(),
-        ns => format!("{ns}:{}", c.path),
-    }
+    format!("{}:{}", c.namespace, c.path)
 }
 
 pub(super) fn key_text(k: &Key) -> String {
@@ -417,7 +413,7 @@ pub(super) fn marks(g: &Session<'_>, p: MarksParams) -> Result<Marks, ServiceErr
         })
         .collect();
     let limit = p.limit.unwrap_or(1000).min(1000);
-    let (marks, next) = super::page::page(all, |m| m.name.clone(), p.after.as_ref(), limit)?;
+    let (marks, next) = super::page::page_sorted(all, |m| m.name.clone(), p.after.as_ref(), limit);
     Ok(Marks { marks, next })
 }
 
@@ -456,7 +452,8 @@ pub(super) fn branches(g: &Session<'_>, p: BranchListParams) -> Result<Branches,
         })
         .collect();
     let limit = p.limit.unwrap_or(1000).min(1000);
-    let (branches, next) = super::page::page(all, |b| b.name.clone(), p.after.as_ref(), limit)?;
+    let (branches, next) =
+        super::page::page_sorted(all, |b| b.name.clone(), p.after.as_ref(), limit);
     Ok(Branches { branches, next })
 }
 

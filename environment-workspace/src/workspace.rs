@@ -274,4 +274,8 @@ pub(crate) struct Claimed {
     pub(crate) consumer: String,
     /// Who claimed it: only they settle it.
     pub(crate) claimer: ActorId,
+    /// When its lease ran out, ms since the epoch (as first handed out; an extension is not
+    /// tracked here). Past it, and a grace period, the entry may be dropped: the bus then
+    /// knows the receipt as stale.
+    pub(crate) until_ms: i64,
 }

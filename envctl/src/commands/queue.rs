@@ -124,25 +124,31 @@ pub fn run(door: &Door, cmd: &QueueCommand, json: bool) -> Outcome<()> {
             })
         }
         QueueCommand::Dead { group } => {
-            let request = DeadParams {
-                group: group.clone(),
-                limit: None,
-                after: None,
-            };
-            show(door, json, request, |d| {
-                if d.dead.is_empty() {
-                    println!("No dead letters in {group}.");
-                }
-                for l in &d.dead {
-                    println!(
-                        "#{} {} after {} attempt(s): {}",
-                        l.message_id,
-                        l.topic,
-                        l.attempts,
-                        l.last_error.as_deref().unwrap_or("-")
-                    );
-                }
-            })
+            let dead = door.every(
+                |after| DeadParams {
+                    group: group.clone(),
+                    limit: Some(1000),
+                    after,
+                },
+                |page| (page.dead, page.next),
+            )?;
+            if json {
+                print_json(&serde_json::json!({ "group": group, "dead": dead, "next": null }));
+                return Ok(());
+            }
+            if dead.is_empty() {
+                println!("No dead letters in {group}.");
+            }
+            for l in &dead {
+                println!(
+                    "#{} {} after {} attempt(s): {}",
+                    l.message_id,
+                    l.topic,
+                    l.attempts,
+                    l.last_error.as_deref().unwrap_or("-")
+                );
+            }
+            Ok(())
         }
         QueueCommand::Redrive { group } => {
             let request = RedriveParams {

@@ -232,11 +232,13 @@ pub(crate) async fn authenticate(
             }
         }
     };
-    if !served.limiter.admit(&credential) {
+    // By actor, not by the credential's text: a token written another way (its JSON
+    // reordered) is the same caller, with the same rate.
+    if !served.limiter.admit(caller.actor.as_str()) {
         return refused(
             StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Unavailable,
-            "too many requests with this credential",
+            "too many requests from this actor",
             "wait a moment, then retry",
         );
     }
@@ -272,15 +274,18 @@ fn capability(served: &Served, credential: &str) -> Option<Caller> {
     })
 }
 
-/// A token bucket per credential: `rate` requests a second on average, bursts of twice that.
-/// A bucket refills whole after a second of quiet; a rate of 0 admits everything.
+/// A token bucket per actor: `rate` requests a second on average, bursts of twice that (a
+/// drained bucket is full again after two quiet seconds); a rate of 0 admits everything.
 pub(crate) struct RateLimiter {
     rate: f64,
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
 }
 
+/// Past this many buckets, the full ones (idle actors) are dropped.
+const BUCKETS: usize = 1024;
+
 impl RateLimiter {
-    /// At most `rate` requests a second per credential (0: no limit).
+    /// At most `rate` requests a second per actor (0: no limit).
     pub(crate) fn new(rate: u32) -> RateLimiter {
         RateLimiter {
             rate: f64::from(rate),
@@ -288,14 +293,20 @@ impl RateLimiter {
         }
     }
 
-    fn admit(&self, credential: &str) -> bool {
+    fn admit(&self, actor: &str) -> bool {
         if self.rate == 0.0 {
             return true;
         }
         let burst = 2.0 * self.rate;
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let (tokens, at) = buckets.entry(credential.to_owned()).or_insert((burst, now));
+        if buckets.len() >= BUCKETS {
+            let rate = self.rate;
+            buckets.retain(|_, (tokens, at)| {
+                *tokens + now.duration_since(*at).as_secs_f64() * rate < burst
+            });
+        }
+        let (tokens, at) = buckets.entry(actor.to_owned()).or_insert((burst, now));
         *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(burst);
         *at = now;
         if *tokens < 1.0 {

@@ -93,6 +93,8 @@ pub(crate) async fn watch_log(watched: Watched) -> watch::Receiver<Seen> {
             // Approvals, effects and the queue change less often; a digest of their states
             // says when.
             let w = watched.clone();
+            // The server keeps one receiver; each caller's feed holds another.
+            let listening = tx.receiver_count() > 1;
             let looked = tokio::task::spawn_blocking(move || {
                 let seq = w
                     .env
@@ -100,7 +102,8 @@ pub(crate) async fn watch_log(watched: Watched) -> watch::Receiver<Seen> {
                     .and_then(|h| w.env.op(&h))
                     .map(|op| op.seq)
                     .ok();
-                let states = n.is_multiple_of(5).then(|| Digests::of(&w));
+                // Only while some stream listens: a feed's first look reads everything itself.
+                let states = (listening && n.is_multiple_of(5)).then(|| Digests::of(&w));
                 (seq, states)
             })
             .await;
@@ -161,11 +164,25 @@ impl Digests {
                     .collect()
             })
             .unwrap_or_default();
+        // The oldest message's age grows with the clock: left out, or the queue would seem
+        // to change at every look while anything waits.
         let queue = w
             .queue
             .as_ref()
             .and_then(|q| q.metrics().ok())
-            .and_then(|m| serde_json::to_string(&m).ok())
+            .map(|topics| {
+                let mut line = String::new();
+                for t in &topics {
+                    line.push_str(&format!("{}:{};", t.topic, t.retained));
+                    for g in &t.groups {
+                        line.push_str(&format!(
+                            "{}:{}:{}:{}:{};",
+                            g.group, g.depth, g.in_flight, g.dead_letters, g.redeliveries
+                        ));
+                    }
+                }
+                line
+            })
             .unwrap_or_default();
         Digests {
             approvals,
@@ -363,9 +380,9 @@ async fn feed(
             for a in list {
                 if approvals.get(&a.id) != Some(&a.state) {
                     approvals.insert(a.id.clone(), a.state.clone());
-                    if !first {
-                        let _ = Item::of("approval", None, &a).map(|i| tx.send(i));
-                    }
+                    // On the first look too: a change between a stream's opening and this
+                    // look is not lost (a state sent twice is harmless).
+                    let _ = Item::of("approval", None, &a).map(|i| tx.send(i));
                 }
             }
         }
@@ -376,15 +393,16 @@ async fn feed(
                 let state = (e.state.clone(), e.updated_ms);
                 if effects.get(&e.id) != Some(&state) {
                     effects.insert(e.id, state);
-                    if !first {
+                    // The first look sends what a stream opens with (the unfinished ones), in
+                    // case one changed between the opening and this look.
+                    if !first || matches!(e.state.as_str(), "in_flight" | "unknown") {
                         let _ = Item::of("effect", None, &e).map(|i| tx.send(i));
                     }
                 }
             }
         }
         // The queue's figures as the caller may read them (none for one who may not).
-        if !first
-            && current.queue != last.queue
+        if (first || current.queue != last.queue)
             && let Some(stats) = ask(&door, StatsParams::default()).await
         {
             let _ = Item::of("queue", None, &stats).map(|i| tx.send(i));

@@ -142,7 +142,7 @@ function drawGraph(histories, freshAfter) {
     s.top = Math.min(s.top, i);
     merges.push({ row: i, from: rows[source].lane, to: r.lane });
   });
-  const width = LANE * Math.max(1, span.size) + 4;
+  const width = LANE * (Math.max(0, ...span.keys()) + 1) + 4;
   const x = (lane) => LANE / 2 + lane * LANE + 2;
   const svgNS = "http://www.w3.org/2000/svg";
   const shape = (tag, attrs) => {
@@ -176,7 +176,7 @@ function drawGraph(histories, freshAfter) {
     el("span", { class: "branch lane-" + (lane % 6) }, name));
   $("branches").replaceChildren(...legend);
   $("history").replaceChildren(...items);
-  shownSeq = Math.max(shownSeq, ...rows.map((r) => r.seq));
+  shownSeq = rows.reduce((most, r) => Math.max(most, r.seq), shownSeq);
 }
 
 // A new operation: the graph is drawn again (once for a burst), its new rows highlighted.
@@ -218,10 +218,10 @@ async function showDiff(op, change) {
   const box = $("op-diff");
   if (!op.parents[0]) { box.replaceChildren(el("p", {}, `${change.path}: created with the environment`)); return; }
   const d = await api("file.diff", { path: change.path, from: op.parents[0], to: op.id });
-  const side = (s) => s ? `${s.size} bytes, blake3 ${s.hash.slice(0, 16)}` : "absent";
+  const side = (s) => s ? `${s.kind} of ${s.size} bytes, ${s.hash.slice(0, 16) || "no content"}` : "absent";
   if (!d.text) {
     box.replaceChildren(el("h3", {}, change.path),
-      el("p", { class: "binary" }, `not compared by lines (binary or too large): ${side(d.before)} → ${side(d.after)}`));
+      el("p", { class: "binary" }, `not compared by lines (not text, or too large): ${side(d.before)} → ${side(d.after)}`));
     return;
   }
   const pre = el("pre", { class: "diff" });
