@@ -18,8 +18,10 @@ use environment_sandbox::{
     SandboxError, Shell, Tournament, Unconfined, WorkingTree, Workspace as SandboxWorkspace,
 };
 use environment_supervisor::{AgentSpec, ShellHandles, Supervisor, SupervisorConfig, TrackedRoot};
+use environment_workspace::Request;
 use environment_workspace::commands::ExecParams;
 use environment_workspace::tournament::{self, Report, TournamentParams};
+use environment_workspace::versions::{MergeParams, Merged};
 use serde_json::json;
 
 use super::history::short;
@@ -555,11 +557,14 @@ pub fn tournament_beside(
     s.env.create_branch(&s.actor, &t.target, &base)?;
     let mut report = t.run(&forks, &overlay_sandbox, None)?;
     if report.adopted.is_some() {
-        let merged = remote.call("merge", json!({ "source": t.target }))?;
-        report.adopted = Some(
-            s.env
-                .resolve(merged["version"].as_str().unwrap_or("main"))?,
-        );
+        // The adoption is the supervisor's merge, so the tree it keeps follows.
+        let request = MergeParams {
+            source: t.target.clone(),
+        };
+        let answer = remote.call(MergeParams::METHOD.name(), json!(request))?;
+        let merged: Merged = serde_json::from_value(answer)
+            .map_err(|e| Failure::other(format!("the merge's answer does not read: {e}")))?;
+        report.adopted = Some(s.env.resolve(&merged.version)?);
     }
     let outcome = tournament::Outcome {
         base: base.to_string(),
