@@ -10,6 +10,8 @@
 //! `cargo bench -p envctl --bench http`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+mod common;
+
 use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -17,11 +19,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use environment_core::{ActRequest, ActorId, Intent, Key, LocalEnvironment, Options, Value as V};
-use rmcp::model::CallToolRequestParams;
-use rmcp::service::RunningService;
+use rmcp::ServiceExt;
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 const ENVCTL: &str = env!("CARGO_BIN_EXE_envctl");
@@ -228,15 +228,6 @@ async fn futures_all(http: &reqwest::Client, s: &Server, n: usize) -> Vec<reqwes
     v
 }
 
-async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) {
-    let args = args.as_object().cloned().unwrap_or_default();
-    let r = client
-        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
-        .await
-        .unwrap();
-    assert_ne!(r.is_error, Some(true), "{tool}: {r:?}");
-}
-
 fn mcp(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -245,18 +236,7 @@ fn mcp(c: &mut Criterion) {
         .unwrap();
     let dir = workspace(0);
     let server = serve(dir.path());
-    let stdio = rt.block_on(async {
-        let t = TokioChildProcess::new(tokio::process::Command::new(ENVCTL).configure(|cmd| {
-            cmd.arg("-C")
-                .arg(dir.path())
-                .arg("mcp")
-                .env_remove("ENVIRONMENT_ACTOR")
-                .env_remove("ENVIRONMENT_SOCKET")
-                .env_remove("ENVIRONMENT_DIR");
-        }))
-        .unwrap();
-        ().serve(t).await.unwrap()
-    });
+    let stdio = rt.block_on(common::connect_stdio(ENVCTL, dir.path()));
     let over_http = rt.block_on(async {
         let t = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", server.base))
@@ -267,13 +247,13 @@ fn mcp(c: &mut Criterion) {
     let mut g = c.benchmark_group("mcp");
     let mut n = 0u64;
     for (name, client) in [("stdio", &stdio), ("http", &over_http)] {
-        let read = || call(client, "read_file", json!({ "path": "a.txt" }));
+        let read = || common::call(client, "read_file", json!({ "path": "a.txt" }));
         g.bench_function(format!("read_file, {name}"), |b| {
             b.iter(|| rt.block_on(read()))
         });
         let mut write = || {
             n += 1;
-            call(
+            common::call(
                 client,
                 "write_file",
                 json!({ "path": format!("{name}.txt"), "content": n.to_string() }),

@@ -6,13 +6,9 @@
 //! second build (an earlier one) in the same run, side by side.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::path::Path;
+mod common;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use rmcp::model::CallToolRequestParams;
-use rmcp::service::RunningService;
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::json;
 
 const ENVCTL: &str = env!("CARGO_BIN_EXE_envctl");
@@ -35,28 +31,6 @@ fn workspace(bin: &str) -> tempfile::TempDir {
     dir
 }
 
-async fn connect(bin: &str, dir: &Path) -> RunningService<RoleClient, ()> {
-    let transport = TokioChildProcess::new(tokio::process::Command::new(bin).configure(|cmd| {
-        cmd.arg("-C")
-            .arg(dir)
-            .arg("mcp")
-            .env_remove("ENVIRONMENT_ACTOR")
-            .env_remove("ENVIRONMENT_SOCKET")
-            .env_remove("ENVIRONMENT_DIR");
-    }))
-    .unwrap();
-    ().serve(transport).await.unwrap()
-}
-
-async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: serde_json::Value) {
-    let args = args.as_object().cloned().unwrap_or_default();
-    let r = client
-        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
-        .await
-        .unwrap();
-    assert_ne!(r.is_error, Some(true), "{tool}: {r:?}");
-}
-
 fn round_trips(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -70,16 +44,16 @@ fn round_trips(c: &mut Criterion) {
     let mut g = c.benchmark_group("mcp round trip");
     for (name, bin) in &builds {
         let dir = workspace(bin);
-        let client = rt.block_on(connect(bin, dir.path()));
+        let client = rt.block_on(common::connect_stdio(bin, dir.path()));
         g.bench_function(format!("read_file, {name}"), |b| {
-            b.iter(|| rt.block_on(call(&client, "read_file", json!({"path": "a.txt"}))))
+            b.iter(|| rt.block_on(common::call(&client, "read_file", json!({"path": "a.txt"}))))
         });
         let mut n = 0u64;
         g.bench_function(format!("write_file, {name}"), |b| {
             b.iter(|| {
                 n += 1;
                 let content = format!("version {n}\n");
-                rt.block_on(call(
+                rt.block_on(common::call(
                     &client,
                     "write_file",
                     json!({"path": "notes.txt", "content": content}),

@@ -115,6 +115,25 @@ async fn the_api_acts_as_the_credential_s_actor_and_a_refusal_changes_nothing() 
     assert!(body["error"]["data"]["approval"].is_string(), "{body}");
     assert_eq!(ws.read("README.md").as_deref(), Some("# demo\n"));
     assert!(!ws.path("release/v1").exists());
+    // An actor the rules give nothing reads nothing through the new lists and diffs either:
+    // neither a file's changes nor who holds which task.
+    let stranger = capability(&ws, "agent:stranger");
+    for (method, params) in [
+        (
+            "file.diff",
+            json!({ "path": "README.md", "from": "HEAD~1" }),
+        ),
+        ("queue.leases", json!({})),
+        ("queue.leases", json!({ "group": "workers" })),
+    ] {
+        let (status, body) = call(&server, &stranger, method, params).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method}: {body}");
+        assert!(
+            body.get("hunks").is_none() && body.get("leases").is_none(),
+            "{body}"
+        );
+        says_why(&body);
+    }
 
     // Malformed requests: 400 (or 404 for no such use case), nothing changed.
     for (method, body) in [
@@ -344,6 +363,7 @@ async fn the_server_s_own_pages_may_call_it_by_each_of_its_names() {
         assert!(!ws.path(path).exists(), "{origin}");
     }
     assert!(ws.path("by-name.txt").exists() && ws.path("proxied.txt").exists());
+    common::also_unprivileged("the_server_s_own_pages_may_call_it_by_each_of_its_names");
 }
 
 /// Without a supervisor, the server watches the tree itself: a file someone edits with no
@@ -430,6 +450,7 @@ async fn past_its_rate_or_its_size_a_request_is_refused_and_changes_nothing() {
     let line = String::from_utf8_lossy(&answer[..n]).to_string();
     assert!(line.starts_with("HTTP/1.1 413"), "{line}");
     assert!(!ws.path("huge.txt").exists());
+    common::also_unprivileged("past_its_rate_or_its_size_a_request_is_refused_and_changes_nothing");
 }
 
 /// A file that is not text is compared by size and content hash, not line by line.
@@ -662,26 +683,6 @@ async fn every_long_list_comes_a_page_at_a_time() {
     expected.dedup();
     assert_eq!(seqs, expected, "newest first, each once");
     assert_eq!(seqs.last(), Some(&1), "down to the first operation");
-    let files = walk(
-        &server,
-        "file.list",
-        json!({ "prefix": "pages", "limit": 3 }),
-        "entries",
-        "after",
-        "path",
-    )
-    .await;
-    assert_eq!(files.len(), 8, "the directory and its 7 files: {files:?}");
-    let effects = walk(
-        &server,
-        "effect.list",
-        json!({ "limit": 3 }),
-        "effects",
-        "after",
-        "id",
-    )
-    .await;
-    assert_eq!(effects.len(), 7, "{effects:?}");
     // The group subscribes first: it receives what is published from then on.
     let (status, _) = call(
         &server,
@@ -704,40 +705,28 @@ async fn every_long_list_comes_a_page_at_a_time() {
             assert_eq!(status, StatusCode::OK, "{method}: {body}");
         }
     }
-    let marks = walk(
-        &server,
-        "marks",
-        json!({ "limit": 3 }),
-        "marks",
-        "after",
-        "name",
-    )
-    .await;
-    assert_eq!(marks.len(), 8, "start and m0..m6: {marks:?}");
-    let branches = walk(
-        &server,
-        "branch.list",
-        json!({ "limit": 3 }),
-        "branches",
-        "after",
-        "name",
-    )
-    .await;
-    assert_eq!(branches.len(), 8, "main and b0..b6: {branches:?}");
-    let changes = walk(
-        &server,
-        "diff",
-        json!({ "from": "start", "prefix": "pages", "limit": 3 }),
-        "changes",
-        "after",
-        "path",
-    )
-    .await;
-    assert_eq!(
-        changes.len(),
-        8,
-        "the directory and its 7 files: {changes:?}"
-    );
+    for (method, params, items, key, expected) in [
+        (
+            "file.list",
+            json!({ "prefix": "pages", "limit": 3 }),
+            "entries",
+            "path",
+            8, // the directory and its 7 files
+        ),
+        ("effect.list", json!({ "limit": 3 }), "effects", "id", 7),
+        ("marks", json!({ "limit": 3 }), "marks", "name", 8), // start and m0..m6
+        ("branch.list", json!({ "limit": 3 }), "branches", "name", 8), // main and b0..b6
+        (
+            "diff",
+            json!({ "from": "start", "prefix": "pages", "limit": 3 }),
+            "changes",
+            "path",
+            8, // the directory and its 7 files
+        ),
+    ] {
+        let listed = walk(&server, method, params, items, "after", key).await;
+        assert_eq!(listed.len(), expected, "{method}: {listed:?}");
+    }
     let (status, claimed) = call(
         &server,
         t,

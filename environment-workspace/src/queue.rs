@@ -158,14 +158,15 @@ fn handed_out(
     leases: Vec<environment_core::queue::Lease>,
 ) -> Vec<Lease> {
     let mut receipts = lock(&g.shared().receipts);
-    if receipts.len() >= REMEMBERED
+    if receipts.claims.len() >= receipts.forget_at.max(REMEMBERED)
         && let Some(first) = leases.first()
     {
         // Receipts whose leases ran out long ago (never settled here) are forgotten, so the
         // book does not grow with every lapsed claim (a new lease's end stands for now). An
         // extended lease still held past that is settled as its holder's own (see `holder`).
         let long_ago = first.lease_until_ms.saturating_sub(FORGET_AFTER_MS);
-        receipts.retain(|_, c| c.until_ms > long_ago);
+        receipts.claims.retain(|_, c| c.until_ms > long_ago);
+        receipts.forget_at = 2 * receipts.claims.len();
     }
     leases
         .into_iter()
@@ -176,7 +177,7 @@ fn handed_out(
                 claimer: g.actor().clone(),
                 until_ms: l.lease_until_ms,
             };
-            receipts.insert(l.receipt.clone(), claim);
+            receipts.claims.insert(l.receipt.clone(), claim);
             let Message {
                 id,
                 topic,
@@ -253,7 +254,7 @@ pub struct Settled {
 /// settled or lapsed one is a conflict.
 fn holder(g: &Session<'_>, receipt: &str) -> Result<Claim, ServiceError> {
     let held = bus(g)?.holder(receipt)?;
-    let claimed = match lock(&g.shared().receipts).get(receipt).cloned() {
+    let claimed = match lock(&g.shared().receipts).claims.get(receipt).cloned() {
         Some(c) if &c.claimer == g.actor() => c,
         None if held.consumer == g.actor().as_str() => Claim {
             group: held.group.clone(),
@@ -292,7 +293,7 @@ pub(super) fn ack(g: &Session<'_>, p: AckParams) -> Result<Settled, ServiceError
     let claim = holder(g, &p.receipt)?;
     let lease = Duration::from_millis(p.lease_ms.unwrap_or(LEASE_MS));
     let next = bus.ack_and_claim(&claim.consumer, &p.receipt, &claim.group, max, lease)?;
-    lock(&g.shared().receipts).remove(&p.receipt);
+    lock(&g.shared().receipts).claims.remove(&p.receipt);
     Ok(Settled {
         receipt: p.receipt,
         settled: "ack".to_owned(),
@@ -317,7 +318,7 @@ fn settle(g: &Session<'_>, receipt: String, how: Settlement) -> Result<Settled, 
         Settlement::Nack { .. } => "nack",
     };
     bus.settle(&claim.consumer, &receipt, how)?;
-    lock(&g.shared().receipts).remove(&receipt);
+    lock(&g.shared().receipts).claims.remove(&receipt);
     Ok(Settled {
         receipt,
         settled: settled.to_owned(),

@@ -122,7 +122,7 @@ pub struct Workspace {
     pub shell: RwLock<ShellHandles>,
     /// Receipts handed out, with their group and consumer: settling is authorized on the group
     /// the receipt was claimed from, and done as its claimer.
-    pub(crate) receipts: Mutex<HashMap<String, Claimed>>,
+    pub(crate) receipts: Mutex<Receipts>,
     /// What was answered.
     pub counters: Counters,
     /// The running agent's pid, for `status`.
@@ -172,7 +172,7 @@ impl Workspace {
             tracker: RwLock::new(Some(trees.tracker)),
             extra: RwLock::new(trees.extra),
             shell: RwLock::new(trees.shell),
-            receipts: Mutex::new(HashMap::new()),
+            receipts: Mutex::new(Receipts::default()),
             counters: Counters::default(),
             agent_pid: Mutex::new(None),
         }
@@ -262,6 +262,15 @@ impl Workspace {
     pub fn shell(&self) -> ShellHandles {
         self.shell.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
+}
+
+/// The receipts a workspace handed out, by receipt, and the size at which the long-lapsed ones
+/// are next looked for: twice what was left the last time, so forgetting costs a claim a
+/// constant on average however many leases are held.
+#[derive(Default)]
+pub(crate) struct Receipts {
+    pub(crate) claims: HashMap<String, Claimed>,
+    pub(crate) forget_at: usize,
 }
 
 /// Who claimed a receipt this workspace handed out, and from which group: settling is
