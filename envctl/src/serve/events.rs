@@ -5,17 +5,19 @@
 //! every change). One watcher looks at the log for the whole server, so an
 //! operation another process records shows up too; then one feed per caller reads what changed
 //! through the service, as that caller (so it sees only what it may read), once for all the
-//! streams the caller has open.
+//! streams the caller has open, rendering each event's frame once. What a feed finds in one
+//! look goes out as one batch, written to each stream in one piece: a burst of commits costs a
+//! hundred open streams one write each, not one per event.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
-use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::Response;
 use environment_core::json::HistoryLine;
 use environment_core::{Governance, LocalEnvironment, Queue};
 use environment_workspace::effects::ListParams as EffectListParams;
@@ -26,7 +28,7 @@ use environment_workspace::{Caller, Request};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::{BroadcastStream, IntervalStream};
 
 use super::Served;
 use crate::door::Door;
@@ -192,42 +194,64 @@ impl Digests {
     }
 }
 
-/// One event, as every stream of a caller sends it.
+/// One event, rendered once as the frame every stream of a caller sends.
 #[derive(Clone, Debug)]
 pub(crate) struct Item {
-    kind: &'static str,
     /// An operation's position in the log.
     id: Option<u64>,
-    data: Arc<str>,
+    /// `event:`, `id:` and `data:` lines and the blank line that ends them.
+    frame: Bytes,
 }
 
 impl Item {
     fn of<T: serde::Serialize>(kind: &'static str, id: Option<u64>, data: &T) -> Option<Item> {
+        // Compact JSON has no line breaks: the data is one `data:` line.
         let data = serde_json::to_string(data).ok()?;
+        let mut frame = format!("event: {kind}\n");
+        if let Some(id) = id {
+            frame.push_str(&format!("id: {id}\n"));
+        }
+        frame.push_str("data: ");
+        frame.push_str(&data);
+        frame.push_str("\n\n");
         Some(Item {
-            kind,
             id,
-            data: data.into(),
+            frame: frame.into(),
         })
     }
-
-    fn event(&self) -> Event {
-        let e = Event::default().event(self.kind).data(&*self.data);
-        match self.id {
-            Some(id) => e.id(id.to_string()),
-            None => e,
-        }
-    }
 }
+
+/// What a feed found in one look, sent to its streams together.
+type Batch = Arc<[Item]>;
+
+/// The frames of `items` a stream has not sent yet (an operation at or before `cursor` was
+/// in its opening), in one piece; `cursor` moves to the last operation sent.
+fn unsent(items: &[Item], cursor: &mut u64) -> Option<Bytes> {
+    let mut out = Vec::with_capacity(items.iter().map(|i| i.frame.len()).sum());
+    for item in items {
+        match item.id {
+            Some(id) if id <= *cursor => continue,
+            Some(id) => *cursor = id,
+            None => {}
+        }
+        out.extend_from_slice(&item.frame);
+    }
+    (!out.is_empty()).then(|| out.into())
+}
+
+/// A comment line: keeps idle connections (and proxies) from timing out.
+const KEEP_ALIVE: &[u8] = b":\n\n";
+/// How long a stream stays quiet before it sends [`KEEP_ALIVE`].
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(15);
 
 /// Whose feed: an actor, and the token it presents by default.
 type FeedKey = (String, Option<String>);
 
 /// The feed of each caller with a stream open.
 #[derive(Default)]
-pub(crate) struct Feeds(Mutex<HashMap<FeedKey, broadcast::Sender<Item>>>);
+pub(crate) struct Feeds(Mutex<HashMap<FeedKey, broadcast::Sender<Batch>>>);
 
-/// How many events a slow stream may fall behind its feed before it is closed (its client
+/// How many batches a slow stream may fall behind its feed before it is closed (its client
 /// then reconnects with `Last-Event-ID` and misses nothing).
 const BACKLOG: usize = 4096;
 
@@ -238,7 +262,7 @@ impl Feeds {
         caller: &Caller,
         door: &Door,
         seen: &watch::Receiver<Seen>,
-    ) -> broadcast::Receiver<Item> {
+    ) -> broadcast::Receiver<Batch> {
         let key = (caller.actor.to_string(), caller.default_token.clone());
         let mut feeds = self.0.lock().unwrap_or_else(|p| p.into_inner());
         feeds.retain(|_, tx| tx.receiver_count() > 0);
@@ -276,23 +300,28 @@ pub(crate) async fn stream(
     // Subscribed first, so nothing falls between what is replayed and what the feed sends.
     let live = served.feeds.subscribe(&caller, &door, &served.seen);
     let (opening, mut cursor) = opening(&door, resume).await;
+    let opening = unsent(&opening, &mut 0);
     let live = BroadcastStream::new(live)
         // Fallen behind (or the feed ended): closed, the client resumes from its last id.
         .map_while(Result::ok)
-        .filter_map(move |item| match item.id {
-            Some(id) if id <= cursor => None,
-            Some(id) => {
-                cursor = id;
-                Some(item)
-            }
-            None => Some(item),
-        });
-    let events = tokio_stream::iter(opening)
-        .chain(live)
-        .map(|item| Ok::<Event, Infallible>(item.event()));
-    Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
+        .filter_map(move |batch| unsent(&batch, &mut cursor))
+        // `None` marks the end of the feed, so the keep-alive beat does not outlive it.
+        .map(Some)
+        .chain(tokio_stream::iter([None]));
+    let start = Instant::now() + KEEP_ALIVE_EVERY;
+    let beats = IntervalStream::new(tokio::time::interval_at(start, KEEP_ALIVE_EVERY))
+        .map(|_| Some(Bytes::from_static(KEEP_ALIVE)));
+    let frames = tokio_stream::iter(opening)
+        .chain(live.merge(beats).map_while(|frame| frame))
+        .map(Ok::<Bytes, Infallible>);
+    let mut response = Response::new(Body::from_stream(frames));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }
 
 /// Runs the use case `R` through `door` on the blocking pool.
@@ -358,7 +387,7 @@ async fn feed(
     door: Door,
     mut seen: watch::Receiver<Seen>,
     start: Seen,
-    tx: broadcast::Sender<Item>,
+    tx: broadcast::Sender<Batch>,
 ) {
     let mut cursor = start.seq;
     let mut last = start;
@@ -367,10 +396,11 @@ async fn feed(
     let mut first = true;
     loop {
         let current = *seen.borrow_and_update();
+        let mut batch = Vec::new();
         if current.seq > cursor {
             let missing = usize::try_from(current.seq - cursor).unwrap_or(REPLAY);
             for (seq, line) in operations_after(&door, cursor, missing).await {
-                let _ = Item::of("operation", Some(seq), &line).map(|i| tx.send(i));
+                batch.extend(Item::of("operation", Some(seq), &line));
                 cursor = seq;
             }
         }
@@ -382,7 +412,7 @@ async fn feed(
                     approvals.insert(a.id.clone(), a.state.clone());
                     // On the first look too: a change between a stream's opening and this
                     // look is not lost (a state sent twice is harmless).
-                    let _ = Item::of("approval", None, &a).map(|i| tx.send(i));
+                    batch.extend(Item::of("approval", None, &a));
                 }
             }
         }
@@ -396,7 +426,7 @@ async fn feed(
                     // The first look sends what a stream opens with (the unfinished ones), in
                     // case one changed between the opening and this look.
                     if !first || matches!(e.state.as_str(), "in_flight" | "unknown") {
-                        let _ = Item::of("effect", None, &e).map(|i| tx.send(i));
+                        batch.extend(Item::of("effect", None, &e));
                     }
                 }
             }
@@ -405,7 +435,10 @@ async fn feed(
         if (first || current.queue != last.queue)
             && let Some(stats) = ask(&door, StatsParams::default()).await
         {
-            let _ = Item::of("queue", None, &stats).map(|i| tx.send(i));
+            batch.extend(Item::of("queue", None, &stats));
+        }
+        if !batch.is_empty() {
+            let _ = tx.send(batch.into());
         }
         first = false;
         last = current;
