@@ -16,6 +16,7 @@ use crate::error::{BusError, Result, SqlContext};
 use crate::inbox::Inbox;
 use crate::ops::{self, Claimed, Ctx, Settle};
 use crate::pending::{self, Pending};
+use crate::rules;
 use crate::schema::{self, ACKED, DEAD, LEASED, READY, WAITING};
 use crate::types::{
     DeadLetter, GroupOptions, Lease, LeaseHolder, MessageId, NewMessage, PublishOptions, Published,
@@ -110,7 +111,7 @@ impl Bus {
             max_batch: config.max_group_commit.max(1),
             auto_purge: config
                 .auto_purge
-                .map(|every| (every, ops::ms(config.retention))),
+                .map(|every| (every, rules::ms(config.retention))),
             purge_cursor: purge_cursor.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -247,10 +248,10 @@ impl Bus {
             payload,
             options,
         };
-        if let Err(e) = ops::check_message(&m, &self.inner.config.limits) {
+        if let Err(e) = rules::check_message(&m, &self.inner.config.limits) {
             return Pending::done(Err(e));
         }
-        let window = ops::ms(self.inner.config.dedup_window);
+        let window = rules::ms(self.inner.config.dedup_window);
         self.submit(move |ctx| {
             if create {
                 ctx.names.clear();
@@ -273,11 +274,11 @@ impl Bus {
         }
         if let Some(e) = messages
             .iter()
-            .find_map(|m| ops::check_message(m, limits).err())
+            .find_map(|m| rules::check_message(m, limits).err())
         {
             return Pending::done(Err(e));
         }
-        let window = ops::ms(self.inner.config.dedup_window);
+        let window = rules::ms(self.inner.config.dedup_window);
         // An unknown topic may show up after earlier messages were written.
         self.submit_with(true, move |ctx| {
             messages
@@ -287,7 +288,6 @@ impl Bus {
         })
     }
 
-    /// [`Bus::check_claim`] of a claim from `group`, whose name is checked too.
     fn check_group_claim(
         &self,
         group: &str,
@@ -295,23 +295,7 @@ impl Bus {
         max: u32,
         lease: Duration,
     ) -> Result<i64> {
-        let lease_ms = self.check_claim(consumer, max, lease)?;
-        ops::check_name("group", group)?;
-        Ok(lease_ms)
-    }
-
-    fn check_claim(&self, consumer: &str, max: u32, lease: Duration) -> Result<i64> {
-        let limits = &self.inner.config.limits;
-        ops::check_name("consumer", consumer)?;
-        if max == 0 || max > limits.max_claim {
-            return Err(BusError::OutOfRange {
-                what: "claim size",
-                value: u128::from(max),
-                min: 1,
-                max: u128::from(limits.max_claim),
-            });
-        }
-        ops::check_range("lease", lease, Duration::from_millis(1), limits.max_lease)
+        rules::check_claim(&self.inner.config.limits, group, consumer, max, lease)
     }
 
     /// The claim both [`Bus::claim`] and [`Consumer`] use; it also reports when the group's
@@ -497,16 +481,10 @@ impl Bus {
         delay: Option<Duration>,
         error: Option<&str>,
     ) -> Pending<()> {
-        let limits = &self.inner.config.limits;
-        let delay_ms =
-            match delay.map(|d| ops::check_range("delay", d, Duration::ZERO, limits.max_delay)) {
-                Some(Err(e)) => return Pending::done(Err(e)),
-                Some(Ok(d)) => Some(d),
-                None => None,
-            };
-        if let Some(Err(e)) = error.map(|e| ops::check_text("error", e, 4096)) {
-            return Pending::done(Err(e));
-        }
+        let delay_ms = match rules::check_nack(&self.inner.config.limits, delay, error) {
+            Ok(d) => d,
+            Err(e) => return Pending::done(Err(e)),
+        };
         self.settle_by(
             by,
             receipt,
@@ -519,8 +497,7 @@ impl Bus {
 
     /// Heartbeat: the lease now runs until `lease` from now.
     pub fn extend(&self, receipt: &Receipt, lease: Duration) -> Pending<()> {
-        let limits = &self.inner.config.limits;
-        match ops::check_range("lease", lease, Duration::from_millis(1), limits.max_lease) {
+        match rules::check_lease(&self.inner.config.limits, lease) {
             Ok(lease_ms) => self.settle(receipt, Settle::Extend { lease_ms }),
             Err(e) => Pending::done(Err(e)),
         }
@@ -528,7 +505,7 @@ impl Bus {
 
     /// Poison message: straight to the dead letters with `reason`, no retry.
     pub fn terminate(&self, receipt: &Receipt, reason: &str) -> Pending<()> {
-        if let Err(e) = ops::check_text("reason", reason, 4096) {
+        if let Err(e) = rules::check_reason(reason) {
             return Pending::done(Err(e));
         }
         self.settle(
@@ -643,7 +620,7 @@ impl Bus {
     }
 
     fn purge_command(&self, chunk: u32) -> Pending<(PurgeReport, bool)> {
-        let retention = ops::ms(self.inner.config.retention);
+        let retention = rules::ms(self.inner.config.retention);
         let chunk = i64::from(chunk.max(1));
         let cursor = self.inner.purge_cursor.clone();
         self.submit(move |ctx| {
@@ -655,7 +632,7 @@ impl Bus {
     /// One bounded purge step as its own command: at most `chunk` messages examined, with
     /// their deliveries acked before the retention.
     pub fn purge_step(&self, chunk: u32) -> Pending<PurgeReport> {
-        let retention = ops::ms(self.inner.config.retention);
+        let retention = rules::ms(self.inner.config.retention);
         let chunk = i64::from(chunk.max(1));
         let cursor = self.inner.purge_cursor.clone();
         self.submit(move |ctx| {
@@ -716,8 +693,8 @@ impl Bus {
             payload: payload.into(),
             options,
         };
-        ops::check_message(&m, &self.inner.config.limits)?;
-        let window = ops::ms(self.inner.config.dedup_window);
+        rules::check_message(&m, &self.inner.config.limits)?;
+        let window = rules::ms(self.inner.config.dedup_window);
         self.in_tx(tx, |ctx| ops::publish(ctx, &m, window))
     }
 

@@ -85,6 +85,7 @@ mod ops;
 mod pending;
 mod publisher;
 mod queue;
+pub mod rules;
 mod schema;
 mod types;
 mod writer;

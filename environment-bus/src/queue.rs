@@ -10,22 +10,14 @@ use environment_core::{ErrorKind, PortError, Queue};
 
 use crate::bus::Bus;
 use crate::error::BusError;
-use crate::types::{self, GroupOptions, Headers, MessageId, PublishOptions, Receipt};
+use crate::types::{self, GroupOptions, Headers, MessageId, NewMessage, PublishOptions, Receipt};
 
 impl Queue for Bus {
     fn publish(&self, topic: &str, payload: Vec<u8>, o: Publish) -> Result<Posted, PortError> {
-        let options = PublishOptions {
-            ordering_key: o.ordering_key,
-            dedup_id: o.dedup_id,
-            dedup_window: None,
-            delay: o.delay,
-            headers: Headers {
-                actor: o.publisher,
-                correlation_id: o.correlation_id,
-                causing_op: None,
-            },
-        };
-        let p = self.publish_creating(topic, payload, options).wait()?;
+        let m = NewMessage::from_port(topic, payload, o);
+        let p = self
+            .publish_creating(&m.topic, m.payload, m.options)
+            .wait()?;
         Ok(Posted {
             id: p.id.0,
             duplicate: p.duplicate,
@@ -123,6 +115,28 @@ impl Queue for Bus {
 
     fn metrics(&self) -> Result<Vec<TopicMetrics>, PortError> {
         Ok(Bus::metrics(self)?)
+    }
+}
+
+impl NewMessage {
+    /// A message as the port publishes it (the store's dedup window).
+    pub fn from_port(topic: &str, payload: Vec<u8>, o: Publish) -> NewMessage {
+        let options = PublishOptions {
+            ordering_key: o.ordering_key,
+            dedup_id: o.dedup_id,
+            dedup_window: None,
+            delay: o.delay,
+            headers: Headers {
+                actor: o.publisher,
+                correlation_id: o.correlation_id,
+                causing_op: None,
+            },
+        };
+        NewMessage {
+            topic: topic.to_owned(),
+            payload,
+            options,
+        }
     }
 }
 

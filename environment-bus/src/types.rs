@@ -26,6 +26,24 @@ pub struct Receipt {
     pub(crate) token: i64,
 }
 
+impl Receipt {
+    /// The receipt of `delivery` under the claim's random `token`: for stores of the queue
+    /// that keep deliveries elsewhere and hand out the same receipts.
+    pub fn new(delivery: i64, token: i64) -> Receipt {
+        Receipt { delivery, token }
+    }
+
+    /// The delivery it names.
+    pub fn delivery(&self) -> i64 {
+        self.delivery
+    }
+
+    /// The token of the claim that handed it out.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+}
+
 impl fmt::Display for Receipt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The token is random; it is printed as unsigned hex so receipts never start with '-'.

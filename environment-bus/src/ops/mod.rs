@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -24,12 +23,11 @@ macro_rules! message_cols {
     };
 }
 
-mod check;
 mod lease;
 mod publish;
 mod upkeep;
 
-pub(crate) use check::{check_message, check_name, check_range, check_text};
+pub(crate) use crate::rules::{check_name, ms};
 pub(crate) use lease::{Claimed, ack_and_claim, claim, redrive, settle};
 pub(crate) use publish::publish;
 pub(crate) use upkeep::{dead_letters, delivery_state, leases, metrics, purge_step};
@@ -132,10 +130,6 @@ pub(crate) enum Settle {
     },
 }
 
-pub(crate) fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 pub(crate) fn topic_id(conn: &Connection, topic: &str) -> Result<i64> {
     conn.prepare_cached("SELECT id FROM bus_topics WHERE name = ?1")
         .and_then(|mut s| s.query_row([topic], |r| r.get(0)).optional())
@@ -172,18 +166,9 @@ pub(crate) fn create_group(
     topics: &[String],
     max_attempts: u32,
 ) -> Result<()> {
-    check_name("group", group)?;
-    if max_attempts == 0 || max_attempts > 10_000 {
-        return Err(BusError::OutOfRange {
-            what: "max_attempts",
-            value: u128::from(max_attempts),
-            min: 1,
-            max: 10_000,
-        });
-    }
+    crate::rules::check_group(group, max_attempts, topics.iter().map(String::as_str))?;
     let mut topic_ids = Vec::with_capacity(topics.len());
     for t in topics {
-        check_name("topic", t)?;
         topic_ids.push(topic_id(conn, t)?);
     }
     let gid = match group_row(conn, group) {

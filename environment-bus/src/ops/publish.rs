@@ -16,7 +16,7 @@ pub(super) fn key_busy(conn: &Connection, group_id: i64, key: &str) -> Result<bo
     .ctx("checking an ordering key")
 }
 
-/// Publishes one message; the caller validated it with [`check_message`].
+/// Publishes one message; the caller validated it with [`crate::rules::check_message`].
 pub(crate) fn publish(ctx: &mut Ctx<'_>, m: &NewMessage, default_window: i64) -> Result<Published> {
     let conn = ctx.conn;
     let now = ctx.now;

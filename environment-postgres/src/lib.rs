@@ -1,0 +1,30 @@
+//! PostgreSQL stores of an Environment, so that several machines share one: so far the queue
+//! ([`PgQueue`], core's [`Queue`](environment_core::Queue) port with the SQLite bus's
+//! semantics), on versioned migrations ([`migrate`]).
+//!
+//! The client is the synchronous `postgres` crate (rust-postgres, the same protocol
+//! implementation as `tokio-postgres`) with an `r2d2` pool: the ports are blocking, as the
+//! embedded stores are, so an async driver would only add a runtime to block on. `sqlx` was
+//! not taken: its macros and drivers cost far more to build on two cores, and its checked
+//! queries need a database at build time.
+//!
+//! ```no_run
+//! use environment_core::Queue;
+//! use environment_postgres::{PgQueue, PgQueueConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let queue = PgQueue::connect("host=/run/postgresql user=env dbname=env", PgQueueConfig::default())?;
+//! queue.subscribe("workers", &["tasks".to_owned()])?;
+//! queue.publish("tasks", b"build".to_vec(), Default::default())?;
+//! let leases = queue.claim("workers", "worker-1", 1, std::time::Duration::from_secs(30))?;
+//! # let _ = leases;
+//! # Ok(())
+//! # }
+//! ```
+
+mod error;
+pub mod migrate;
+mod queue;
+
+pub use error::{PgError, Result};
+pub use queue::{PgQueue, PgQueueConfig};
