@@ -4,11 +4,13 @@
 
 mod common;
 
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use environment_bus::{GroupOptions, NewMessage};
 use environment_core::ErrorKind;
-use environment_postgres::PgQueueConfig;
+use environment_core::queue::Lease;
+use environment_postgres::{PgError, PgQueue, PgQueueConfig};
 
 /// Long enough that only a notification can end a wait within it.
 fn config() -> PgQueueConfig {
@@ -16,6 +18,17 @@ fn config() -> PgQueueConfig {
         idle_recheck: Duration::from_secs(600),
         ..PgQueueConfig::default()
     }
+}
+
+/// A claim of one message of `workers` waiting up to `wait` on its own thread, given time to
+/// find the queue empty and sleep.
+fn wait_for_one(queue: &PgQueue, wait: Duration) -> JoinHandle<Result<Vec<Lease>, PgError>> {
+    let waiter = queue.clone();
+    let waiting = std::thread::spawn(move || {
+        waiter.claim_waiting("workers", "w", 1, Duration::from_secs(30), wait)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    waiting
 }
 
 #[test]
@@ -28,22 +41,11 @@ fn a_waiting_claim_wakes_on_another_machines_publish() {
         .create_group("workers", &["jobs"], GroupOptions::default())
         .unwrap();
     let publisher = common::open(&server, config());
-    let waiting = std::thread::spawn(move || {
-        waiter
-            .claim_waiting(
-                "workers",
-                "w",
-                1,
-                Duration::from_secs(30),
-                Duration::from_secs(120),
-            )
-            .unwrap()
-    });
-    std::thread::sleep(Duration::from_millis(300));
+    let waiting = wait_for_one(&waiter, Duration::from_secs(120));
     let sent = publisher
         .publish_message(&NewMessage::new("jobs", b"wake up".to_vec()))
         .unwrap();
-    let got = waiting.join().unwrap();
+    let got = waiting.join().unwrap().unwrap();
     // The wait was 120 s and the recheck 600 s: only the notification could end it with a
     // lease.
     assert_eq!(got.len(), 1);
@@ -90,17 +92,7 @@ fn a_broken_listening_connection_reaches_the_waiting_caller() {
     queue
         .create_group("workers", &["jobs"], GroupOptions::default())
         .unwrap();
-    let waiter = queue.clone();
-    let waiting = std::thread::spawn(move || {
-        waiter.claim_waiting(
-            "workers",
-            "w",
-            1,
-            Duration::from_secs(30),
-            Duration::from_secs(120),
-        )
-    });
-    std::thread::sleep(Duration::from_millis(300));
+    let waiting = wait_for_one(&queue, Duration::from_secs(120));
     // The operator (or a failover) ends the listening session.
     let mut admin = server.connect(postgres::NoTls).unwrap();
     let ended = admin
@@ -117,17 +109,7 @@ fn a_broken_listening_connection_reaches_the_waiting_caller() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let publisher = common::open(&server, config());
     loop {
-        let waiter = queue.clone();
-        let waiting = std::thread::spawn(move || {
-            waiter.claim_waiting(
-                "workers",
-                "w",
-                1,
-                Duration::from_secs(30),
-                Duration::from_secs(60),
-            )
-        });
-        std::thread::sleep(Duration::from_millis(300));
+        let waiting = wait_for_one(&queue, Duration::from_secs(60));
         publisher
             .publish_message(&NewMessage::new("jobs", b"again".to_vec()))
             .unwrap();
