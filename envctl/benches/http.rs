@@ -169,26 +169,37 @@ fn api(c: &mut Criterion) {
     g.bench_function(format!("history's first screen, {ops} operations"), |b| {
         b.iter(|| rt.block_on(post(&http, &server, "history", json!({ "limit": 200 }))))
     });
-    // From the answer of a write (its commit done) to its event on a connected stream.
+    // From the answer of a write (its commit done) to its event on a connected stream: writes
+    // back to back (each within the server's batching window of the last look) and writes
+    // after a pause (a quiet environment).
     let mut stream = rt.block_on(events(&http, &server));
     let mut buf = String::new();
     let mut n = 0u64;
-    g.bench_function("event after its commit", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    n += 1;
-                    let body = json!({ "path": "e.txt", "content": n.to_string() });
-                    post(&http, &server, "file.write", body).await;
-                    let committed = Instant::now();
-                    next_operation(&mut stream, &mut buf).await;
-                    total += committed.elapsed();
-                }
-                total
+    for (name, pause) in [
+        ("event after its commit, back to back", Duration::ZERO),
+        (
+            "event after its commit, after a pause",
+            Duration::from_millis(60),
+        ),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        tokio::time::sleep(pause).await;
+                        n += 1;
+                        let body = json!({ "path": "e.txt", "content": n.to_string() });
+                        post(&http, &server, "file.write", body).await;
+                        let committed = Instant::now();
+                        next_operation(&mut stream, &mut buf).await;
+                        total += committed.elapsed();
+                    }
+                    total
+                })
             })
-        })
-    });
+        });
+    }
     drop(stream);
     let mut write = |name: &str, g: &mut criterion::BenchmarkGroup<'_, _>| {
         g.bench_function(name, |b| {

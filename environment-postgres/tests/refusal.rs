@@ -162,3 +162,57 @@ fn refusals_change_nothing() {
     // The lease is still the holder's.
     assert_eq!(q.holder(&held.receipt).unwrap().consumer, "a");
 }
+
+/// Each receipt of a batch ack is settled or refused on its own, as it would be one at a time.
+#[test]
+fn a_batch_ack_settles_each_receipt_on_its_own() {
+    let Some(server) = common::fresh("ack_many") else {
+        return;
+    };
+    let clock = ManualClock::new(1_000_000);
+    let q = common::open(&server, common::config(&clock));
+    q.create_group("workers", &["jobs"], GroupOptions::default())
+        .unwrap();
+    let keyed = PublishOptions::default().ordering_key("k");
+    for m in [
+        NewMessage::new("jobs", b"plain".to_vec()),
+        NewMessage::new("jobs", b"keyed".to_vec()).with(keyed.clone()),
+        NewMessage::new("jobs", b"behind".to_vec()).with(keyed),
+        NewMessage::new("jobs", b"theirs".to_vec()),
+    ] {
+        q.publish_message(&m).unwrap();
+    }
+    let mine = q.claim("workers", "a", 2, LEASE).unwrap();
+    let theirs = q.claim("workers", "b", 1, LEASE).unwrap().remove(0);
+    assert_eq!(theirs.message.payload, b"theirs");
+    let (plain, keyed) = (&mine[0].receipt, &mine[1].receipt);
+    // A forged token for the plain message's delivery, before its real receipt.
+    let (delivery, _) = plain.split_once('.').unwrap();
+    let forged = format!("{delivery}.0000000000000001");
+    let outcomes = q
+        .ack_many(
+            "a",
+            &[&forged, plain, plain, keyed, &theirs.receipt, "garbage"],
+        )
+        .unwrap();
+    let kinds: Vec<Option<ErrorKind>> = outcomes
+        .iter()
+        .map(|o| o.as_ref().err().map(PgError::kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            Some(ErrorKind::Conflict),
+            None,
+            Some(ErrorKind::Conflict),
+            None,
+            Some(ErrorKind::Denied),
+            Some(ErrorKind::NotFound),
+        ]
+    );
+    // The keyed message's ack let the one behind it through; theirs is still theirs.
+    let next = q.claim("workers", "a", 5, LEASE).unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].message.payload, b"behind");
+    assert_eq!(q.holder(&theirs.receipt).unwrap().consumer, "b");
+}

@@ -10,6 +10,7 @@ use rand::Rng;
 use super::Ctx;
 use super::publish::{key_busy, lock_key, topic_id};
 use super::schema::{ACKED, CAUSE_MAX_ATTEMPTS, CAUSE_TERMINATED, DEAD, LEASED, READY, WAITING};
+use super::session::{Session, Statements};
 use crate::error::{PgContext, Result};
 
 /// The columns [`message`] reads, from `m` (messages) and `t` (topics).
@@ -35,7 +36,6 @@ pub(crate) fn message(r: &Row, at: usize) -> Message {
 /// (id, max attempts) of a group.
 pub(crate) fn group_row(ctx: &mut Ctx<'_, '_>, group: &str) -> Result<(i64, u32)> {
     let row = ctx
-        .tx
         .query_opt(
             "SELECT id, max_attempts FROM bus_groups WHERE name = $1",
             &[&group],
@@ -56,7 +56,6 @@ fn promote_next(ctx: &mut Ctx<'_, '_>, group_id: i64, key: Option<&str>) -> Resu
         return Ok(());
     }
     let promoted = ctx
-        .tx
         .execute(
             "UPDATE bus_deliveries SET state = $3, due = visible_at WHERE id = (
                 SELECT id FROM bus_deliveries
@@ -72,14 +71,13 @@ fn promote_next(ctx: &mut Ctx<'_, '_>, group_id: i64, key: Option<&str>) -> Resu
 
 /// Whether (group, key) has a ready or leased delivery (its head).
 fn key_busy_active(ctx: &mut Ctx<'_, '_>, group_id: i64, key: &str) -> Result<bool> {
-    ctx.tx
-        .query_opt(
-            "SELECT 1 FROM bus_deliveries WHERE group_id = $1 AND okey = $2 AND state IN (0, 1)
+    ctx.query_opt(
+        "SELECT 1 FROM bus_deliveries WHERE group_id = $1 AND okey = $2 AND state IN (0, 1)
              LIMIT 1",
-            &[&group_id, &key],
-        )
-        .ctx("checking a key's head")
-        .map(|r| r.is_some())
+        &[&group_id, &key],
+    )
+    .ctx("checking a key's head")
+    .map(|r| r.is_some())
 }
 
 fn kill(
@@ -91,15 +89,82 @@ fn kill(
     error: Option<&str>,
 ) -> Result<()> {
     let now = ctx.now;
-    ctx.tx
-        .execute(
-            "UPDATE bus_deliveries SET state = $2, due = NULL, lease_until = NULL,
+    ctx.execute(
+        "UPDATE bus_deliveries SET state = $2, due = NULL, lease_until = NULL,
              dead_cause = $3, last_error = COALESCE($4, last_error), finished_at = $5
              WHERE id = $1",
-            &[&delivery, &DEAD, &cause, &error, &now],
-        )
-        .ctx("dead-lettering a delivery")?;
+        &[&delivery, &DEAD, &cause, &error, &now],
+    )
+    .ctx("dead-lettering a delivery")?;
     promote_next(ctx, group_id, key)
+}
+
+/// [`claim`] in one statement, when no claimable row of the group has used up its attempts;
+/// `None` when one has or the group is unknown (and nothing changed): the transaction of
+/// [`claim`] then dead-letters it or says the group is unknown.
+pub(crate) fn claim_plain(
+    s: &mut Session,
+    rng: &mut impl Rng,
+    group: &str,
+    consumer: &str,
+    max: u32,
+    lease_ms: i64,
+    now: i64,
+) -> Result<Option<Vec<Lease>>> {
+    let lease_until = now.saturating_add(lease_ms);
+    let tokens: Vec<i64> = (0..max).map(|_| rng.random()).collect();
+    let rows = s
+        .query(
+            concat!(
+                "WITH g AS (SELECT id, max_attempts FROM bus_groups WHERE name = $1),
+                 c AS (SELECT d.id, d.attempts, d.due FROM bus_deliveries d JOIN g ON d.group_id = g.id
+                       WHERE d.due IS NOT NULL AND d.due <= $2
+                       ORDER BY d.due, d.id LIMIT $3 FOR UPDATE OF d SKIP LOCKED),
+                 n AS (SELECT id, row_number() OVER (ORDER BY due, id) AS k FROM c),
+                 spent AS (SELECT 1 FROM c, g WHERE c.attempts >= g.max_attempts),
+                 u AS (UPDATE bus_deliveries d SET state = $4, due = $5::BIGINT + 1, lease_until = $5,
+                         token = ($6::BIGINT[])[n.k], consumer = $7, attempts = d.attempts + 1
+                       FROM n WHERE d.id = n.id AND NOT EXISTS (SELECT 1 FROM spent)
+                       RETURNING d.id, d.token, d.attempts, d.msg_id, n.k)
+                 SELECT FALSE, u.id, u.token, u.attempts, ",
+                message_cols!(),
+                ", u.k FROM u JOIN bus_messages m ON m.id = u.msg_id
+                 JOIN bus_topics t ON t.id = m.topic_id
+                 UNION ALL
+                 SELECT TRUE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+                 WHERE EXISTS (SELECT 1 FROM spent) OR NOT EXISTS (SELECT 1 FROM g)"
+            ),
+            &[
+                &group,
+                &now,
+                &i64::from(max),
+                &LEASED,
+                &lease_until,
+                &tokens,
+                &consumer,
+            ],
+        )
+        .ctx("claiming messages")?;
+    if rows.iter().any(|r| r.get::<_, bool>(0)) {
+        return Ok(None);
+    }
+    let mut leases: Vec<(i64, Lease)> = rows
+        .iter()
+        .map(|r| {
+            let (id, token, attempt): (i64, i64, i32) = (r.get(1), r.get(2), r.get(3));
+            let lease = Lease {
+                receipt: Receipt::new(id, token).to_string(),
+                group: group.to_owned(),
+                message: message(r, 4),
+                attempt: u32::try_from(attempt).unwrap_or(0),
+                lease_until_ms: lease_until,
+            };
+            (r.get(10), lease)
+        })
+        .collect();
+    // Oldest due first, as the claim found them.
+    leases.sort_by_key(|(k, _)| *k);
+    Ok(Some(leases.into_iter().map(|(_, l)| l).collect()))
 }
 
 /// Leases up to `max` claimable messages of `group` to `consumer` until `now + lease_ms`.
@@ -118,7 +183,6 @@ pub(crate) fn claim(
     loop {
         let want = i64::from(max) - leases.len() as i64;
         let rows = ctx
-            .tx
             .query(
                 concat!(
                     "SELECT d.id, d.state, d.attempts, d.okey, ",
@@ -148,21 +212,20 @@ pub(crate) fn claim(
             }
             let token: i64 = ctx.rng.random();
             let attempt = attempts + 1;
-            ctx.tx
-                .execute(
-                    "UPDATE bus_deliveries SET state = $2, due = $3, lease_until = $4,
+            ctx.execute(
+                "UPDATE bus_deliveries SET state = $2, due = $3, lease_until = $4,
                      token = $5, consumer = $6, attempts = $7 WHERE id = $1",
-                    &[
-                        &id,
-                        &LEASED,
-                        &lease_until.saturating_add(1),
-                        &lease_until,
-                        &token,
-                        &consumer,
-                        &i32::try_from(attempt).unwrap_or(i32::MAX),
-                    ],
-                )
-                .ctx("leasing a message")?;
+                &[
+                    &id,
+                    &LEASED,
+                    &lease_until.saturating_add(1),
+                    &lease_until,
+                    &token,
+                    &consumer,
+                    &i32::try_from(attempt).unwrap_or(i32::MAX),
+                ],
+            )
+            .ctx("leasing a message")?;
             leases.push(Lease {
                 receipt: Receipt::new(id, token).to_string(),
                 group: group.to_owned(),
@@ -186,7 +249,6 @@ fn leased_row(
     by: Option<&str>,
 ) -> Result<(i64, u32, Option<String>)> {
     let row = ctx
-        .tx
         .query_opt(
             "SELECT group_id, state, token, attempts, okey, consumer FROM bus_deliveries \
              WHERE id = $1 FOR UPDATE",
@@ -222,7 +284,6 @@ fn leased_row(
 fn ack(ctx: &mut Ctx<'_, '_>, receipt: &Receipt, by: Option<&str>) -> Result<i64> {
     let now = ctx.now;
     let acked = ctx
-        .tx
         .query_opt(
             "UPDATE bus_deliveries SET state = $4, due = NULL, lease_until = NULL,
              finished_at = $5 WHERE id = $1 AND state = $2 AND token = $3
@@ -250,6 +311,37 @@ fn ack(ctx: &mut Ctx<'_, '_>, receipt: &Receipt, by: Option<&str>) -> Result<i64
             )))
         }
     }
+}
+
+/// Acks, in one statement, a current receipt held by `by` whose message has no ordering key
+/// (nothing waits behind it); `false` when that is not the case and nothing changed (the
+/// transaction of [`settle`] then acks a keyed message or says why it refuses).
+pub(crate) fn ack_plain(s: &mut Session, receipt: &Receipt, by: &str, now: i64) -> Result<bool> {
+    Ok(!ack_plain_many(s, &[*receipt], by, now)?.is_empty())
+}
+
+/// [`ack_plain`] of many receipts in one statement; returns the receipts it acked.
+pub(crate) fn ack_plain_many(
+    s: &mut impl Statements,
+    receipts: &[Receipt],
+    by: &str,
+    now: i64,
+) -> Result<Vec<Receipt>> {
+    let ids: Vec<i64> = receipts.iter().map(Receipt::delivery).collect();
+    let tokens: Vec<i64> = receipts.iter().map(Receipt::token).collect();
+    let rows = s
+        .query(
+            "UPDATE bus_deliveries d SET state = $4, due = NULL, lease_until = NULL,
+             finished_at = $5 FROM unnest($1::BIGINT[], $3::BIGINT[]) AS r(id, token)
+             WHERE d.id = r.id AND d.token = r.token AND d.state = $2 AND d.consumer = $6
+             AND d.okey IS NULL RETURNING d.id, r.token",
+            &[&ids, &LEASED, &tokens, &ACKED, &now, &by],
+        )
+        .ctx("acking deliveries")?;
+    Ok(rows
+        .iter()
+        .map(|r| Receipt::new(r.get(0), r.get(1)))
+        .collect())
 }
 
 /// Acks `receipt` as `consumer` and leases up to `max` further messages of `group`, the
@@ -308,7 +400,6 @@ pub(crate) fn settle(
         Settle::Ack => return ack(ctx, receipt, by).map(drop),
         Settle::Nack { delay_ms, error } => {
             let max_attempts: i32 = ctx
-                .tx
                 .query_one("SELECT max_attempts FROM bus_groups WHERE id = $1", &[&gid])
                 .ctx("reading a group's max_attempts")?
                 .get(0);
@@ -323,24 +414,22 @@ pub(crate) fn settle(
                         ctx.rng.random_range(lo..=hi)
                     }
                 };
-                ctx.tx
-                    .execute(
-                        "UPDATE bus_deliveries SET state = $2, due = $3, lease_until = NULL,
+                ctx.execute(
+                    "UPDATE bus_deliveries SET state = $2, due = $3, lease_until = NULL,
                          last_error = COALESCE($4, last_error) WHERE id = $1",
-                        &[&id, &READY, &now.saturating_add(delay), error],
-                    )
-                    .ctx("nacking a delivery")?;
+                    &[&id, &READY, &now.saturating_add(delay), error],
+                )
+                .ctx("nacking a delivery")?;
                 ctx.wake.push(gid);
             }
         }
         Settle::Extend { lease_ms } => {
             let until = now.saturating_add(*lease_ms);
-            ctx.tx
-                .execute(
-                    "UPDATE bus_deliveries SET lease_until = $2, due = $3 WHERE id = $1",
-                    &[&id, &until, &until.saturating_add(1)],
-                )
-                .ctx("extending a lease")?;
+            ctx.execute(
+                "UPDATE bus_deliveries SET lease_until = $2, due = $3 WHERE id = $1",
+                &[&id, &until, &until.saturating_add(1)],
+            )
+            .ctx("extending a lease")?;
         }
         Settle::Terminate { reason } => {
             kill(
@@ -360,7 +449,6 @@ pub(crate) fn settle(
 pub(crate) fn redrive(ctx: &mut Ctx<'_, '_>, group: &str) -> Result<u64> {
     let (gid, _) = group_row(ctx, group)?;
     let rows: Vec<(i64, Option<String>)> = ctx
-        .tx
         .query(
             "SELECT id, okey FROM bus_deliveries WHERE group_id = $1 AND state = $2 ORDER BY id
              FOR UPDATE",
@@ -384,13 +472,12 @@ pub(crate) fn redrive(ctx: &mut Ctx<'_, '_>, group: &str) -> Result<u64> {
         } else {
             (READY, Some(now))
         };
-        ctx.tx
-            .execute(
-                "UPDATE bus_deliveries SET state = $2, due = $3, attempts = 0, dead_cause = NULL,
+        ctx.execute(
+            "UPDATE bus_deliveries SET state = $2, due = $3, attempts = 0, dead_cause = NULL,
                  finished_at = NULL, token = NULL, consumer = NULL WHERE id = $1",
-                &[id, &state, &due],
-            )
-            .ctx("redriving a dead letter")?;
+            &[id, &state, &due],
+        )
+        .ctx("redriving a dead letter")?;
     }
     if !rows.is_empty() {
         ctx.wake.push(gid);
@@ -412,13 +499,12 @@ pub(crate) fn create_group(
     }
     let requested = i32::try_from(max_attempts).unwrap_or(i32::MAX);
     // A group created by another machine meanwhile is found by the lookup that follows.
-    ctx.tx
-        .execute(
-            "INSERT INTO bus_groups(name, max_attempts) VALUES ($1, $2)
+    ctx.execute(
+        "INSERT INTO bus_groups(name, max_attempts) VALUES ($1, $2)
              ON CONFLICT (name) DO NOTHING",
-            &[&group, &requested],
-        )
-        .ctx("creating a group")?;
+        &[&group, &requested],
+    )
+    .ctx("creating a group")?;
     let (gid, existing) = group_row(ctx, group)?;
     if existing != max_attempts {
         return Err(BusError::GroupConflict {
@@ -429,13 +515,12 @@ pub(crate) fn create_group(
         .into());
     }
     for tid in topic_ids {
-        ctx.tx
-            .execute(
-                "INSERT INTO bus_subscriptions(topic_id, group_id) VALUES ($1, $2)
+        ctx.execute(
+            "INSERT INTO bus_subscriptions(topic_id, group_id) VALUES ($1, $2)
                  ON CONFLICT DO NOTHING",
-                &[&tid, &gid],
-            )
-            .ctx("subscribing a group")?;
+            &[&tid, &gid],
+        )
+        .ctx("subscribing a group")?;
     }
     Ok(())
 }
@@ -443,11 +528,10 @@ pub(crate) fn create_group(
 /// When `group`'s next message falls due (a delay, a backoff or a lease running out).
 pub(crate) fn next_due(ctx: &mut Ctx<'_, '_>, group: &str) -> Result<Option<i64>> {
     let (gid, _) = group_row(ctx, group)?;
-    ctx.tx
-        .query_one(
-            "SELECT MIN(due) FROM bus_deliveries WHERE group_id = $1 AND due IS NOT NULL",
-            &[&gid],
-        )
-        .ctx("reading when a message falls due")
-        .map(|r| r.get(0))
+    ctx.query_one(
+        "SELECT MIN(due) FROM bus_deliveries WHERE group_id = $1 AND due IS NOT NULL",
+        &[&gid],
+    )
+    .ctx("reading when a message falls due")
+    .map(|r| r.get(0))
 }

@@ -13,9 +13,11 @@ mod lease;
 mod publish;
 mod read;
 mod schema;
+mod session;
 mod upkeep;
 mod wake;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::{Duration, Instant};
@@ -28,12 +30,12 @@ use environment_core::queue::{
     DeadLetter, Holder, Lease, LeaseInFlight, Posted, Publish, Settlement, TopicMetrics,
 };
 use environment_core::{Clock, PortError, Queue, SystemClock};
-use postgres::{NoTls, Transaction};
-use r2d2_postgres::PostgresConnectionManager;
+use postgres::{Statement, Transaction};
 
 use crate::error::{PgContext, PgError, Result, session_ended};
 use crate::migrate::migrate;
 use lease::Settle;
+use session::{Session, Sessions, Statements};
 use wake::Listener;
 
 /// How a [`PgQueue`] behaves. `Default` uses the system clock and the embedded bus's limits.
@@ -83,6 +85,7 @@ impl Default for PgQueueConfig {
 /// claimable (notified at commit).
 pub(crate) struct Ctx<'t, 'c> {
     pub tx: &'t mut Transaction<'c>,
+    pub statements: &'t mut HashMap<&'static str, Statement>,
     pub now: i64,
     pub backoff: Backoff,
     pub rng: rand::rngs::ThreadRng,
@@ -91,13 +94,27 @@ pub(crate) struct Ctx<'t, 'c> {
 
 pub(crate) use environment_bus::rules::ms;
 
+impl Ctx<'_, '_> {
+    /// Notifies the groups the work made claimable; delivered when the transaction commits.
+    fn notify(&mut self) -> Result<()> {
+        let mut wake = std::mem::take(&mut self.wake);
+        wake.sort_unstable();
+        wake.dedup();
+        for gid in wake {
+            self.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &gid.to_string()])
+                .ctx("notifying waiting consumers")?;
+        }
+        Ok(())
+    }
+}
+
 /// The channel commits notify with the id of a group that gained claimable messages.
 pub(crate) const CHANNEL: &str = "environment_bus";
 
 /// How many times a transaction that lost a deadlock or serialization conflict is run again.
 const RETRIES: u32 = 8;
 
-type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+type Pool = r2d2::Pool<Sessions>;
 
 /// A queue in a PostgreSQL database, shared by every process and machine that opens it.
 /// Cloning is cheap and shares the pool.
@@ -136,7 +153,9 @@ impl PgQueue {
     /// [`PgQueue::connect`] with a parsed configuration.
     pub fn open(mut server: postgres::Config, config: PgQueueConfig) -> Result<PgQueue> {
         server.application_name(&config.application_name);
-        let manager = PostgresConnectionManager::new(server.clone(), NoTls);
+        let manager = Sessions {
+            server: server.clone(),
+        };
         let pool = r2d2::Pool::builder()
             .max_size(config.pool_size.max(1))
             .min_idle(Some(0))
@@ -146,7 +165,7 @@ impl PgQueue {
             .connection_timeout(config.connect_timeout)
             .build(manager)?;
         let mut conn = pool.get()?;
-        migrate(&mut conn, schema::COMPONENT, schema::MIGRATIONS)?;
+        migrate(&mut conn.client, schema::COMPONENT, schema::MIGRATIONS)?;
         drop(conn);
         Ok(PgQueue {
             inner: Arc::new(Inner {
@@ -170,9 +189,10 @@ impl PgQueue {
         let mut stale = 0;
         'connection: loop {
             let mut conn = self.inner.pool.get()?;
+            let session = &mut *conn;
             let mut attempt = 0;
             loop {
-                let mut tx = match conn.transaction() {
+                let mut tx = match session.client.transaction() {
                     Ok(tx) => tx,
                     // A pooled connection the server ended (a restart, an idle timeout):
                     // nothing was sent on it, so another connection takes the work.
@@ -184,22 +204,15 @@ impl PgQueue {
                 };
                 let mut ctx = Ctx {
                     tx: &mut tx,
+                    statements: &mut session.statements,
                     now: self.inner.config.clock.now_ms(),
                     backoff: self.inner.config.backoff,
                     rng: rand::rng(),
                     wake: Vec::new(),
                 };
-                let out = work(&mut ctx).and_then(|v| {
-                    let mut wake = std::mem::take(&mut ctx.wake);
-                    wake.sort_unstable();
-                    wake.dedup();
-                    for gid in wake {
-                        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &gid.to_string()])
-                            .ctx("notifying waiting consumers")?;
-                    }
-                    tx.commit().ctx("committing")?;
-                    Ok(v)
-                });
+                let out = work(&mut ctx).and_then(|v| ctx.notify().map(|()| v));
+                drop(ctx);
+                let out = out.and_then(|v| tx.commit().ctx("committing").map(|()| v));
                 match out {
                     Err(e) if e.retryable() && attempt < RETRIES => {
                         attempt += 1;
@@ -208,6 +221,27 @@ impl PgQueue {
                     }
                     other => return other,
                 }
+            }
+        }
+    }
+
+    /// Runs `work`, one statement that is a transaction of its own (one round trip): the
+    /// common case of an operation, tried before its transaction. A session the server ended
+    /// before the statement ran (its answer was FATAL) is replaced; a connection that broke
+    /// without a word is an error, since the statement may have committed.
+    fn alone<T>(&self, mut work: impl FnMut(&mut Session, i64) -> Result<T>) -> Result<T> {
+        let mut stale = 0;
+        loop {
+            let mut session = self.inner.pool.get()?;
+            match work(&mut session, self.inner.config.clock.now_ms()) {
+                Err(PgError::Postgres { source, .. })
+                    if source.as_db_error().is_some()
+                        && session_ended(&source)
+                        && stale < self.inner.config.pool_size =>
+                {
+                    stale += 1;
+                }
+                other => return other,
             }
         }
     }
@@ -231,7 +265,13 @@ impl PgQueue {
         lease: Duration,
     ) -> Result<Vec<Lease>> {
         let lease_ms = rules::check_claim(&self.inner.config.limits, group, consumer, max, lease)?;
-        self.run(|ctx| lease::claim(ctx, group, consumer, max, lease_ms))
+        let mut rng = rand::rng();
+        let plain = self
+            .alone(|s, now| lease::claim_plain(s, &mut rng, group, consumer, max, lease_ms, now))?;
+        match plain {
+            Some(leases) => Ok(leases),
+            None => self.run(|ctx| lease::claim(ctx, group, consumer, max, lease_ms)),
+        }
     }
 
     /// [`PgQueue::claim`] that waits up to `wait` for a message: woken by the commit of any
@@ -294,6 +334,9 @@ impl PgQueue {
     /// new; a repeat of a dedup id within its window is accepted and not delivered again.
     pub fn publish_message(&self, m: &NewMessage) -> Result<Posted> {
         rules::check_message(m, &self.inner.config.limits)?;
+        if let Some(posted) = self.alone(|s, now| publish::publish_plain(s, m, now))? {
+            return Ok(posted);
+        }
         let window = ms(m
             .options
             .dedup_window
@@ -317,11 +360,15 @@ impl PgQueue {
             rules::check_message(m, &c.limits)?;
         }
         self.run(|ctx| {
+            let now = ctx.now;
             messages
                 .iter()
-                .map(|m| {
-                    let window = ms(m.options.dedup_window.unwrap_or(c.dedup_window));
-                    publish::publish(ctx, m, window)
+                .map(|m| match publish::publish_plain(ctx, m, now)? {
+                    Some(posted) => Ok(posted),
+                    None => {
+                        let window = ms(m.options.dedup_window.unwrap_or(c.dedup_window));
+                        publish::publish(ctx, m, window)
+                    }
                 })
                 .collect()
         })
@@ -333,10 +380,23 @@ impl PgQueue {
         rules::check_name("consumer", consumer)?;
         let parsed: Vec<std::result::Result<Receipt, BusError>> =
             receipts.iter().map(|r| r.parse()).collect();
+        let valid: Vec<Receipt> = parsed
+            .iter()
+            .filter_map(|r| r.as_ref().ok().copied())
+            .collect();
         self.run(|ctx| {
+            // The unkeyed current ones at once; each of the rest says why, or is acked with
+            // its key's next message promoted.
+            let now = ctx.now;
+            let mut plain: std::collections::HashSet<Receipt> =
+                lease::ack_plain_many(ctx, &valid, consumer, now)?
+                    .into_iter()
+                    .collect();
             let mut out = Vec::with_capacity(parsed.len());
             for r in &parsed {
                 let acked = match r {
+                    // Once: the same receipt again is stale, as it would be one at a time.
+                    Ok(r) if plain.remove(r) => Ok(()),
                     Ok(r) => lease::settle(ctx, r, &Settle::Ack, Some(consumer)),
                     Err(e) => Err(e.clone().into()),
                 };
@@ -392,6 +452,11 @@ impl PgQueue {
             rules::check_name("consumer", by)?;
         }
         let receipt: Receipt = receipt.parse()?;
+        if let (Settle::Ack, Some(by)) = (&how, by)
+            && self.alone(|s, now| lease::ack_plain(s, &receipt, by, now))?
+        {
+            return Ok(());
+        }
         self.run(|ctx| lease::settle(ctx, &receipt, &how, by))
     }
 

@@ -7,36 +7,34 @@ use environment_core::queue::Posted;
 
 use super::Ctx;
 use super::schema::{READY, WAITING};
+use super::session::Statements;
 use crate::error::{PgContext, Result};
 
 /// Takes the lock of (group, ordering key) until the transaction ends: whoever decides whether
 /// a key is busy, or makes its next message claimable, holds it.
 pub(crate) fn lock_key(ctx: &mut Ctx<'_, '_>, group_id: i64, key: &str) -> Result<()> {
-    ctx.tx
-        .execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended($2, $1))",
-            &[&group_id, &key],
-        )
-        .ctx("locking an ordering key")
-        .map(drop)
+    ctx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($2, $1))",
+        &[&group_id, &key],
+    )
+    .ctx("locking an ordering key")
+    .map(drop)
 }
 
 /// Whether (group, key) has a live delivery (ready, leased or waiting).
 pub(crate) fn key_busy(ctx: &mut Ctx<'_, '_>, group_id: i64, key: &str) -> Result<bool> {
-    ctx.tx
-        .query_opt(
-            "SELECT 1 FROM bus_deliveries WHERE group_id = $1 AND okey = $2 AND state < 3 LIMIT 1",
-            &[&group_id, &key],
-        )
-        .ctx("checking an ordering key")
-        .map(|r| r.is_some())
+    ctx.query_opt(
+        "SELECT 1 FROM bus_deliveries WHERE group_id = $1 AND okey = $2 AND state < 3 LIMIT 1",
+        &[&group_id, &key],
+    )
+    .ctx("checking an ordering key")
+    .map(|r| r.is_some())
 }
 
 /// The id of `topic`, created when new.
 pub(crate) fn topic_id(ctx: &mut Ctx<'_, '_>, topic: &str) -> Result<i64> {
     loop {
         if let Some(row) = ctx
-            .tx
             .query_opt("SELECT id FROM bus_topics WHERE name = $1", &[&topic])
             .ctx("looking up a topic")?
         {
@@ -45,7 +43,6 @@ pub(crate) fn topic_id(ctx: &mut Ctx<'_, '_>, topic: &str) -> Result<i64> {
         // Another machine may create it between the two statements: then this inserts nothing
         // and the lookup finds theirs.
         if let Some(row) = ctx
-            .tx
             .query_opt(
                 "INSERT INTO bus_topics(name) VALUES ($1) ON CONFLICT (name) DO NOTHING \
                  RETURNING id",
@@ -64,14 +61,12 @@ pub(crate) fn publish(ctx: &mut Ctx<'_, '_>, m: &NewMessage, window_ms: i64) -> 
     let o = &m.options;
     let tid = topic_id(ctx, &m.topic)?;
     if let Some(dedup) = &o.dedup_id {
-        ctx.tx
-            .execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended($2, -($1::BIGINT)))",
-                &[&tid, dedup],
-            )
-            .ctx("locking a dedup id")?;
+        ctx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($2, -($1::BIGINT)))",
+            &[&tid, dedup],
+        )
+        .ctx("locking a dedup id")?;
         let hit = ctx
-            .tx
             .query_opt(
                 "SELECT msg_id FROM bus_dedup WHERE topic_id = $1 AND dedup_id = $2 \
                  AND expires_at > $3",
@@ -88,7 +83,6 @@ pub(crate) fn publish(ctx: &mut Ctx<'_, '_>, m: &NewMessage, window_ms: i64) -> 
     let delay = o.delay.map_or(0, super::ms);
     let visible_at = now.saturating_add(delay);
     let id: i64 = ctx
-        .tx
         .query_one(
             "INSERT INTO bus_messages(topic_id, payload, okey, dedup_id, actor, correlation_id,
              published_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
@@ -105,17 +99,15 @@ pub(crate) fn publish(ctx: &mut Ctx<'_, '_>, m: &NewMessage, window_ms: i64) -> 
         .ctx("inserting a message")?
         .get(0);
     if let Some(dedup) = &o.dedup_id {
-        ctx.tx
-            .execute(
-                "INSERT INTO bus_dedup(topic_id, dedup_id, msg_id, expires_at)
+        ctx.execute(
+            "INSERT INTO bus_dedup(topic_id, dedup_id, msg_id, expires_at)
                  VALUES ($1, $2, $3, $4) ON CONFLICT (topic_id, dedup_id)
                  DO UPDATE SET msg_id = EXCLUDED.msg_id, expires_at = EXCLUDED.expires_at",
-                &[&tid, dedup, &id, &now.saturating_add(window_ms)],
-            )
-            .ctx("recording a dedup id")?;
+            &[&tid, dedup, &id, &now.saturating_add(window_ms)],
+        )
+        .ctx("recording a dedup id")?;
     }
     let groups: Vec<i64> = ctx
-        .tx
         .query(
             "SELECT group_id FROM bus_subscriptions WHERE topic_id = $1 ORDER BY group_id",
             &[&tid],
@@ -137,13 +129,12 @@ pub(crate) fn publish(ctx: &mut Ctx<'_, '_>, m: &NewMessage, window_ms: i64) -> 
         } else {
             (READY, Some(visible_at))
         };
-        ctx.tx
-            .execute(
-                "INSERT INTO bus_deliveries(msg_id, group_id, okey, state, due, visible_at)
+        ctx.execute(
+            "INSERT INTO bus_deliveries(msg_id, group_id, okey, state, due, visible_at)
                  VALUES ($1, $2, $3, $4, $5, $6)",
-                &[&id, &gid, &o.ordering_key, &state, &due, &visible_at],
-            )
-            .ctx("inserting a delivery")?;
+            &[&id, &gid, &o.ordering_key, &state, &due, &visible_at],
+        )
+        .ctx("inserting a delivery")?;
         if !waiting {
             ctx.wake.push(gid);
         }
@@ -152,4 +143,48 @@ pub(crate) fn publish(ctx: &mut Ctx<'_, '_>, m: &NewMessage, window_ms: i64) -> 
         id,
         duplicate: false,
     })
+}
+
+/// Publishes a message without ordering key or dedup id to an existing topic in one statement,
+/// notifying its groups; `None` when it is not such a message or its topic is new (the
+/// transaction of [`publish`] takes it then).
+pub(crate) fn publish_plain(
+    s: &mut impl Statements,
+    m: &NewMessage,
+    now: i64,
+) -> Result<Option<Posted>> {
+    let o = &m.options;
+    if o.ordering_key.is_some() || o.dedup_id.is_some() {
+        return Ok(None);
+    }
+    let visible_at = now.saturating_add(o.delay.map_or(0, super::ms));
+    let row = s
+        .query_one(
+            "WITH m AS (
+                INSERT INTO bus_messages(topic_id, payload, actor, correlation_id, published_at)
+                SELECT id, $2, $3, $4, $5 FROM bus_topics WHERE name = $1
+                RETURNING id, topic_id),
+             d AS (
+                INSERT INTO bus_deliveries(msg_id, group_id, state, due, visible_at)
+                SELECT m.id, s.group_id, $7, $6, $6
+                FROM m JOIN bus_subscriptions s ON s.topic_id = m.topic_id
+                RETURNING group_id)
+             SELECT (SELECT id FROM m),
+                    (SELECT COUNT(pg_notify($8, group_id::TEXT)) FROM d)",
+            &[
+                &m.topic,
+                &m.payload,
+                &o.headers.actor,
+                &o.headers.correlation_id,
+                &now,
+                &visible_at,
+                &READY,
+                &super::CHANNEL,
+            ],
+        )
+        .ctx("publishing a message")?;
+    Ok(row.get::<_, Option<i64>>(0).map(|id| Posted {
+        id,
+        duplicate: false,
+    }))
 }

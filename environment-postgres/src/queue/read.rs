@@ -7,12 +7,12 @@ use environment_core::queue::{DeadLetter, GroupMetrics, Holder, LeaseInFlight, T
 use super::Ctx;
 use super::lease::{group_row, message, message_cols};
 use super::schema::{ACKED, DEAD, LEASED, READY, WAITING};
+use super::session::Statements;
 use crate::error::{PgContext, PgError, Result};
 
 /// Who holds the lease `receipt` names.
 pub(crate) fn holder(ctx: &mut Ctx<'_, '_>, receipt: &Receipt) -> Result<Holder> {
     let row = ctx
-        .tx
         .query_opt(
             "SELECT g.name, d.state, d.token, d.consumer FROM bus_deliveries d
              JOIN bus_groups g ON g.id = d.group_id WHERE d.id = $1",
@@ -45,7 +45,6 @@ pub(crate) fn leases(
 ) -> Result<Vec<LeaseInFlight>> {
     let now = ctx.now;
     let rows = ctx
-        .tx
         .query(
             "SELECT g.name, t.name, m.id, d.consumer, d.attempts, m.published_at, d.lease_until,
                     d.id
@@ -89,7 +88,6 @@ pub(crate) fn dead_letters(
 ) -> Result<Vec<DeadLetter>> {
     let (gid, _) = group_row(ctx, group)?;
     let rows = ctx
-        .tx
         .query(
             concat!(
                 "SELECT d.attempts, d.last_error, d.finished_at, ",
@@ -118,7 +116,6 @@ pub(crate) fn dead_letters(
 pub(crate) fn metrics(ctx: &mut Ctx<'_, '_>) -> Result<Vec<TopicMetrics>> {
     let now = ctx.now;
     let topics: Vec<(i64, String, i64)> = ctx
-        .tx
         .query(
             "SELECT t.id, t.name, (SELECT COUNT(*) FROM bus_messages m WHERE m.topic_id = t.id)
              FROM bus_topics t ORDER BY t.name",
@@ -131,7 +128,6 @@ pub(crate) fn metrics(ctx: &mut Ctx<'_, '_>) -> Result<Vec<TopicMetrics>> {
     let mut out = Vec::with_capacity(topics.len());
     for (tid, name, retained) in topics {
         let rows = ctx
-            .tx
             .query(
                 "SELECT g.name,
                    COUNT(*) FILTER (WHERE d.state IN (0, 2) OR (d.state = 1 AND d.lease_until < $2)),
@@ -179,7 +175,6 @@ pub(crate) fn status(
 ) -> Result<Option<DeliveryStatus>> {
     let (gid, _) = group_row(ctx, group)?;
     let state: Option<i16> = ctx
-        .tx
         .query_opt(
             "SELECT state FROM bus_deliveries WHERE group_id = $1 AND msg_id = $2",
             &[&gid, &message],

@@ -7,6 +7,7 @@ use environment_bus::PurgeReport;
 
 use super::Ctx;
 use super::schema::ACKED;
+use super::session::Statements;
 use crate::error::{PgContext, Result};
 
 /// One step of the purge sweep: of at most `chunk` messages after `cursor`, removes the
@@ -21,7 +22,6 @@ pub(crate) fn purge_step(
 ) -> Result<(PurgeReport, bool)> {
     let from = cursor.load(Ordering::Relaxed);
     let row = ctx
-        .tx
         .query_one(
             "WITH seen AS (SELECT id FROM bus_messages WHERE id > $1 ORDER BY id LIMIT $2),
              gone AS (DELETE FROM bus_deliveries WHERE msg_id IN (SELECT id FROM seen)
@@ -35,7 +35,6 @@ pub(crate) fn purge_step(
     let last = last.unwrap_or(from);
     // The statement above removed the deliveries; this one sees that.
     let messages = ctx
-        .tx
         .execute(
             "DELETE FROM bus_messages m WHERE m.id > $1 AND m.id <= $2 AND m.published_at < $3
              AND NOT EXISTS (SELECT 1 FROM bus_deliveries d WHERE d.msg_id = m.id)",
@@ -43,12 +42,12 @@ pub(crate) fn purge_step(
         )
         .ctx("purging messages")?;
     // Dedup ids outlive their messages: they go only when their own window has passed.
+    let now = ctx.now;
     let dedup_ids = ctx
-        .tx
         .execute(
             "DELETE FROM bus_dedup WHERE (topic_id, dedup_id) IN (SELECT topic_id, dedup_id
              FROM bus_dedup WHERE expires_at <= $1 LIMIT $2)",
-            &[&ctx.now, &chunk],
+            &[&now, &chunk],
         )
         .ctx("purging dedup ids")?;
     let wrapped = seen < chunk;
