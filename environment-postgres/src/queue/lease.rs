@@ -8,7 +8,7 @@ use postgres::Row;
 use rand::Rng;
 
 use super::Ctx;
-use super::publish::{key_busy, lock_key, topic_id};
+use super::publish::{arrival, lock_key, topic_id};
 use super::schema::{ACKED, CAUSE_MAX_ATTEMPTS, CAUSE_TERMINATED, DEAD, LEASED, READY, WAITING};
 use super::session::{Session, Statements};
 use crate::error::{PgContext, Result};
@@ -460,18 +460,7 @@ pub(crate) fn redrive(ctx: &mut Ctx<'_, '_>, group: &str) -> Result<u64> {
         .collect();
     let now = ctx.now;
     for (id, okey) in &rows {
-        let waiting = match okey {
-            Some(k) => {
-                lock_key(ctx, gid, k)?;
-                key_busy(ctx, gid, k)?
-            }
-            None => false,
-        };
-        let (state, due) = if waiting {
-            (WAITING, None)
-        } else {
-            (READY, Some(now))
-        };
+        let (state, due) = arrival(ctx, gid, okey.as_deref(), now)?;
         ctx.execute(
             "UPDATE bus_deliveries SET state = $2, due = $3, attempts = 0, dead_cause = NULL,
                  finished_at = NULL, token = NULL, consumer = NULL WHERE id = $1",

@@ -21,6 +21,23 @@ pub(crate) fn lock_key(ctx: &mut Ctx<'_, '_>, group_id: i64, key: &str) -> Resul
     .map(drop)
 }
 
+/// The state and due time of a delivery joining (group, key): waiting behind a live delivery
+/// of its key, or ready from `due`. Takes the key's lock, held until the transaction ends.
+pub(crate) fn arrival(
+    ctx: &mut Ctx<'_, '_>,
+    group_id: i64,
+    key: Option<&str>,
+    due: i64,
+) -> Result<(i16, Option<i64>)> {
+    if let Some(k) = key {
+        lock_key(ctx, group_id, k)?;
+        if key_busy(ctx, group_id, k)? {
+            return Ok((WAITING, None));
+        }
+    }
+    Ok((READY, Some(due)))
+}
+
 /// Whether (group, key) has a live delivery (ready, leased or waiting).
 pub(crate) fn key_busy(ctx: &mut Ctx<'_, '_>, group_id: i64, key: &str) -> Result<bool> {
     ctx.query_opt(
@@ -117,25 +134,14 @@ pub(crate) fn publish(ctx: &mut Ctx<'_, '_>, m: &NewMessage, window_ms: i64) -> 
         .map(|r| r.get(0))
         .collect();
     for gid in groups {
-        let waiting = match &o.ordering_key {
-            Some(k) => {
-                lock_key(ctx, gid, k)?;
-                key_busy(ctx, gid, k)?
-            }
-            None => false,
-        };
-        let (state, due) = if waiting {
-            (WAITING, None)
-        } else {
-            (READY, Some(visible_at))
-        };
+        let (state, due) = arrival(ctx, gid, o.ordering_key.as_deref(), visible_at)?;
         ctx.execute(
             "INSERT INTO bus_deliveries(msg_id, group_id, okey, state, due, visible_at)
                  VALUES ($1, $2, $3, $4, $5, $6)",
             &[&id, &gid, &o.ordering_key, &state, &due, &visible_at],
         )
         .ctx("inserting a delivery")?;
-        if !waiting {
+        if state == READY {
             ctx.wake.push(gid);
         }
     }
