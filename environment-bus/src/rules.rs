@@ -16,6 +16,31 @@ const MAX_REASON: usize = 4096;
 /// Most attempts a group may allow.
 const MAX_ATTEMPTS: u32 = 10_000;
 
+/// How a receipt's holder settles its lease, its durations checked (see [`check_nack`],
+/// [`check_lease`], [`check_reason`]): what every store of the queue applies.
+#[derive(Debug, Clone)]
+pub enum Settle {
+    /// Handled: not delivered again.
+    Ack,
+    /// Given back, after `delay_ms` (the backoff when `None`), keeping `error`.
+    Nack {
+        /// The delay in milliseconds.
+        delay_ms: Option<i64>,
+        /// Why the work failed.
+        error: Option<String>,
+    },
+    /// The lease runs `lease_ms` from now.
+    Extend {
+        /// The lease in milliseconds.
+        lease_ms: i64,
+    },
+    /// Straight to the dead letters.
+    Terminate {
+        /// Why.
+        reason: String,
+    },
+}
+
 /// Milliseconds of a duration, saturating.
 pub fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

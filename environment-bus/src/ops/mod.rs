@@ -27,7 +27,7 @@ mod lease;
 mod publish;
 mod upkeep;
 
-pub(crate) use crate::rules::{check_name, ms};
+pub(crate) use crate::rules::{Settle, check_name, ms};
 pub(crate) use lease::{Claimed, ack_and_claim, claim, redrive, settle};
 pub(crate) use publish::publish;
 pub(crate) use upkeep::{dead_letters, delivery_state, leases, metrics, purge_step};
@@ -112,22 +112,6 @@ impl Names {
         self.groups.insert(group.to_owned(), row);
         Ok(row)
     }
-}
-
-/// How a receipt's holder settles its lease.
-#[derive(Debug, Clone)]
-pub(crate) enum Settle {
-    Ack,
-    Nack {
-        delay_ms: Option<i64>,
-        error: Option<String>,
-    },
-    Extend {
-        lease_ms: i64,
-    },
-    Terminate {
-        reason: String,
-    },
 }
 
 pub(crate) fn topic_id(conn: &Connection, topic: &str) -> Result<i64> {

@@ -2,6 +2,7 @@
 //! rows it takes with `FOR UPDATE SKIP LOCKED`, so claims of several machines take different
 //! messages without waiting on each other; a settlement's update checks the receipt itself.
 
+use environment_bus::rules::Settle;
 use environment_bus::{BusError, Receipt};
 use environment_core::queue::{Lease, Message};
 use postgres::Row;
@@ -364,22 +365,6 @@ pub(crate) fn ack_and_claim(
         .into());
     }
     claim(ctx, group, consumer, max, lease_ms)
-}
-
-/// How a receipt's holder settles its lease.
-#[derive(Debug, Clone)]
-pub(crate) enum Settle {
-    Ack,
-    Nack {
-        delay_ms: Option<i64>,
-        error: Option<String>,
-    },
-    Extend {
-        lease_ms: i64,
-    },
-    Terminate {
-        reason: String,
-    },
 }
 
 /// Settles the delivery a receipt names; with `by`, only as the consumer that claimed it.

@@ -6,6 +6,8 @@
 //! Every operation is one transaction at `READ COMMITTED`; the steps that must not interleave
 //! (a key's busy check and its insert, a dedup check and its record) take a transaction-scoped
 //! advisory lock. A transaction that loses a deadlock or a serialization conflict is run again.
+//! The common cases (a plain publish, a claim with attempts left, an unkeyed ack) are one
+//! statement each, tried first; what they cannot decide falls to the full transaction.
 //! A commit that makes messages claimable sends `NOTIFY`, so [`PgQueue::claim_waiting`] of any
 //! machine wakes without polling.
 
@@ -31,10 +33,10 @@ use environment_core::queue::{
 };
 use environment_core::{Clock, PortError, Queue, SystemClock};
 use postgres::{Statement, Transaction};
+use rules::Settle;
 
 use crate::error::{PgContext, PgError, Result, session_ended};
 use crate::migrate::migrate;
-use lease::Settle;
 use session::{Session, Sessions, Statements};
 use wake::Listener;
 
