@@ -55,11 +55,11 @@ pub(crate) struct Watched {
 
 /// How often the log is looked at when nothing is committed in this process.
 const TICK: Duration = Duration::from_millis(50);
-/// The log is looked at at most this often, so a burst of commits reaches the streams as one
-/// batch: a commit within this of the last look waits for the rest of it (a quiet
-/// environment's commit goes out at once). With 100 streams read on the same two cores, 10 ms
-/// still slowed a stream of writes by a fifth; 25 ms keeps it near a tenth, and an event of a
-/// burst comes well inside the 100 ms a person notices.
+/// After a change went out, the log is looked at again no sooner than this, so a burst of
+/// commits reaches the streams as one batch (a commit after a quiet spell goes out at once).
+/// Each batch costs every open stream a write and its reader a wake-up; a longer window
+/// spreads that over more commits, and an event of a burst still comes well inside the
+/// 100 ms a person notices.
 const BATCH: Duration = Duration::from_millis(25);
 /// At most this many operations are replayed to a client that reconnects.
 const REPLAY: usize = 1000;
@@ -250,7 +250,7 @@ fn unsent(items: &[Item], cursor: &mut u64) -> Option<Bytes> {
 
 /// A comment line: keeps idle connections (and proxies) from timing out.
 const KEEP_ALIVE: &[u8] = b":\n\n";
-/// How long a stream stays quiet before it sends [`KEEP_ALIVE`].
+/// How often a stream sends [`KEEP_ALIVE`], events or not.
 const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(15);
 
 /// Whose feed: an actor, and the token it presents by default.
