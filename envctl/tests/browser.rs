@@ -1,7 +1,7 @@
 //! The web view in a real browser: Debian's Chromium, headless, driven over WebDriver
 //! (chromedriver). A person loads the history, sees an operation another process makes appear
-//! live, opens its diff, grants a held merge and sees it land, redrives a dead letter, and
-//! previews and confirms a restore. A screenshot of each page is saved under
+//! live, opens its diff, grants a held merge and sees it land, redrives a dead letter, asks
+//! the policy, and previews and confirms a restore. A screenshot of each page is saved under
 //! `target/tmp/screenshots/`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -393,6 +393,41 @@ async fn a_person_follows_and_steers_the_environment_in_a_browser() {
         .await;
     let (_, dead) = call(&server, t, "queue.dead", json!({ "group": "workers" })).await;
     assert!(dead["dead"].as_array().unwrap().is_empty(), "{dead}");
+
+    // The policy, asked as a person types a resource: the service reads the text.
+    browser.goto(&format!("{}/#policy", server.base)).await;
+    browser
+        .js(
+            "document.getElementById('explain-actor').value = 'agent:coder';
+             document.getElementById('explain-action').value = 'write';
+             document.getElementById('explain-resource').value = 'path:feature-2.txt';
+             document.getElementById('explain-form').requestSubmit();",
+            json!([]),
+        )
+        .await;
+    browser
+        .until(
+            "the explanation",
+            "return document.getElementById('explain').textContent.startsWith('allow:')",
+            json!([]),
+        )
+        .await;
+    browser
+        .js(
+            "document.getElementById('may-actor').value = 'agent:coder';
+             document.getElementById('may-resource').value = 'prefix:';
+             document.getElementById('may-form').requestSubmit();",
+            json!([]),
+        )
+        .await;
+    browser
+        .until(
+            "what the coder may do",
+            "return [...document.querySelectorAll('#may li')].some(l => l.textContent.includes('coder-writes-features'))",
+            json!([]),
+        )
+        .await;
+    browser.shot("policy").await;
 
     // A restore: previewed, then confirmed, from the page of the version before live.txt.
     let (_, shown) = call(&server, t, "show", json!({ "version": id })).await;

@@ -135,6 +135,24 @@ async fn the_api_acts_as_the_credential_s_actor_and_a_refusal_changes_nothing() 
         says_why(&body);
     }
 
+    // A resource as typed (the web view sends what the person wrote) or as its fields: one
+    // answer, read by the service.
+    let mut answers = Vec::new();
+    for resource in [json!("path:release/v1"), json!({ "path": "release/v1" })] {
+        let (status, body) = call(
+            &server,
+            &coder,
+            "policy.explain",
+            json!({ "action": "write", "resource": resource }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        answers.push((body["outcome"].clone(), body["rules"].clone()));
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0].1, json!(["coder-releases-with-approval"]));
+    let (_, filed) = call(&server, &server.token, "approval.list", json!({})).await;
+
     // Malformed requests: 400 (or 404 for no such use case), nothing changed.
     for (method, body) in [
         (
@@ -144,6 +162,19 @@ async fn the_api_acts_as_the_credential_s_actor_and_a_refusal_changes_nothing() 
         ("file.write", json!({ "path": "../escape", "content": "x" })),
         ("restore", json!({ "version": 7 })),
         ("restore", json!({ "version": "HEAD~1", "dryRun": true })),
+        (
+            "policy.explain",
+            json!({ "action": "write", "resource": "planet:mars" }),
+        ),
+        (
+            "approval.request",
+            json!({ "action": "write", "resource": "path:../release" }),
+        ),
+        ("policy.what_may_i_do", json!({ "resource": 7 })),
+        (
+            "policy.explain",
+            json!({ "action": "write", "resource": { "path": "a", "topic": "t" } }),
+        ),
     ] {
         let (status, answer) = call(&server, &server.token, method, body.clone()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {body}: {answer}");
@@ -161,6 +192,8 @@ async fn the_api_acts_as_the_credential_s_actor_and_a_refusal_changes_nothing() 
     assert_eq!(raw.status(), StatusCode::BAD_REQUEST);
     assert!(!ws.path("a.txt").exists() && !ws.path("../escape").exists());
     assert_eq!(ws.head("human:alice"), head, "refusals recorded nothing");
+    let (_, still) = call(&server, &server.token, "approval.list", json!({})).await;
+    assert_eq!(still, filed, "a refused approval request filed nothing");
 
     // Another site: a rebound name or another origin is refused before anything runs.
     let client = reqwest::Client::new();

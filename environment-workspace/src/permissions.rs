@@ -12,11 +12,80 @@ use serde::{Deserialize, Serialize};
 use super::error::ServiceError;
 use super::session::Session;
 
-/// A resource as the policy methods name it: exactly one field set (`args` goes with
-/// `program`).
+/// A resource as the policy methods take it: the text people write, parsed here for every
+/// door (the CLI, MCP and the web view send what was typed), or its fields.
+///
+/// ```
+/// use environment_workspace::permissions::ResourceParam;
+///
+/// let typed: ResourceParam = serde_json::from_value(serde_json::json!("program:cargo test")).unwrap();
+/// let fields: ResourceParam =
+///     serde_json::from_value(serde_json::json!({ "program": "cargo", "args": ["test"] })).unwrap();
+/// assert_eq!(typed.fields().unwrap(), fields.fields().unwrap());
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ResourceParam {
+    /// `path:GLOB` (or a bare path), `prefix:P`, `object:KIND/KEY`, `branch:B`, `topic:T`,
+    /// `secret:S`, `service:URL`, `program:PROG ARGS…`, or `environment`.
+    Text(String),
+    /// Exactly one field set.
+    Fields(ResourceFields),
+}
+
+impl From<&str> for ResourceParam {
+    fn from(text: &str) -> ResourceParam {
+        ResourceParam::Text(text.to_owned())
+    }
+}
+
+/// A string is the text form, an object the fields: each with its own error (an untagged
+/// enum would only say that nothing matched).
+impl<'de> Deserialize<'de> for ResourceParam {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ResourceParam, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = ResourceParam;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a resource: text such as \"path:src/**\", \"program:cargo test\" or \
+                     \"environment\", or an object with one of path, prefix, object, branch, \
+                     topic, program (+ args), service, secret, environment",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<ResourceParam, E> {
+                Ok(ResourceParam::Text(text.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<ResourceParam, A::Error> {
+                ResourceFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(ResourceParam::Fields)
+            }
+        }
+        d.deserialize_any(Either)
+    }
+}
+
+impl ResourceParam {
+    /// The fields, the text parsed.
+    pub fn fields(self) -> Result<ResourceFields, ServiceError> {
+        match self {
+            ResourceParam::Text(text) => text.parse(),
+            ResourceParam::Fields(f) => Ok(f),
+        }
+    }
+
+    fn resource(self) -> Result<Resource, ServiceError> {
+        self.fields()?.resource()
+    }
+}
+
+/// A resource's fields: exactly one set (`args` goes with `program`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ResourceParam {
+pub struct ResourceFields {
     /// A workspace path.
     #[serde(default)]
     pub path: Option<String>,
@@ -49,14 +118,14 @@ pub struct ResourceParam {
     pub environment: Option<bool>,
 }
 
-impl std::str::FromStr for ResourceParam {
+impl std::str::FromStr for ResourceFields {
     type Err = ServiceError;
 
     /// A resource as people write it: `path:GLOB` (or a bare path), `prefix:P`,
     /// `object:KIND/KEY`, `branch:B`, `topic:T`, `secret:S`, `service:URL`,
     /// `program:PROG ARGS…`, or `environment`.
-    fn from_str(text: &str) -> Result<ResourceParam, ServiceError> {
-        let mut p = ResourceParam::default();
+    fn from_str(text: &str) -> Result<ResourceFields, ServiceError> {
+        let mut p = ResourceFields::default();
         if text == "environment" {
             p.environment = Some(true);
             return Ok(p);
@@ -93,7 +162,7 @@ impl std::str::FromStr for ResourceParam {
     }
 }
 
-impl ResourceParam {
+impl ResourceFields {
     fn resource(self) -> Result<Resource, ServiceError> {
         let key = |e| ServiceError::from(EnvError::Key(e));
         let set = [
@@ -456,7 +525,7 @@ mod tests {
 
     #[test]
     fn resources_read_as_people_write_them() {
-        let r = |t: &str| t.parse::<ResourceParam>().and_then(ResourceParam::resource);
+        let r = |t: &str| ResourceParam::from(t).resource();
         assert_eq!(
             r("src/main.rs").unwrap(),
             Resource::Key(Key::fs("src/main.rs").unwrap())

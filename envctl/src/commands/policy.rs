@@ -39,7 +39,7 @@ pub fn run(door: &Door, ws: Option<&Workspace>, cmd: &PolicyCommand, json: bool)
             let d = door.request(ExplainParams {
                 actor: Some(parse_actor(&q.actor)?.to_string()),
                 action: q.action.clone(),
-                resource: q.resource.parse::<ResourceParam>()?,
+                resource: ResourceParam::from(q.resource.as_str()),
                 operation: None,
             })?;
             let outcome = d.outcome.replace('_', " ");
@@ -67,7 +67,7 @@ pub fn run(door: &Door, ws: Option<&Workspace>, cmd: &PolicyCommand, json: bool)
         } => {
             let may = door.request(WhatMayParams {
                 actor: Some(parse_actor(who)?.to_string()),
-                resource: resource.as_deref().unwrap_or("prefix:").parse()?,
+                resource: ResourceParam::from(resource.as_deref().unwrap_or("prefix:")),
             })?;
             if !may.policy {
                 return Err(

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use environment_workspace::permissions::ResourceParam;
 use environment_workspace::{Method, ServiceError};
 use rmcp::handler::server::common::schema_for_type;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
@@ -84,19 +83,11 @@ fn claim_args(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
 }
 
 /// A resource as the policy tools name it (`path:GLOB`, `topic:T`, `program:PROG ARGS…`,
-/// `environment`, a bare path), in the service's shape; none is the whole workspace.
+/// `environment`, a bare path; the service reads it); none is the whole workspace.
 fn resource_arg(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
-    let text = match args.remove("resource") {
-        None | Some(Value::Null) => "prefix:".to_owned(),
-        Some(Value::String(s)) => s,
-        Some(_) => {
-            return Err(ServiceError::invalid(
-                "`resource` must be text such as \"path:src/main.rs\" or \"environment\"",
-            ));
-        }
-    };
-    let resource: ResourceParam = text.parse()?;
-    args.insert("resource".into(), json!(resource));
+    if matches!(args.get("resource"), None | Some(Value::Null)) {
+        args.insert("resource".into(), json!("prefix:"));
+    }
     Ok(())
 }
 

@@ -325,7 +325,7 @@ async function loadEffects() {
 $("may-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   try {
-    const r = await api("policy.what_may_i_do", { actor: $("may-actor").value, resource: resource($("may-resource").value) });
+    const r = await api("policy.what_may_i_do", { actor: $("may-actor").value, resource: $("may-resource").value });
     $("may").replaceChildren(...(r.policy ? r.permissions.map((p) => el("li", {}, `${p.action} ${p.resource} (rule ${p.rule}) ${p.conditions}`)) : [el("li", {}, "No policy: every action is allowed.")]));
   } catch (e) { showError(e); }
 });
@@ -333,19 +333,10 @@ $("may-form").addEventListener("submit", async (ev) => {
 $("explain-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   try {
-    const r = await api("policy.explain", { actor: $("explain-actor").value, action: $("explain-action").value, resource: resource($("explain-resource").value) });
+    const r = await api("policy.explain", { actor: $("explain-actor").value, action: $("explain-action").value, resource: $("explain-resource").value });
     $("explain").textContent = `${r.outcome}: ${r.explanation}`;
   } catch (e) { showError(e); }
 });
-
-// A resource as people write it, in the API's shape.
-function resource(text) {
-  if (text === "environment") return { environment: true };
-  const i = text.indexOf(":");
-  const [kind, rest] = i < 0 ? ["path", text] : [text.slice(0, i), text.slice(i + 1)];
-  if (kind === "program") { const [program, ...args] = rest.split(/\s+/); return { program, args }; }
-  return { [kind]: rest };
-}
 
 // ---- live events ---------------------------------------------------------------------------
 
