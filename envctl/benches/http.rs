@@ -3,7 +3,8 @@
 //! - an API read (`file.read`) and the first screen of the history (`history`, 200 entries) of
 //!   an environment with many operations (`ENVCTL_BENCH_OPS`, default 100,000);
 //! - how long after its commit an operation reaches a connected event stream;
-//! - API writes with no event stream connected, and with 100 connected (held, then read);
+//! - API writes with 100 event streams connected (held, then read) against writes with none,
+//!   side by side on two servers, with the ratio of the medians printed;
 //! - MCP `read_file` and `write_file` over Streamable HTTP against stdio, with the 95th
 //!   percentile of each printed beside criterion's figures.
 //!
@@ -201,32 +202,85 @@ fn api(c: &mut Criterion) {
         });
     }
     drop(stream);
-    let mut write = |name: &str, g: &mut criterion::BenchmarkGroup<'_, _>| {
-        g.bench_function(name, |b| {
-            b.iter(|| {
-                n += 1;
-                let body = json!({ "path": "w.txt", "content": n.to_string() });
-                rt.block_on(post(&http, &server, "file.write", body))
-            })
-        });
-    };
-    write("api write, no event stream", &mut g);
-    // Held: the server writes every event to each of them (the sockets' buffers take them);
-    // the clients, whose reading would run on the same two cores, do not read.
-    let streams: Vec<reqwest::Response> =
-        rt.block_on(async { futures_all(&http, &server, 100).await });
-    write("api write, 100 event streams held", &mut g);
-    drop(streams);
-    // Read as a browser reads them, on the same two cores as the server.
-    let streams: Vec<reqwest::Response> =
-        rt.block_on(async { futures_all(&http, &server, 100).await });
-    let readers: Vec<_> = streams
-        .into_iter()
-        .map(|mut s| rt.spawn(async move { while let Ok(Some(_)) = s.chunk().await {} }))
-        .collect();
-    write("api write, 100 event streams read", &mut g);
-    for r in readers {
-        r.abort();
+    g.finish();
+}
+
+/// API writes beside 100 connected event streams against writes with none, side by side: two
+/// servers of like environments written alternately (which goes first swapped each time), so
+/// that the machine's drift falls on both sides alike. Each criterion row times its side of
+/// the same pairs; the ratios of the two sides' medians and means over every pair are printed.
+fn streams(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (quiet_dir, busy_dir) = (workspace(0), workspace(0));
+    let (quiet, busy) = (serve(quiet_dir.path()), serve(busy_dir.path()));
+    let http = reqwest::Client::new();
+    let mut g = c.benchmark_group("http");
+    g.sample_size(30);
+    let mut n = 0u64;
+    for read in [false, true] {
+        // Held: the server writes every event to each of them (the sockets' buffers take
+        // them); the clients, whose reading would run on the same two cores, do not read.
+        // Read: as a browser reads them, on the same two cores as the server.
+        let mut streams = rt.block_on(futures_all(&http, &busy, 100));
+        let readers: Vec<_> = if read {
+            streams
+                .drain(..)
+                .map(|mut s| rt.spawn(async move { while let Ok(Some(_)) = s.chunk().await {} }))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let how = if read { "read" } else { "held" };
+        let mut pairs: Vec<[Duration; 2]> = Vec::new();
+        for (side, name) in [
+            (0, format!("api write, no event stream (beside {how})")),
+            (1, format!("api write, 100 event streams {how}")),
+        ] {
+            g.bench_function(name, |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            n += 1;
+                            let body = json!({ "path": "w.txt", "content": n.to_string() });
+                            let mut pair = [Duration::ZERO; 2];
+                            let order = if n % 2 == 0 { [0, 1] } else { [1, 0] };
+                            for which in order {
+                                let server = [&quiet, &busy][which];
+                                let t = Instant::now();
+                                post(&http, server, "file.write", body.clone()).await;
+                                pair[which] = t.elapsed();
+                            }
+                            total += pair[side];
+                            pairs.push(pair);
+                        }
+                        total
+                    })
+                })
+            });
+        }
+        let median = |side: usize| {
+            let mut v: Vec<Duration> = pairs.iter().map(|p| p[side]).collect();
+            v.sort();
+            v[v.len() / 2]
+        };
+        let total = |side: usize| pairs.iter().map(|p| p[side].as_secs_f64()).sum::<f64>();
+        let (none, with) = (median(0), median(1));
+        eprintln!(
+            "api write beside 100 event streams {how}: median {with:?} against {none:?} with \
+             none, ratio {:.3} (of the means {:.3}) over {} pairs side by side",
+            with.as_secs_f64() / none.as_secs_f64(),
+            total(1) / total(0),
+            pairs.len()
+        );
+        for r in readers {
+            r.abort();
+        }
+        drop(streams);
     }
     g.finish();
 }
@@ -297,5 +351,5 @@ fn mcp(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, api, mcp);
+criterion_group!(benches, api, streams, mcp);
 criterion_main!(benches);
