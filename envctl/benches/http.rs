@@ -248,7 +248,7 @@ fn streams(c: &mut Criterion) {
                             n += 1;
                             let body = json!({ "path": "w.txt", "content": n.to_string() });
                             let mut pair = [Duration::ZERO; 2];
-                            let order = if n % 2 == 0 { [0, 1] } else { [1, 0] };
+                            let order = if n.is_multiple_of(2) { [0, 1] } else { [1, 0] };
                             for which in order {
                                 let server = [&quiet, &busy][which];
                                 let t = Instant::now();
