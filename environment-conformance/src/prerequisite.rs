@@ -10,15 +10,10 @@ pub const POSTGRES: &str = "ENVIRONMENT_TEST_POSTGRES";
 /// The connection string of the test PostgreSQL server, or `None` after reporting it missing
 /// (a panic under `CI=true`).
 pub fn postgres() -> Option<String> {
-    match std::env::var(POSTGRES) {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            missing(&format!(
-                "{POSTGRES} names no PostgreSQL server (.ci/run starts one and sets it)"
-            ));
-            None
-        }
-    }
+    named(
+        POSTGRES,
+        "no PostgreSQL server (.ci/run starts one and sets it)",
+    )
 }
 
 /// A prerequisite of the test is missing: fails under `CI=true`, says SKIPPED elsewhere.
@@ -27,4 +22,28 @@ pub fn missing(reason: &str) {
         panic!("a prerequisite is missing under CI=true: {reason}");
     }
     eprintln!("SKIPPED: {reason}");
+}
+
+/// The variable naming an S3-compatible bucket for tests, as `s3://BUCKET` (its endpoint and
+/// credentials in the usual `AWS_*` variables). `.ci/run` starts a server and sets them.
+pub const S3: &str = "ENVIRONMENT_TEST_S3";
+
+/// The address of the test bucket, or `None` after reporting it missing (a panic under
+/// `CI=true`).
+pub fn s3() -> Option<String> {
+    named(
+        S3,
+        "no S3-compatible bucket (.ci/run starts a server and sets it)",
+    )
+}
+
+/// The value of `var`, or `None` after reporting that it names `what`.
+fn named(var: &str, what: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(value) if !value.trim().is_empty() => Some(value),
+        _ => {
+            missing(&format!("{var} names {what}"));
+            None
+        }
+    }
 }

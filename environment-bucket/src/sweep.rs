@@ -1,0 +1,182 @@
+//! Collecting the blobs nothing refers to, while other machines write.
+//!
+//! A collection puts a marker object of its own under `ROOT/gc/`, takes the time the bucket
+//! stamped on it as its start, and only then reads what is live. It removes a blob only if
+//! nothing live refers to it and the bucket last wrote it more than the grace period before
+//! that start. While it deletes it re-stamps its marker every beat, and it deletes nothing
+//! once two beats have passed without a stamp or half the grace period is gone. Then it
+//! removes its marker. A marker not stamped for three beats (and the bucket's second) is a
+//! collection that died: writers stop waiting for it, and the next collection removes it.
+//!
+//! Why no blob an operation commits on is lost: a writer reuses a blob as it is only if the
+//! bucket wrote it within the last quarter of the grace period, otherwise it uploads it again,
+//! and it commits within a quarter of the grace period of opening its window. So an operation
+//! that commits after a collection read the live set found its blobs young enough to be
+//! spared, or uploaded them. The one race left, an upload landing while a collection that
+//! listed the old copy deletes it, ends with the writer: after uploading it waits until no
+//! marker is live and uploads again whatever is gone. Markers are separate objects, so neither
+//! side needs a conditional write, and concurrent collections are harmless.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use environment_core::Hash;
+use futures_util::StreamExt;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use crate::Bucket;
+use crate::blobs::{ms, now_ms};
+use crate::error::BucketError;
+
+/// How coarsely a bucket may date its objects.
+const TIMESTAMP_SLACK: Duration = Duration::from_secs(1);
+
+/// The longest beat of a running collection's marker.
+const MAX_BEAT: Duration = Duration::from_secs(10);
+
+/// What a collection did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Blobs kept because something live refers to them.
+    pub live: u64,
+    /// Blobs nothing refers to, kept because they are younger than the grace period.
+    pub young: u64,
+    /// Blobs removed.
+    pub removed: u64,
+    /// Their size, in bytes.
+    pub bytes_removed: u64,
+    /// Markers of collections that died, removed.
+    pub dead_markers: u64,
+}
+
+impl Bucket {
+    /// How often a running collection re-stamps its marker.
+    pub(crate) fn beat(&self) -> Duration {
+        (self.grace / 8).min(MAX_BEAT)
+    }
+
+    /// How long after its last stamp a marker stands for a collection that may still delete
+    /// (three beats; a beat more than a collection allows itself, plus the bucket's second,
+    /// absorbs clock skew between machines).
+    pub(crate) fn marker_life(&self) -> Duration {
+        3 * self.beat() + TIMESTAMP_SLACK
+    }
+
+    /// Removes the blobs nothing refers to and that are older than the grace period.
+    /// `live` is called once the collection is announced, and returns every hash that
+    /// committed state refers to (as read from the shared store at that moment).
+    pub async fn sweep<F, Fut, E>(&self, live: F) -> Result<SweepReport, BucketError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<HashSet<Hash>, E>>,
+        BucketError: From<E>,
+    {
+        let marker = self
+            .markers_dir()
+            .join(format!("{:032x}", rand::random::<u128>()));
+        self.store
+            .put(&marker, PutPayload::default())
+            .await
+            .map_err(BucketError::store("put", &marker))?;
+        let result = self.sweep_announced(&marker, live).await;
+        let removed = self.store.delete(&marker).await;
+        let report = result?;
+        removed.map_err(BucketError::store("delete", &marker))?;
+        Ok(report)
+    }
+
+    async fn sweep_announced<F, Fut, E>(
+        &self,
+        marker: &object_store::path::Path,
+        live: F,
+    ) -> Result<SweepReport, BucketError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<HashSet<Hash>, E>>,
+        BucketError: From<E>,
+    {
+        let started = Instant::now();
+        let limit = self.grace / 2;
+        let mut stamped = started;
+        // The bucket's clock, not this machine's, dates the start: blobs' ages are the bucket's.
+        let start = self
+            .store
+            .head(marker)
+            .await
+            .map_err(BucketError::store("head", marker))?
+            .last_modified
+            .timestamp_millis();
+        let live = live().await?;
+        // Buckets may date objects to the second only (HTTP dates): a second more is spared.
+        let spare_after = start - ms(self.grace) - ms(TIMESTAMP_SLACK);
+        let mut report = SweepReport::default();
+        let mut doomed = Vec::new();
+        let dir = self.blobs_dir();
+        let mut listing = self.store.list(Some(&dir));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(BucketError::store("list", &dir))?;
+            // Only objects named as blobs are this store's; anything else is left alone.
+            let Some(hash) = meta
+                .location
+                .filename()
+                .and_then(|n| n.parse::<Hash>().ok())
+            else {
+                continue;
+            };
+            if live.contains(&hash) {
+                report.live += 1;
+            } else if meta.last_modified.timestamp_millis() >= spare_after {
+                report.young += 1;
+            } else {
+                doomed.push(meta);
+            }
+        }
+        for meta in doomed {
+            if stamped.elapsed() >= self.beat() {
+                let at = Instant::now();
+                self.store
+                    .put(marker, PutPayload::default())
+                    .await
+                    .map_err(BucketError::store("put", marker))?;
+                stamped = at;
+            }
+            let ran = started.elapsed();
+            if ran > limit || stamped.elapsed() > 2 * self.beat() {
+                return Err(BucketError::SweepTooSlow { ran, limit });
+            }
+            match self.store.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(BucketError::store("delete", &meta.location)(e)),
+            }
+            report.removed += 1;
+            report.bytes_removed += meta.size;
+        }
+        report.dead_markers = self.remove_dead_markers(marker).await?;
+        Ok(report)
+    }
+
+    /// Removes the markers of collections that died (unstamped for twice a marker's life).
+    async fn remove_dead_markers(
+        &self,
+        own: &object_store::path::Path,
+    ) -> Result<u64, BucketError> {
+        let dir = self.markers_dir();
+        let mut dead = Vec::new();
+        let mut markers = self.store.list(Some(&dir));
+        while let Some(meta) = markers.next().await {
+            let meta = meta.map_err(BucketError::store("list", &dir))?;
+            if &meta.location != own
+                && meta.last_modified.timestamp_millis() < now_ms() - 2 * ms(self.marker_life())
+            {
+                dead.push(meta.location);
+            }
+        }
+        for key in &dead {
+            match self.store.delete(key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(BucketError::store("delete", key)(e)),
+            }
+        }
+        Ok(dead.len() as u64)
+    }
+}

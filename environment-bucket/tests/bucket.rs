@@ -1,0 +1,306 @@
+//! Blobs in a real S3-compatible bucket (the server `.ci/run` starts): shared between
+//! machines, checked on the way back, refused when the address is bad, and collected while
+//! other machines write without losing a blob that committed state refers to.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use environment_bucket::{Bucket, BucketError, BucketOptions};
+use environment_core::Hash;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// A machine: the bucket under `root`, with a cache of its own.
+struct Machine {
+    bucket: Bucket,
+    _cache: tempfile::TempDir,
+}
+
+async fn machine(root: &str, grace: Duration) -> Machine {
+    let cache = tempfile::tempdir().unwrap();
+    let mut options = BucketOptions::new(cache.path());
+    options.grace = grace;
+    Machine {
+        bucket: Bucket::open(root, options).await.unwrap(),
+        _cache: cache,
+    }
+}
+
+/// A fresh prefix in the test bucket, or `None` (skipped; a failure under `CI=true`).
+fn root() -> Option<String> {
+    let base = environment_conformance::prerequisite::s3()?;
+    Some(format!(
+        "{}/t{:016x}",
+        base.trim_end_matches('/'),
+        rand::random::<u64>()
+    ))
+}
+
+/// The bucket's objects as the test sees them, past the store.
+fn raw(root: &str) -> (Arc<dyn ObjectStore>, Path) {
+    let rest = root.strip_prefix("s3://").unwrap();
+    let (name, prefix) = rest.split_once('/').unwrap();
+    let s3 = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(name)
+        .build()
+        .unwrap();
+    (Arc::new(s3), Path::from(prefix))
+}
+
+fn blob_key(prefix: &Path, hash: &Hash) -> Path {
+    prefix.clone().join("blobs").join(hash.to_hex())
+}
+
+const GRACE: Duration = Duration::from_secs(1);
+
+/// Long enough for a blob to be collectable: the grace period, and two seconds for the
+/// bucket's dating to the second (the collection's start and the blob's age).
+const AGED: Duration = Duration::from_millis(3200);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_stored_on_one_machine_is_read_on_another() {
+    let Some(root) = root() else { return };
+    let (a, b, c) = (
+        machine(&root, GRACE).await,
+        machine(&root, GRACE).await,
+        machine(&root, GRACE).await,
+    );
+    let small = b"a config file\n".to_vec();
+    let large: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let w = a.bucket.window();
+    let hashes = a.bucket.put_many(&w, &[&small, &large]).await.unwrap();
+    w.check().unwrap();
+    assert_eq!(b.bucket.get(&hashes[0]).await.unwrap(), small);
+    assert_eq!(b.bucket.get(&hashes[1]).await.unwrap(), large);
+
+    // B read them through its cache: gone from the bucket, B still has them; C never did.
+    let (store, prefix) = raw(&root);
+    for h in &hashes {
+        store.delete(&blob_key(&prefix, h)).await.unwrap();
+    }
+    assert_eq!(b.bucket.get(&hashes[1]).await.unwrap(), large);
+    assert!(matches!(
+        c.bucket.get(&hashes[0]).await,
+        Err(BucketError::Missing(h)) if h == hashes[0]
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_object_is_an_error_and_is_not_cached() {
+    let Some(root) = root() else { return };
+    let (a, b) = (machine(&root, GRACE).await, machine(&root, GRACE).await);
+    let w = a.bucket.window();
+    let hash = a.bucket.put(&w, b"the real content").await.unwrap();
+    let (store, prefix) = raw(&root);
+    let key = blob_key(&prefix, &hash);
+    store
+        .put(&key, PutPayload::from_static(b"replaced"))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        assert!(matches!(
+            b.bucket.get(&hash).await,
+            Err(BucketError::Damaged { expected, .. }) if expected == hash
+        ));
+    }
+    // Repaired in the bucket, it reads: the damaged bytes had not been cached.
+    store
+        .put(&key, PutPayload::from_static(b"the real content"))
+        .await
+        .unwrap();
+    assert_eq!(b.bucket.get(&hash).await.unwrap(), b"the real content");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_address_is_refused_with_a_typed_error() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut bad = vec![
+        "nonsense".to_owned(),
+        "ftp://host/x".to_owned(),
+        "s3://".to_owned(),
+        "file://relative/dir".to_owned(),
+    ];
+    if let Some(root) = root() {
+        // A bucket the server does not have.
+        let (_, rest) = root.split_once("://").unwrap();
+        let prefix = rest.split_once('/').unwrap().1;
+        bad.push(format!(
+            "s3://no-such-bucket-{:08x}/{prefix}",
+            rand::random::<u32>()
+        ));
+    }
+    for url in &bad {
+        let err = Bucket::open(url, BucketOptions::new(cache.path()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BucketError::Config { .. }), "{url}: {err}");
+    }
+    let mut zero = BucketOptions::new(cache.path());
+    zero.grace = Duration::ZERO;
+    assert!(matches!(
+        Bucket::open("memory:///", zero).await,
+        Err(BucketError::Config { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collection_removes_only_old_blobs_nothing_refers_to() {
+    let Some(root) = root() else { return };
+    let m = machine(&root, GRACE).await;
+    let w = m.bucket.window();
+    let old = m.bucket.put_many(&w, &[b"live", b"dead"]).await.unwrap();
+    // Past the grace period and the bucket's one-second dating.
+    tokio::time::sleep(AGED).await;
+    let w = m.bucket.window();
+    let young = m.bucket.put(&w, b"young").await.unwrap();
+    let live: HashSet<Hash> = [old[0]].into();
+    let report = m
+        .bucket
+        .sweep(|| async { Ok::<_, BucketError>(live) })
+        .await
+        .unwrap();
+    assert_eq!((report.live, report.young, report.removed), (1, 1, 1));
+    let other = machine(&root, GRACE).await;
+    assert!(other.bucket.contains(&old[0]).await.unwrap());
+    assert!(!other.bucket.contains(&old[1]).await.unwrap());
+    assert!(other.bucket.contains(&young).await.unwrap());
+    // The collection's marker is gone with it.
+    let (store, prefix) = raw(&root);
+    let markers: Vec<_> =
+        futures_util::StreamExt::collect::<Vec<_>>(store.list(Some(&prefix.clone().join("gc"))))
+            .await;
+    assert!(markers.is_empty(), "{markers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_blob_reused_is_refreshed_and_survives_the_next_collection() {
+    let Some(root) = root() else { return };
+    let m = machine(&root, GRACE).await;
+    let w = m.bucket.window();
+    let hash = m.bucket.put(&w, b"reused").await.unwrap();
+    tokio::time::sleep(AGED).await;
+    // A new operation refers to the same content: it is sent again, so a collection that
+    // read the live set before this operation committed spares it.
+    let w = m.bucket.window();
+    m.bucket.put(&w, b"reused").await.unwrap();
+    let report = m
+        .bucket
+        .sweep(|| async { Ok::<_, BucketError>(HashSet::new()) })
+        .await
+        .unwrap();
+    assert_eq!((report.young, report.removed), (1, 0));
+    assert!(m.bucket.contains(&hash).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_open_too_long_refuses_the_commit() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut options = BucketOptions::new(cache.path());
+    options.grace = Duration::from_millis(400);
+    let bucket = Bucket::open("memory:///", options).await.unwrap();
+    let w = bucket.window();
+    bucket.put(&w, b"x").await.unwrap();
+    w.check().unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(matches!(w.check(), Err(BucketError::WindowClosed { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collection_that_died_holds_writers_only_briefly_and_is_cleared() {
+    let Some(root) = root() else { return };
+    let (store, prefix) = raw(&root);
+    let dead = prefix.clone().join("gc").join("died-mid-sweep");
+    store.put(&dead, PutPayload::default()).await.unwrap();
+    let m = machine(&root, GRACE).await;
+    // The upload waits for the marker to go stale (a few beats), then lands.
+    let w = m.bucket.window();
+    let hash = m.bucket.put(&w, b"after a crash").await.unwrap();
+    assert!(m.bucket.contains(&hash).await.unwrap());
+    tokio::time::sleep(AGED).await;
+    let report = m
+        .bucket
+        .sweep(|| async { Ok::<_, BucketError>([hash].into()) })
+        .await
+        .unwrap();
+    assert_eq!(report.dead_markers, 1);
+    assert!(matches!(
+        store.head(&dead).await,
+        Err(object_store::Error::NotFound { .. })
+    ));
+}
+
+/// Three machines commit operations on blobs drawn from a hundred contents (so they reuse
+/// blobs that have aged and lost their referrers) while a fourth collects again and
+/// again. After every collection, and at the end, every blob that committed state refers to
+/// is in the bucket and reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collections_racing_writers_lose_nothing_committed() {
+    let Some(root) = root() else { return };
+    // What committed state refers to: each writer's last operation.
+    let refs: Arc<Mutex<Vec<Vec<Hash>>>> = Arc::new(Mutex::new(vec![Vec::new(); 3]));
+    let live = |refs: &Arc<Mutex<Vec<Vec<Hash>>>>| -> HashSet<Hash> {
+        refs.lock().unwrap().iter().flatten().copied().collect()
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut writers = Vec::new();
+    for w in 0..3usize {
+        let (root, refs) = (root.clone(), refs.clone());
+        writers.push(tokio::spawn(async move {
+            let m = machine(&root, GRACE).await;
+            let mut commits = 0u32;
+            let mut n = w as u64;
+            while Instant::now() < until {
+                n = n
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let contents: Vec<Vec<u8>> = (0..1 + n % 3)
+                    .map(|i| format!("content {}", (n >> 8).wrapping_add(i) % 100).into_bytes())
+                    .collect();
+                let slices: Vec<&[u8]> = contents.iter().map(Vec::as_slice).collect();
+                let window = m.bucket.window();
+                let hashes = m.bucket.put_many(&window, &slices).await.unwrap();
+                if window.check().is_ok() {
+                    refs.lock().unwrap()[w] = hashes;
+                    commits += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(n % 150)).await;
+            }
+            commits
+        }));
+    }
+    let collector = machine(&root, GRACE).await;
+    let checker = machine(&root, GRACE).await;
+    let mut removed = 0;
+    while Instant::now() < until {
+        let refs2 = refs.clone();
+        let report = collector
+            .bucket
+            .sweep(|| async move { Ok::<_, BucketError>(live(&refs2)) })
+            .await
+            .unwrap();
+        removed += report.removed;
+        for h in live(&refs) {
+            assert!(
+                checker.bucket.contains(&h).await.unwrap(),
+                "blob {h} is referred to and was collected"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut commits = 0;
+    for w in writers {
+        commits += w.await.unwrap();
+    }
+    for h in live(&refs) {
+        let fresh = machine(&root, GRACE).await;
+        fresh.bucket.get(&h).await.unwrap();
+    }
+    eprintln!("{commits} operations committed while collections removed {removed} blobs");
+    assert!(commits > 10, "the writers committed {commits} times");
+    assert!(
+        removed > 0,
+        "the race is real only if collections removed blobs"
+    );
+}
