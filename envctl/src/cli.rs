@@ -77,6 +77,11 @@ pub enum Command {
         /// Keep the environment's home here instead of DIR/.environment.
         #[arg(long)]
         home: Option<PathBuf>,
+        /// Share the queue through this PostgreSQL database (a libpq connection string or a
+        /// postgresql:// URL, without a password: PGPASSWORD supplies it) with every
+        /// environment that names it, on any machine. Kept in the home's stores.toml.
+        #[arg(long, value_name = "POSTGRES")]
+        shared_queue: Option<String>,
     },
     /// Run an agent under a supervisor: in a sandbox, its changes captured as it works, the
     /// control socket answering; a final capture and a summary at its exit (or at SIGTERM or

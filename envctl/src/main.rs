@@ -37,6 +37,7 @@ mod output;
 mod progress;
 mod run_record;
 mod serve;
+mod stores;
 mod target;
 mod workspace;
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use environment_bus::{Bus, BusConfig};
 use environment_core::{
     AccessRequest, Action, ActorId, AllowAll, Authorizer, Context, Credentials, Governance,
-    LocalEnvironment, MAIN, Options, Resource, SystemClock,
+    LocalEnvironment, MAIN, Options, Queue, Resource, SystemClock,
 };
 use environment_policy::Policy;
 use environment_sandbox::{ForkConfig, Launcher, NoiseRules, Shell, Tracker, TrackerConfig};
@@ -20,6 +20,7 @@ use environment_workspace as service;
 
 use crate::failure::{Failure, Outcome};
 use crate::progress::Progress;
+use crate::stores::Stores;
 
 /// The name of the environment's entry in a workspace.
 pub const MARKER: &str = ".environment";
@@ -126,14 +127,25 @@ impl Workspace {
         )?)
     }
 
-    /// Opens the queue (creating it).
-    pub fn open_bus(&self) -> Outcome<Bus> {
-        Ok(Bus::open(self.home.join(BUS_FILE), BusConfig::default())?)
+    /// Opens the queue: the shared one the home's `stores.toml` names, else the embedded one
+    /// (created when missing if `create`, else only if it exists).
+    pub fn open_queue(&self, create: bool) -> Outcome<Option<Arc<dyn Queue>>> {
+        if let Some(shared) = Stores::read(&self.home)?.open_queue()? {
+            return Ok(Some(shared));
+        }
+        let path = self.home.join(BUS_FILE);
+        if !create && !path.exists() {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(Bus::open(path, BusConfig::default())?)))
     }
 
     /// Opens the queue to watch it beside the process that keeps it (a supervisor): only if
-    /// it exists, and without purging it (its keeper does).
-    pub fn watch_bus(&self) -> Outcome<Option<Bus>> {
+    /// it exists, and without purging an embedded one (its keeper does).
+    pub fn watch_queue(&self) -> Outcome<Option<Arc<dyn Queue>>> {
+        if let Some(shared) = Stores::read(&self.home)?.open_queue()? {
+            return Ok(Some(shared));
+        }
         let path = self.home.join(BUS_FILE);
         if !path.exists() {
             return Ok(None);
@@ -142,7 +154,7 @@ impl Workspace {
             auto_purge: None,
             ..BusConfig::default()
         };
-        Ok(Some(Bus::open(path, config)?))
+        Ok(Some(Arc::new(Bus::open(path, config)?)))
     }
 }
 
@@ -423,11 +435,7 @@ impl Session {
             env: self.env.clone(),
             authorizer: self.authorizer.clone(),
             policy: self.policy.clone().map(|p| p as Arc<dyn Governance>),
-            bus: if create_queue || self.ws.home.join(BUS_FILE).exists() {
-                Some(Arc::new(self.ws.open_bus()?))
-            } else {
-                None
-            },
+            bus: self.ws.open_queue(create_queue)?,
             launcher,
             actor: self.actor.clone(),
             default_token: self.ws.credentials.token.clone(),

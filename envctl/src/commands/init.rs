@@ -8,6 +8,7 @@ use serde_json::json;
 use crate::failure::{ExitCode, Failure, Outcome};
 use crate::output::print_json;
 use crate::progress::Progress;
+use crate::stores::Stores;
 use crate::workspace::{MARKER, ROOTFS_DIR, Session, Workspace};
 
 /// Creates the environment of `dir` (default: the current directory).
@@ -15,9 +16,14 @@ pub fn run(
     dir: Option<PathBuf>,
     rootfs: Option<&Path>,
     home: Option<&Path>,
+    stores: &Stores,
     actor: ActorId,
     json: bool,
 ) -> Outcome<()> {
+    // A shared store named badly is refused before anything is made.
+    if let Some(q) = &stores.queue {
+        crate::stores::postgres_config(&q.postgres)?;
+    }
     let dir = match dir {
         Some(d) => d,
         None => std::env::current_dir()
@@ -75,6 +81,11 @@ pub fn run(
     // what it made, so that nothing half-made is left for `status` to accept and a second
     // `init` to refuse.
     let made = (|| -> Outcome<_> {
+        if *stores != Stores::default() {
+            stores.write(&ws.home)?;
+            // Reached now, so that an environment whose queue cannot be reached is not made.
+            stores.open_queue()?;
+        }
         let rootfs_at = match rootfs {
             Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),
             None => None,
@@ -98,6 +109,7 @@ pub fn run(
             "version": head.to_string(),
             "captured": files,
             "rootfs": rootfs_at.map(|p| p.display().to_string()),
+            "shared_queue": stores.queue.is_some(),
         }));
     } else {
         println!(
@@ -108,6 +120,9 @@ pub fn run(
         );
         if let Some(r) = rootfs_at {
             println!("Managed rootfs seeded at {}.", r.display());
+        }
+        if stores.queue.is_some() {
+            println!("The queue is shared through PostgreSQL (see stores.toml in the home).");
         }
     }
     Ok(())

@@ -205,10 +205,27 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
         cli.chdir = Some(abs);
     }
     match &cli.command {
-        Command::Init { dir, rootfs, home } => {
+        Command::Init {
+            dir,
+            rootfs,
+            home,
+            shared_queue,
+        } => {
             let actor = actor_of(&cli, &default_human())?;
             let dir = dir.clone().or(cli.chdir.clone());
-            init::run(dir, rootfs.as_deref(), home.as_deref(), actor, json)?;
+            let stores = crate::stores::Stores {
+                queue: shared_queue
+                    .clone()
+                    .map(|postgres| crate::stores::SharedQueue { postgres }),
+            };
+            init::run(
+                dir,
+                rootfs.as_deref(),
+                home.as_deref(),
+                &stores,
+                actor,
+                json,
+            )?;
             return Ok(0);
         }
         Command::Mcp => {

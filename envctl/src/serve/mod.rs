@@ -123,7 +123,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
     let mut queue: Option<Arc<dyn Queue>> = None;
     let backend = match crate::target::running(&ws, &actor) {
         Some(addr) => {
-            queue = ws.watch_bus()?.map(|b| Arc::new(b) as Arc<dyn Queue>);
+            queue = ws.watch_queue()?;
             Backend::Supervisor(addr.socket)
         }
         None => {

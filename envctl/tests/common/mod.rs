@@ -37,6 +37,11 @@ impl Ws {
     }
 
     pub fn acting_as(actor: Option<&'static str>) -> Ws {
+        Ws::made_with(actor, &[])
+    }
+
+    /// A workspace made an environment by `envctl init ARGS…`.
+    pub fn made_with(actor: Option<&'static str>, init: &[&str]) -> Ws {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("work");
         std::fs::create_dir_all(dir.join("src")).unwrap();
@@ -47,7 +52,9 @@ impl Ws {
             dir,
             actor,
         };
-        let out = ws.run(&["init"]);
+        let mut args = vec!["init"];
+        args.extend_from_slice(init);
+        let out = ws.run(&args);
         assert_eq!(code(&out), 0, "{}", stderr(&out));
         assert!(
             out.stderr.is_empty(),
