@@ -62,6 +62,14 @@ fn two_workspaces_share_one_queue() {
     // Nothing is left to claim on either side.
     let again = planner.json(&["--actor", "agent:worker", "queue", "claim", "workers"]);
     assert_eq!(again["leases"], serde_json::json!([]), "{again}");
+
+    // Collection purges the shared queue too (within its retention, nothing yet); a workspace
+    // with no queue has none to purge.
+    let collected = planner.json(&["gc"]);
+    assert_eq!(collected["queue"]["messages"], 0, "{collected}");
+    let alone = Ws::new();
+    assert!(alone.json(&["gc"])["queue"].is_null());
+    assert!(!alone.home().join("bus.db").exists(), "gc makes no queue");
     common::also_unprivileged("two_workspaces_share_one_queue");
 }
 

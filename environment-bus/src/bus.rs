@@ -652,7 +652,7 @@ impl Bus {
             if wrapped && step.is_empty() {
                 quiet_wraps += 1;
             }
-            total.add(step);
+            total += step;
         }
         Ok(total)
     }

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use environment_core::queue::{
-    DeadLetter, Holder, Lease, LeaseInFlight, Message, Posted, Publish, Settlement, TopicMetrics,
+    DeadLetter, Holder, Lease, LeaseInFlight, Message, Posted, Publish, Purged, Settlement,
+    TopicMetrics,
 };
 use environment_core::{ErrorKind, PortError, Queue};
 
@@ -115,6 +116,10 @@ impl Queue for Bus {
 
     fn metrics(&self) -> Result<Vec<TopicMetrics>, PortError> {
         Ok(Bus::metrics(self)?)
+    }
+
+    fn purge(&self) -> Result<Purged, PortError> {
+        Ok(Bus::purge(self)?)
     }
 }
 

@@ -307,27 +307,8 @@ impl Default for Limits {
 
 pub use environment_core::queue::{GroupMetrics, TopicMetrics};
 
-/// What one purge pass removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PurgeReport {
-    /// Acked deliveries removed.
-    pub deliveries: u64,
-    /// Messages removed (all their deliveries were gone).
-    pub messages: u64,
-    /// Expired dedup ids removed.
-    pub dedup_ids: u64,
-}
-
-impl PurgeReport {
-    pub(crate) fn add(&mut self, o: PurgeReport) {
-        self.deliveries += o.deliveries;
-        self.messages += o.messages;
-        self.dedup_ids += o.dedup_ids;
-    }
-    pub(crate) fn is_empty(&self) -> bool {
-        self.deliveries == 0 && self.messages == 0 && self.dedup_ids == 0
-    }
-}
+/// What one purge pass removed: the queue port's own figures.
+pub use environment_core::queue::Purged as PurgeReport;
 
 #[cfg(test)]
 mod tests {

@@ -120,4 +120,27 @@ pub fn the_port_behaves(q: &dyn Queue, advance: &dyn Fn(Duration)) {
     // A lease that runs out is no longer in flight.
     advance(LEASE + Duration::from_secs(1));
     assert!(q.leases(Some("workers"), None, 10).unwrap().is_empty());
+
+    // Past the retention, a purge removes the acked message, its delivery and its dedup id,
+    // and leaves the unsettled one; a second finds nothing.
+    advance(Duration::from_secs(2 * 24 * 3600));
+    let purged = q.purge().unwrap();
+    assert_eq!(
+        (purged.deliveries, purged.messages, purged.dedup_ids),
+        (1, 1, 1),
+        "{purged:?}"
+    );
+    assert!(q.purge().unwrap().is_empty());
+    let left = q.claim("workers", "a", 10, LEASE).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].message.payload, b"test");
+    let fresh = Publish {
+        dedup_id: Some("t1".into()),
+        ..Publish::default()
+    };
+    assert!(
+        !q.publish("tasks", b"build".to_vec(), fresh)
+            .unwrap()
+            .duplicate
+    );
 }

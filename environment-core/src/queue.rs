@@ -62,6 +62,36 @@ pub trait Queue: Send + Sync {
     fn redrive(&self, group: &str) -> Result<u64, PortError>;
     /// Depth, leases and dead letters per topic and group.
     fn metrics(&self) -> Result<Vec<TopicMetrics>, PortError>;
+    /// Removes what the retention lets go: deliveries acked longer ago than it, the messages
+    /// all of whose deliveries are gone, and dedup ids past their window. Nothing unsettled
+    /// and no dead letter is touched.
+    fn purge(&self) -> Result<Purged, PortError>;
+}
+
+/// What a purge removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Purged {
+    /// Acked deliveries.
+    pub deliveries: u64,
+    /// Messages (all their deliveries were gone).
+    pub messages: u64,
+    /// Expired dedup ids.
+    pub dedup_ids: u64,
+}
+
+impl Purged {
+    /// Whether nothing was removed.
+    pub fn is_empty(&self) -> bool {
+        *self == Purged::default()
+    }
+}
+
+impl std::ops::AddAssign for Purged {
+    fn add_assign(&mut self, o: Purged) {
+        self.deliveries += o.deliveries;
+        self.messages += o.messages;
+        self.dedup_ids += o.dedup_ids;
+    }
 }
 
 /// How to publish a message.

@@ -3,7 +3,7 @@
 
 use environment_core::{
     Action, Conflict, ConflictSide, EnvError, HistoryEntry, HistoryOptions, Intent, IntentKind,
-    Key, KeyPrefix, Namespace, OpId, Resource, json,
+    Key, KeyPrefix, Namespace, OpId, Resource, json, queue::Purged,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -962,6 +962,9 @@ pub struct Collected {
     pub temp_removed: u64,
     /// Tree nodes only dropped versions used, removed.
     pub nodes_removed: u64,
+    /// What the queue's retention let go (when there is a queue): acked messages, their
+    /// deliveries and expired dedup ids.
+    pub queue: Option<Purged>,
 }
 
 /// Re-hashes every operation and tree node and checks every referenced blob is there (with
@@ -986,11 +989,16 @@ pub(super) fn verify(g: &Session<'_>, p: VerifyParams) -> Result<Verified, Servi
 pub(super) fn gc(g: &Session<'_>, _: GcParams) -> Result<Collected, ServiceError> {
     g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
     let r = g.env().gc(g.actor()).map_err(ServiceError::from)?;
+    let queue = match g.shared().bus.as_deref() {
+        Some(q) => Some(q.purge()?),
+        None => None,
+    };
     Ok(Collected {
         kept: r.kept,
         removed: r.removed,
         bytes_removed: r.bytes_removed,
         temp_removed: r.temp_removed,
         nodes_removed: r.nodes_removed,
+        queue,
     })
 }

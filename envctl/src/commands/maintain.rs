@@ -46,10 +46,17 @@ pub fn gc(door: &Door, json: bool) -> Outcome<()> {
     if json {
         print_json(&json!(r));
     } else {
-        println!(
-            "Removed {} blob(s) ({} bytes) and {} node(s); kept {} blob(s).",
+        print!(
+            "Removed {} blob(s) ({} bytes) and {} node(s); kept {} blob(s)",
             r.removed, r.bytes_removed, r.nodes_removed, r.kept
         );
+        match r.queue {
+            Some(q) => println!(
+                "; purged {} acked message(s) and {} dedup id(s) from the queue.",
+                q.messages, q.dedup_ids
+            ),
+            None => println!("."),
+        }
     }
     Ok(())
 }

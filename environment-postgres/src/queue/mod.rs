@@ -491,9 +491,7 @@ impl PgQueue {
                 let cutoff = cutoff_of(ctx.now);
                 upkeep::purge_step(ctx, cutoff, 512, &self.inner.purge_cursor)
             })?;
-            total.deliveries += step.deliveries;
-            total.messages += step.messages;
-            total.dedup_ids += step.dedup_ids;
+            total += step;
             if wrapped {
                 return Ok(total);
             }
@@ -586,5 +584,9 @@ impl Queue for PgQueue {
 
     fn metrics(&self) -> std::result::Result<Vec<TopicMetrics>, PortError> {
         Ok(self.run(read::metrics)?)
+    }
+
+    fn purge(&self) -> std::result::Result<PurgeReport, PortError> {
+        Ok(PgQueue::purge(self)?)
     }
 }
