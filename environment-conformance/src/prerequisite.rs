@@ -24,6 +24,22 @@ pub fn missing(reason: &str) {
     eprintln!("SKIPPED: {reason}");
 }
 
+/// The variable naming the same test server over TCP with TLS required, as a libpq string
+/// (`host=localhost port=5433 user=env dbname=postgres sslmode=require`).
+pub const POSTGRES_TLS: &str = "ENVIRONMENT_TEST_POSTGRES_TLS";
+
+/// The variable naming the CA certificate (PEM) that signed that server's certificate.
+pub const POSTGRES_CA: &str = "ENVIRONMENT_TEST_POSTGRES_CA";
+
+/// The TLS connection string of the test server and its CA file, or `None` after reporting
+/// them missing (a panic under `CI=true`).
+pub fn postgres_tls() -> Option<(String, std::path::PathBuf)> {
+    let what = "no PostgreSQL server over TLS (.ci/run starts one and sets it)";
+    let url = named(POSTGRES_TLS, what)?;
+    let ca = named(POSTGRES_CA, what)?;
+    Some((url, ca.into()))
+}
+
 /// The variable naming an S3-compatible bucket for tests, as `s3://BUCKET` (its endpoint and
 /// credentials in the usual `AWS_*` variables). `.ci/run` starts a server and sets them.
 pub const S3: &str = "ENVIRONMENT_TEST_S3";

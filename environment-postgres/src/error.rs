@@ -27,6 +27,10 @@ pub enum PgError {
     /// The database's schema is not one this build can use.
     #[error("database schema: {0}")]
     Schema(String),
+    /// The TLS settings cannot be used (a CA file that cannot be read or holds no
+    /// certificate).
+    #[error("TLS to postgres: {0}")]
+    Tls(String),
 }
 
 /// What the server said, rather than the client's bare "db error".
@@ -75,6 +79,7 @@ impl PgError {
             PgError::Unreachable(_) => ErrorKind::Unavailable,
             PgError::Postgres { .. } => ErrorKind::Internal,
             PgError::Schema(_) => ErrorKind::Corrupt,
+            PgError::Tls(_) => ErrorKind::Invalid,
         }
     }
 

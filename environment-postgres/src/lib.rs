@@ -6,7 +6,8 @@
 //! implementation as `tokio-postgres`) with an `r2d2` pool: the ports are blocking, as the
 //! embedded stores are, so an async driver would only add a runtime to block on. `sqlx` was
 //! not taken: its macros and drivers cost far more to build on two cores, and its checked
-//! queries need a database at build time.
+//! queries need a database at build time. Connections over TCP use TLS through rustls, the
+//! server's certificate checked (see [`PgQueueConfig::ca_file`]).
 //!
 //! ```no_run
 //! use environment_core::Queue;
@@ -25,6 +26,7 @@
 mod error;
 pub mod migrate;
 mod queue;
+mod server;
 
 pub use error::{PgError, Result};
 pub use queue::{PgQueue, PgQueueConfig};

@@ -37,6 +37,7 @@ use rules::Settle;
 
 use crate::error::{PgContext, PgError, Result, session_ended};
 use crate::migrate::migrate;
+use crate::server::Server;
 use session::{Session, Sessions, Statements};
 use wake::Listener;
 
@@ -65,6 +66,10 @@ pub struct PgQueueConfig {
     /// How long [`PgQueue::claim_waiting`] sleeps at most between looks when nothing wakes it:
     /// a notification lost with a dropped connection is found this late.
     pub idle_recheck: Duration,
+    /// The CA certificates (PEM) a TLS server's certificate must chain to; `None`: the
+    /// system's roots. By default libpq's `PGSSLROOTCERT`, when set. See `sslmode` in the
+    /// connection string for when TLS is used.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for PgQueueConfig {
@@ -79,6 +84,7 @@ impl Default for PgQueueConfig {
             connect_timeout: Duration::from_secs(10),
             idle_recheck: Duration::from_secs(5),
             application_name: "environment-queue".into(),
+            ca_file: std::env::var_os("PGSSLROOTCERT").map(Into::into),
         }
     }
 }
@@ -128,7 +134,7 @@ pub struct PgQueue {
 struct Inner {
     pool: Pool,
     config: PgQueueConfig,
-    server: postgres::Config,
+    server: Server,
     listener: Listener,
     /// Where the purge sweep goes on from.
     purge_cursor: AtomicI64,
@@ -155,6 +161,7 @@ impl PgQueue {
     /// [`PgQueue::connect`] with a parsed configuration.
     pub fn open(mut server: postgres::Config, config: PgQueueConfig) -> Result<PgQueue> {
         server.application_name(&config.application_name);
+        let server = Server::new(server, config.ca_file.as_deref())?;
         let manager = Sessions {
             server: server.clone(),
         };

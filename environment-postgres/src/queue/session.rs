@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use postgres::types::ToSql;
-use postgres::{Client, GenericClient, NoTls, Row, Statement};
+use postgres::{Client, GenericClient, Row, Statement};
+
+use crate::server::Server;
 
 use super::Ctx;
 
@@ -17,7 +19,7 @@ pub(crate) struct Session {
 /// Opens [`Session`]s for the pool.
 #[derive(Debug)]
 pub(crate) struct Sessions {
-    pub server: postgres::Config,
+    pub server: Server,
 }
 
 impl r2d2::ManageConnection for Sessions {
@@ -26,7 +28,7 @@ impl r2d2::ManageConnection for Sessions {
 
     fn connect(&self) -> Result<Session, postgres::Error> {
         Ok(Session {
-            client: self.server.connect(NoTls)?,
+            client: self.server.connect()?,
             statements: HashMap::new(),
         })
     }

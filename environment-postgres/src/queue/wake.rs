@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use postgres::Client;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
+
+use crate::server::Server;
 
 use super::CHANNEL;
 use crate::error::{PgError, Result, describe};
@@ -68,7 +70,7 @@ impl Drop for Listener {
 impl Listener {
     /// Starts listening (once) and waits until the channel is listened to, so that a claim
     /// made after this returns misses no notification.
-    pub fn start(&self, server: &postgres::Config, name: &str, timeout: Duration) -> Result<()> {
+    pub fn start(&self, server: &Server, name: &str, timeout: Duration) -> Result<()> {
         let mut s = self.shared.lock();
         if !s.started {
             s.started = true;
@@ -132,7 +134,7 @@ impl Listener {
 
 /// The listening thread: connect, `LISTEN`, count notifications; on a break, report it and
 /// reconnect, once a second, until the queue is dropped.
-fn listen(shared: &Shared, server: &postgres::Config, name: &str) {
+fn listen(shared: &Shared, server: &Server, name: &str) {
     while !shared.stop.load(Ordering::Relaxed) {
         let Err(why) = session(shared, server, name) else {
             return;
@@ -146,14 +148,8 @@ fn listen(shared: &Shared, server: &postgres::Config, name: &str) {
 }
 
 /// One connection's life; returns `Ok` only when told to stop.
-fn session(
-    shared: &Shared,
-    server: &postgres::Config,
-    name: &str,
-) -> std::result::Result<(), String> {
-    let mut server = server.clone();
-    server.application_name(name);
-    let mut client: Client = server.connect(NoTls).map_err(|e| describe(&e))?;
+fn session(shared: &Shared, server: &Server, name: &str) -> std::result::Result<(), String> {
+    let mut client: Client = server.named(name).connect().map_err(|e| describe(&e))?;
     client
         .batch_execute(&format!("LISTEN {CHANNEL}"))
         .map_err(|e| describe(&e))?;
