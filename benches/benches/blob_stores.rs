@@ -1,7 +1,7 @@
 //! Blobs kept in a bucket shared by machines against the embedded blob store, side by side in
 //! one run: 256 new blobs of 16 KiB stored (one write window, sent 16 at a time), the same
 //! blobs stored again (found fresh, nothing sent), and read back by another machine through
-//! an empty cache. The bucket is the S3-compatible server named by `ENVIRONMENT_TEST_S3`
+//! an empty cache (16 at a time). The bucket is the S3-compatible server named by `ENVIRONMENT_TEST_S3`
 //! (with its `AWS_*` endpoint and credentials); without one the bucket rows are skipped with
 //! the reason (under `CI=true` that fails).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -71,7 +71,11 @@ fn blob_stores(c: &mut Criterion) {
     let Some(base) = environment_conformance::prerequisite::s3() else {
         return;
     };
-    let root = format!("{}/bench{:016x}", base.trim_end_matches('/'), rand::random::<u64>());
+    let root = format!(
+        "{}/bench{:016x}",
+        base.trim_end_matches('/'),
+        rand::random::<u64>()
+    );
     let caches = tempfile::tempdir().unwrap();
     let machine = |name: &str| {
         let options = BucketOptions::new(caches.path().join(name));
@@ -111,9 +115,7 @@ fn blob_stores(c: &mut Criterion) {
                 n += 1;
                 let reader = machine(&format!("reader{n}"));
                 let t = Instant::now();
-                for h in &hashes {
-                    rt.block_on(reader.get(h)).unwrap();
-                }
+                rt.block_on(reader.get_many(&hashes)).unwrap();
                 took += t.elapsed();
             }
             took

@@ -68,15 +68,20 @@ impl Bucket {
             hashes.push(self.cache.put_unsynced(bytes)?);
         }
         self.cache.sync()?;
-        let all = hashes.iter().copied().enumerate().collect();
-        let mut sent = self.send(blobs, all, Unless::Fresh(window)).await?;
-        // An upload may have landed while a collection that listed the old copy was deleting:
-        // once no collection runs, whatever is still missing is sent again (and waited out).
-        while !sent.is_empty() {
+        let all: Vec<(usize, Hash)> = hashes.iter().copied().enumerate().collect();
+        self.send(blobs, all.clone(), Unless::Fresh(window)).await?;
+        // A collection may have listed a blob's old copy before it was sent again (by this
+        // writer or another, whose fresh copy this one then reused) and delete it after: once
+        // no collection runs, every blob is looked at again, and whatever is missing is sent
+        // again and waited out in turn.
+        let mut check = all;
+        loop {
             self.wait_for_collections().await?;
-            sent = self.send(blobs, sent, Unless::There).await?;
+            check = self.send(blobs, check, Unless::There).await?;
+            if check.is_empty() {
+                return Ok(hashes);
+            }
         }
-        Ok(hashes)
     }
 
     /// Uploads each blob of `which` (by its place in `blobs`) unless the bucket has it as
@@ -168,11 +173,11 @@ impl Bucket {
     }
 
     /// The blob's bytes: from this machine's cache, or fetched, checked against the hash and
-    /// cached.
+    /// cached. A cached copy found damaged is fetched again.
     pub async fn get(&self, hash: &Hash) -> Result<Vec<u8>, BucketError> {
         match self.cache.get(hash) {
             Ok(bytes) => return Ok(bytes),
-            Err(BlobError::Missing(_)) => {}
+            Err(BlobError::Missing(_) | BlobError::Corrupt { .. }) => {}
             Err(e) => return Err(e.into()),
         }
         let key = self.key(hash);
@@ -188,7 +193,18 @@ impl Bucket {
                 actual,
             });
         }
-        self.cache.put(&fetched)?;
+        // A cache, not a record: no fsync per blob (a copy lost or torn in a crash is found
+        // damaged or missing when read, and fetched again).
+        self.cache.put_unsynced(&fetched)?;
         Ok(fetched.to_vec())
+    }
+
+    /// Several blobs' bytes, in order, fetched several at a time.
+    pub async fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, BucketError> {
+        futures_util::stream::iter(hashes)
+            .map(|h| self.get(h))
+            .buffered(IN_FLIGHT)
+            .try_collect()
+            .await
     }
 }

@@ -45,11 +45,20 @@ pub use sweep::SweepReport;
 pub use window::WriteWindow;
 
 /// The blobs of one environment in a bucket, with this machine's cache of them.
-#[derive(Debug)]
 pub struct Bucket {
     store: Arc<dyn ObjectStore>,
     /// Where the environment's objects live in the bucket.
     root: Path,
     cache: BlobStore,
     grace: Duration,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket")
+            .field("store", &self.store.to_string())
+            .field("root", &self.root)
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
 }

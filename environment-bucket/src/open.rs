@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use environment_core::BlobStore;
 use futures_util::StreamExt;
-use object_store::ObjectStore;
 use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::Bucket;
 use crate::error::BucketError;
@@ -44,7 +44,7 @@ impl Bucket {
     ///   for MinIO, R2 or another S3-compatible server, `AWS_ALLOW_HTTP=true` for a plain-HTTP
     ///   one), never from the address, so no secret is on a command line;
     /// - `file:///DIR`: a directory (one machine, or a shared filesystem);
-    /// - `memory:///`: this process only (tests, examples).
+    /// - `memory:///`: this `Bucket` only, gone with it (tests, examples).
     pub async fn open(url: &str, options: BucketOptions) -> Result<Bucket, BucketError> {
         let bad = |reason: &str| BucketError::Config {
             url: url.to_owned(),
@@ -83,26 +83,63 @@ impl Bucket {
             }
         };
         let root = Path::parse(root.trim_matches('/')).map_err(|e| bad(&e.to_string()))?;
-        let bucket = Bucket::with_store(store, root, options)?;
-        // An unreachable server or refused credentials show now, not at the first write.
-        let markers = bucket.markers_dir();
-        if let Some(Err(e)) = bucket.store.list(Some(&markers)).next().await {
-            return Err(bad(&format!("the bucket does not answer: {e}")));
-        }
-        Ok(bucket)
+        Bucket::with_store(store, root, options)
+            .await
+            .map_err(|e| match e {
+                BucketError::Config { reason, .. } => bad(&reason),
+                other => other,
+            })
     }
 
-    /// The blobs under `root` in an object store built by the caller.
-    pub fn with_store(
+    /// The blobs under `root` in an object store built by the caller. The bucket must answer,
+    /// and its grace period be this one: the first machine to open it records it (in
+    /// `ROOT/settings`), and a machine that would collect or reuse blobs on another is refused.
+    pub async fn with_store(
         store: Arc<dyn ObjectStore>,
         root: Path,
         options: BucketOptions,
     ) -> Result<Bucket, BucketError> {
+        let bad = |reason: String| BucketError::Config {
+            url: store.to_string(),
+            reason,
+        };
         if options.grace.is_zero() {
-            return Err(BucketError::Config {
-                url: store.to_string(),
-                reason: "the grace period must be longer than zero".to_owned(),
-            });
+            return Err(bad("the grace period must be longer than zero".to_owned()));
+        }
+        let settings = root.clone().join("settings");
+        let ours = format!("grace_ms={}\n", options.grace.as_millis());
+        // An unreachable server, refused credentials or a missing bucket show now, not at the
+        // first write.
+        let markers = root.clone().join("gc");
+        if let Some(Err(e)) = store.list(Some(&markers)).next().await {
+            return Err(bad(format!("the bucket does not answer: {e}")));
+        }
+        let theirs = match store.get(&settings).await {
+            Ok(found) => Some(
+                found
+                    .bytes()
+                    .await
+                    .map_err(|e| bad(format!("the bucket does not answer: {e}")))?,
+            ),
+            Err(object_store::Error::NotFound { .. }) => None,
+            Err(e) => return Err(bad(format!("the bucket does not answer: {e}"))),
+        };
+        match theirs {
+            Some(theirs) if theirs.as_ref() != ours.as_bytes() => {
+                return Err(bad(format!(
+                    "the bucket's settings say {:?}, this machine's {:?}: every machine sharing \
+                     it must use the same grace period",
+                    String::from_utf8_lossy(&theirs).trim(),
+                    ours.trim()
+                )));
+            }
+            Some(_) => {}
+            None => {
+                store
+                    .put(&settings, PutPayload::from(ours.into_bytes()))
+                    .await
+                    .map_err(BucketError::store("put", &settings))?;
+            }
         }
         Ok(Bucket {
             store,

@@ -3,26 +3,31 @@
 //! A collection puts a marker object of its own under `ROOT/gc/`, takes the time the bucket
 //! stamped on it as its start, and only then reads what is live. It removes a blob only if
 //! nothing live refers to it and the bucket last wrote it more than the grace period before
-//! that start. While it deletes it re-stamps its marker every beat, and it deletes nothing
-//! once two beats have passed without a stamp or half the grace period is gone. Then it
-//! removes its marker. A marker not stamped for three beats (and the bucket's second) is a
-//! collection that died: writers stop waiting for it, and the next collection removes it.
+//! that start. For as long as it runs it re-stamps its marker every beat; it deletes nothing
+//! once two beats have passed since the last stamp that landed or half the grace period is
+//! gone, and gives up on a delete that takes more than a beat. Then it removes its marker. A
+//! marker not stamped for five beats (and the bucket's second) is a collection that died:
+//! writers stop waiting for it, and the next collection removes it. So the clocks of the
+//! machines and the bucket must agree within two beats (20 s by default).
 //!
 //! Why no blob an operation commits on is lost: a writer reuses a blob as it is only if the
 //! bucket wrote it within the last quarter of the grace period, otherwise it uploads it again,
 //! and it commits within a quarter of the grace period of opening its window. So an operation
 //! that commits after a collection read the live set found its blobs young enough to be
-//! spared, or uploaded them. The one race left, an upload landing while a collection that
-//! listed the old copy deletes it, ends with the writer: after uploading it waits until no
-//! marker is live and uploads again whatever is gone. Markers are separate objects, so neither
+//! spared, or uploaded them. The one race left, a collection that listed a blob's old copy
+//! deleting it after it was sent again (by this writer, or by another whose fresh copy this
+//! one reused), ends with the writer: once no marker is live it looks at every blob of the
+//! window again and sends again whatever is gone. Markers are separate objects, so neither
 //! side needs a conditional write, and concurrent collections are harmless.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use environment_core::Hash;
 use futures_util::StreamExt;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::Bucket;
 use crate::blobs::{ms, now_ms};
@@ -55,11 +60,12 @@ impl Bucket {
         (self.grace / 8).min(MAX_BEAT)
     }
 
-    /// How long after its last stamp a marker stands for a collection that may still delete
-    /// (three beats; a beat more than a collection allows itself, plus the bucket's second,
-    /// absorbs clock skew between machines).
+    /// How long after its last stamp a marker stands for a collection that may still delete.
+    /// A collection deletes only within two beats of its last stamp, each delete within a beat:
+    /// five beats and the bucket's second leave two beats for clock skew between a writer and
+    /// the bucket (20 s with the default grace period).
     pub(crate) fn marker_life(&self) -> Duration {
-        3 * self.beat() + TIMESTAMP_SLACK
+        5 * self.beat() + TIMESTAMP_SLACK
     }
 
     /// Removes the blobs nothing refers to and that are older than the grace period.
@@ -74,11 +80,22 @@ impl Bucket {
         let marker = self
             .markers_dir()
             .join(format!("{:032x}", rand::random::<u128>()));
+        let first = Instant::now();
         self.store
             .put(&marker, PutPayload::default())
             .await
             .map_err(BucketError::store("put", &marker))?;
-        let result = self.sweep_announced(&marker, live).await;
+        // The marker is stamped every beat for as long as the collection runs (reading the
+        // live set and listing included); deletes stop when the stamps do.
+        let stamped = Arc::new(Mutex::new(first));
+        let heart = Stops(tokio::spawn(heartbeat(
+            Arc::clone(&self.store),
+            marker.clone(),
+            Arc::clone(&stamped),
+            self.beat(),
+        )));
+        let result = self.sweep_announced(&marker, &stamped, live).await;
+        drop(heart);
         let removed = self.store.delete(&marker).await;
         let report = result?;
         removed.map_err(BucketError::store("delete", &marker))?;
@@ -88,6 +105,7 @@ impl Bucket {
     async fn sweep_announced<F, Fut, E>(
         &self,
         marker: &object_store::path::Path,
+        stamped: &Mutex<Instant>,
         live: F,
     ) -> Result<SweepReport, BucketError>
     where
@@ -97,7 +115,6 @@ impl Bucket {
     {
         let started = Instant::now();
         let limit = self.grace / 2;
-        let mut stamped = started;
         // The bucket's clock, not this machine's, dates the start: blobs' ages are the bucket's.
         let start = self
             .store
@@ -132,23 +149,24 @@ impl Bucket {
             }
         }
         for meta in doomed {
-            if stamped.elapsed() >= self.beat() {
-                let at = Instant::now();
-                self.store
-                    .put(marker, PutPayload::default())
-                    .await
-                    .map_err(BucketError::store("put", marker))?;
-                stamped = at;
-            }
             let ran = started.elapsed();
-            if ran > limit || stamped.elapsed() > 2 * self.beat() {
+            let since_stamp = stamped.lock().map(|t| t.elapsed()).unwrap_or(Duration::MAX);
+            if ran > limit || since_stamp > 2 * self.beat() {
                 return Err(BucketError::SweepTooSlow { ran, limit });
             }
-            match self.store.delete(&meta.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(BucketError::store("delete", &meta.location)(e)),
+            let delete = self.store.delete(&meta.location);
+            match tokio::time::timeout(self.beat(), delete).await {
+                Ok(Ok(())) => report.removed += 1,
+                // Another collection removed it first.
+                Ok(Err(object_store::Error::NotFound { .. })) => continue,
+                Ok(Err(e)) => return Err(BucketError::store("delete", &meta.location)(e)),
+                Err(_) => {
+                    return Err(BucketError::SweepTooSlow {
+                        ran: started.elapsed(),
+                        limit,
+                    });
+                }
             }
-            report.removed += 1;
             report.bytes_removed += meta.size;
         }
         report.dead_markers = self.remove_dead_markers(marker).await?;
@@ -178,5 +196,33 @@ impl Bucket {
             }
         }
         Ok(dead.len() as u64)
+    }
+}
+
+/// Re-stamps `marker` every `beat`, noting when each stamp that landed was sent.
+async fn heartbeat(
+    store: Arc<dyn ObjectStore>,
+    marker: Path,
+    stamped: Arc<Mutex<Instant>>,
+    beat: Duration,
+) {
+    loop {
+        tokio::time::sleep(beat).await;
+        let sent = Instant::now();
+        if store.put(&marker, PutPayload::default()).await.is_ok()
+            && let Ok(mut at) = stamped.lock()
+        {
+            *at = sent;
+        }
+    }
+}
+
+/// The heartbeat's task, stopped when the collection ends however it ends (a collection
+/// dropped mid-way included: its marker then goes stale).
+struct Stops(tokio::task::JoinHandle<()>);
+
+impl Drop for Stops {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

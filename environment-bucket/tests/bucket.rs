@@ -137,6 +137,14 @@ async fn a_bad_address_is_refused_with_a_typed_error() {
             .unwrap_err();
         assert!(matches!(err, BucketError::Config { .. }), "{url}: {err}");
     }
+    if let Some(root) = root() {
+        // Machines that disagree on the grace period would collect what the others reuse.
+        let _first = machine(&root, GRACE).await;
+        let mut other = BucketOptions::new(cache.path());
+        other.grace = GRACE * 2;
+        let err = Bucket::open(&root, other).await.unwrap_err();
+        assert!(matches!(err, BucketError::Config { .. }), "{err}");
+    }
     let mut zero = BucketOptions::new(cache.path());
     zero.grace = Duration::ZERO;
     assert!(matches!(
