@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use environment_core::Queue;
+use environment_core::{ErrorKind, Queue};
 use environment_postgres::{PgQueue, PgQueueConfig};
 use serde::{Deserialize, Serialize};
 
@@ -97,12 +97,14 @@ impl Stores {
                 ..PgQueueConfig::default()
             },
         )
-        .map_err(|e| {
-            Failure::new(
+        .map_err(|e| match e.kind() {
+            ErrorKind::Invalid => Failure::usage(format!("the shared queue: {e}"))
+                .hint("name a readable PEM file of CA certificates in PGSSLROOTCERT"),
+            _ => Failure::new(
                 ExitCode::Unavailable,
                 format!("the shared queue is not reachable: {e}"),
             )
-            .hint("check the server and the connection string in the home's stores.toml")
+            .hint("check the server, its certificate and the connection string in the home's stores.toml"),
         })?;
         Ok(Some(Arc::new(queue)))
     }

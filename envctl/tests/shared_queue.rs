@@ -103,5 +103,20 @@ fn a_shared_queue_named_badly_is_refused_and_nothing_is_made() {
             "{conn}: nothing is made"
         );
     }
+    // A CA file that cannot be read: refused as bad input before any connection.
+    let dir = tmp.path().join("work");
+    let out = common::envctl_cmd(
+        &dir,
+        &[
+            "init",
+            "--shared-queue",
+            "host=127.0.0.1 port=1 user=env dbname=env",
+        ],
+    )
+    .env("PGSSLROOTCERT", tmp.path().join("no-such-ca.pem"))
+    .output()
+    .unwrap();
+    assert_eq!(code(&out), 2, "{}", common::stderr(&out));
+    assert!(!dir.join(".environment").exists());
     common::also_unprivileged("a_shared_queue_named_badly_is_refused_and_nothing_is_made");
 }

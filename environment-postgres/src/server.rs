@@ -1,18 +1,19 @@
 //! Where the server is and how a connection reaches it: the parsed connection string, and TLS.
 //!
-//! A connection over TCP is encrypted whenever the server offers TLS (`sslmode=prefer`, the
-//! default) and must be with `sslmode=require`; the server's certificate is checked, name and
-//! chain, against the CA certificates in [`PgQueueConfig::ca_file`](crate::PgQueueConfig)
-//! (libpq's `PGSSLROOTCERT` by default) or else the system's roots. A server that offers TLS
-//! with a certificate nothing vouches for is refused rather than spoken to in clear, so a
-//! machine in the middle cannot pose as the database. `sslmode=disable` speaks in clear, for
-//! a Unix socket (never encrypted) or a trusted network. Passwords come from the connection
+//! A connection over TCP is encrypted: `sslmode=prefer` (the default) is taken as `require`,
+//! since a machine in the middle could otherwise just decline TLS and be spoken to in clear.
+//! The server's certificate is checked, name and chain, against the CA certificates in
+//! [`PgQueueConfig::ca_file`](crate::PgQueueConfig) (libpq's `PGSSLROOTCERT` by default;
+//! `system` names the system's roots, as in libpq) or else the system's roots, so a server
+//! nothing trusted vouches for is refused. Only an explicit `sslmode=disable` speaks in clear,
+//! for a trusted network; a Unix socket is never encrypted. Passwords come from the connection
 //! string as given; the stores never log or return them.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use postgres::Client;
+use postgres::config::SslMode;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -38,8 +39,15 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// The server `config` names, its certificate checked against `ca_file`'s certificates or
     /// the system's roots.
-    pub fn new(config: postgres::Config, ca_file: Option<&Path>) -> Result<Server> {
-        let roots = roots(ca_file)?;
+    pub fn new(mut config: postgres::Config, ca_file: Option<&Path>) -> Result<Server> {
+        let tcp = config
+            .get_hosts()
+            .iter()
+            .any(|h| matches!(h, postgres::config::Host::Tcp(_)));
+        if tcp && config.get_ssl_mode() == SslMode::Prefer {
+            config.ssl_mode(SslMode::Require);
+        }
+        let roots = roots(ca_file.filter(|p| *p != Path::new("system")))?;
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -85,9 +93,18 @@ fn roots(ca_file: Option<&Path>) -> Result<rustls::RootCertStore> {
             }
         }
         None => {
-            // Certificates the system has that rustls cannot use are skipped, as browsers do.
+            // Certificates the system has that rustls cannot use are skipped, as browsers do;
+            // a system with none it can use is said so, not left to fail every handshake.
             let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
+            let (added, _) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                let why: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
+                return Err(PgError::Tls(format!(
+                    "this system has no CA certificate to check servers with ({}): name a CA \
+                     file (PGSSLROOTCERT)",
+                    why.join("; ")
+                )));
+            }
         }
     }
     Ok(roots)

@@ -1,6 +1,7 @@
 //! The queue over TLS to a server on another machine (here a loopback port): the connection is
 //! encrypted and the server's certificate checked, so a server nothing trusted vouches for is
-//! refused and nothing is written; a CA file that holds no certificate is refused at once.
+//! refused and nothing is written; a machine in the middle that declines TLS is never spoken
+//! to in clear; a CA file that holds no certificate is refused at once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -63,14 +64,16 @@ fn a_queue_over_tls_checks_the_server_and_is_encrypted() {
 
 #[test]
 fn a_server_no_trusted_ca_vouches_for_is_refused_and_nothing_is_written() {
-    let Some((tls, _, local)) = fresh_tls("tls_refused") else {
+    let Some((tls, ca, local)) = fresh_tls("tls_refused") else {
         return;
     };
-    // The system's roots do not know the test CA: the server is not who it says. Even with
-    // TLS only preferred (the default), it is refused rather than spoken to in clear.
+    // Trusting another CA (one with the same name as the server's): the server is not who it
+    // says. Even with TLS only preferred (the default), it is refused rather than spoken to in
+    // clear.
     let mut tls = tls;
     tls.ssl_mode(postgres::config::SslMode::Prefer);
-    let err = PgQueue::open(tls, config("tls-refused", None)).unwrap_err();
+    let impostor = ca.with_file_name("other-ca.crt");
+    let err = PgQueue::open(tls, config("tls-refused", Some(impostor))).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     let mut admin = local.connect(postgres::NoTls).unwrap();
     let tables: i64 = admin
@@ -96,4 +99,39 @@ fn a_ca_file_without_a_certificate_is_refused_at_once() {
         assert!(matches!(err, PgError::Tls(_)), "{err}");
         assert_eq!(err.kind(), ErrorKind::Invalid);
     }
+}
+
+/// A machine in the middle that answers the client's TLS request with "no": under the default
+/// `sslmode` the client must give up, never send its startup message (user, database) in
+/// clear.
+#[test]
+fn a_server_that_declines_tls_is_never_spoken_to_in_clear() {
+    use std::io::{Read, Write};
+    let Some((_, ca)) = environment_conformance::prerequisite::postgres_tls() else {
+        return;
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let middle = std::thread::spawn(move || {
+        let mut heard = Vec::new();
+        if let Ok((mut conn, _)) = listener.accept() {
+            let mut request = [0u8; 8];
+            conn.read_exact(&mut request).unwrap();
+            assert_eq!(request, [0, 0, 0, 8, 4, 210, 22, 47], "an SSLRequest first");
+            conn.write_all(b"N").unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let _ = conn.read_to_end(&mut heard);
+        }
+        heard
+    });
+    let server: postgres::Config = format!("host=127.0.0.1 port={port} user=envtest dbname=secret")
+        .parse()
+        .unwrap();
+    let err = PgQueue::open(server, config("tls-declined", Some(ca))).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let heard = middle.join().unwrap();
+    assert!(
+        heard.is_empty(),
+        "spoke in clear after TLS was declined: {heard:?}"
+    );
 }

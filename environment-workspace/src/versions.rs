@@ -988,11 +988,12 @@ pub(super) fn verify(g: &Session<'_>, p: VerifyParams) -> Result<Verified, Servi
 
 pub(super) fn gc(g: &Session<'_>, _: GcParams) -> Result<Collected, ServiceError> {
     g.allow_rechecked(Action::Delete, Resource::Environment, Some("gc"))?;
-    let r = g.env().gc(g.actor()).map_err(ServiceError::from)?;
+    // The queue first: a purge that fails then leaves the report of nothing removed true.
     let queue = match g.shared().bus.as_deref() {
         Some(q) => Some(q.purge()?),
         None => None,
     };
+    let r = g.env().gc(g.actor()).map_err(ServiceError::from)?;
     Ok(Collected {
         kept: r.kept,
         removed: r.removed,

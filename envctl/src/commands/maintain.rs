@@ -52,8 +52,8 @@ pub fn gc(door: &Door, json: bool) -> Outcome<()> {
         );
         match r.queue {
             Some(q) => println!(
-                "; purged {} acked message(s) and {} dedup id(s) from the queue.",
-                q.messages, q.dedup_ids
+                "; purged {} acked deliveries, {} message(s) and {} dedup id(s) from the queue.",
+                q.deliveries, q.messages, q.dedup_ids
             ),
             None => println!("."),
         }
