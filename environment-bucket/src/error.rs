@@ -65,6 +65,15 @@ pub enum BucketError {
         /// How long it may run.
         limit: Duration,
     },
+    /// A collection did its work (the report says what it removed) but could not remove its
+    /// marker, or those of collections that died: a marker left goes stale within five beats.
+    #[error("the collection removed {} blob(s) but could not tidy its markers: {source}", report.removed)]
+    Untidy {
+        /// What the collection did.
+        report: crate::SweepReport,
+        /// Why the markers stayed.
+        source: Box<BucketError>,
+    },
     /// Another machine's collection kept running while a writer waited for it to end.
     #[error("a collection on another machine is still running after {waited:?}")]
     SweepInProgress {

@@ -96,10 +96,27 @@ impl Bucket {
         )));
         let result = self.sweep_announced(&marker, &stamped, live).await;
         drop(heart);
-        let removed = self.store.delete(&marker).await;
-        let report = result?;
-        removed.map_err(BucketError::store("delete", &marker))?;
-        Ok(report)
+        let own = self
+            .store
+            .delete(&marker)
+            .await
+            .map_err(BucketError::store("delete", &marker));
+        let mut report = result?;
+        // What was removed stays said when the tidying after it fails.
+        let tidied = match own {
+            Ok(()) => self.remove_dead_markers(&marker).await,
+            Err(e) => Err(e),
+        };
+        match tidied {
+            Ok(dead) => {
+                report.dead_markers = dead;
+                Ok(report)
+            }
+            Err(e) => Err(BucketError::Untidy {
+                report,
+                source: Box::new(e),
+            }),
+        }
     }
 
     async fn sweep_announced<F, Fut, E>(
@@ -169,7 +186,6 @@ impl Bucket {
             }
             report.bytes_removed += meta.size;
         }
-        report.dead_markers = self.remove_dead_markers(marker).await?;
         Ok(report)
     }
 
