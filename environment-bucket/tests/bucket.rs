@@ -312,3 +312,108 @@ async fn collections_racing_writers_lose_nothing_committed() {
         "the race is real only if collections removed blobs"
     );
 }
+
+/// A bucket in memory that refuses to delete markers: a collection's tidying fails after its
+/// work.
+#[derive(Debug)]
+struct RefusesMarkerDeletes(Arc<object_store::memory::InMemory>);
+
+impl std::fmt::Display for RefusesMarkerDeletes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RefusesMarkerDeletes")
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for RefusesMarkerDeletes {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.0.put_opts(location, payload, opts).await
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.0.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.0.get_opts(location, options).await
+    }
+    fn delete_stream(
+        &self,
+        locations: futures_util::stream::BoxStream<'static, object_store::Result<Path>>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<Path>> {
+        use futures_util::StreamExt;
+        let inner = Arc::clone(&self.0);
+        locations
+            .then(move |p| {
+                let inner = Arc::clone(&inner);
+                async move {
+                    let p = p?;
+                    if p.as_ref().contains("/gc/") {
+                        return Err(object_store::Error::Generic {
+                            store: "test",
+                            source: "marker deletes refused".into(),
+                        });
+                    }
+                    inner.delete(&p).await.map(|()| p)
+                }
+            })
+            .boxed()
+    }
+    fn list(
+        &self,
+        prefix: Option<&Path>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+    {
+        self.0.list(prefix)
+    }
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.0.list_with_delimiter(prefix).await
+    }
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.0.copy_opts(from, to, options).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collection_that_cannot_tidy_still_says_what_it_removed() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut options = BucketOptions::new(cache.path());
+    options.grace = GRACE;
+    let store = Arc::new(RefusesMarkerDeletes(Arc::new(
+        object_store::memory::InMemory::new(),
+    )));
+    let bucket = Bucket::with_store(store, Path::from("env"), options)
+        .await
+        .unwrap();
+    let w = bucket.window();
+    let dead = bucket.put(&w, b"nothing refers to this").await.unwrap();
+    tokio::time::sleep(AGED).await;
+    let err = bucket
+        .sweep(|| async { Ok::<_, BucketError>(HashSet::new()) })
+        .await
+        .unwrap_err();
+    let BucketError::Untidy { report, .. } = err else {
+        panic!("{err}");
+    };
+    assert_eq!(report.removed, 1);
+    assert!(!bucket.contains(&dead).await.unwrap());
+}
