@@ -9,9 +9,10 @@
 //!
 //! Collecting unreferenced blobs is safe while other machines write (see `sweep`): a
 //! collection spares every blob younger than a grace period and announces itself with a
-//! marker object while it deletes; a writer commits within a quarter of the grace period of
-//! storing its blobs (its [`WriteWindow`]), refreshes an old blob it reuses, and after
-//! uploading waits out any running collection and checks that its uploads are still there.
+//! marker object, stamped every beat while it runs; a writer commits within a quarter of the
+//! grace period of storing its blobs (its [`WriteWindow`]), sends again an old blob it would
+//! reuse, and then waits out any running collection and checks that every blob of its window
+//! is still there.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), environment_bucket::BucketError> {

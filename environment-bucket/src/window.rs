@@ -8,7 +8,9 @@ use crate::error::BucketError;
 /// before the commit says whether the blobs are still safe from collection. A collection
 /// spares blobs younger than its grace period, and a blob is stored or found fresh only after
 /// the window opens, so a commit within a quarter of the grace period refers to blobs no
-/// collection can have removed (the other quarters absorb clock skew between machines).
+/// collection can have removed: the rest of the grace period absorbs clock skew when a blob's
+/// age is judged (up to half of it), and the look after storing covers collections already
+/// deleting (their markers need clocks within two beats, see the crate's `sweep`).
 #[derive(Debug)]
 pub struct WriteWindow {
     opened: Instant,
