@@ -139,7 +139,9 @@ impl Bucket {
     /// deletes, so one that died stops counting within a few beats.
     async fn wait_for_collections(&self) -> Result<(), BucketError> {
         let started = Instant::now();
-        let bound = self.grace / 2 + self.marker_life();
+        // A collection runs at most half the grace period, and a dead one's marker goes stale
+        // within its life; twice that life leaves room for a slow look at the markers.
+        let bound = self.grace / 2 + 2 * self.marker_life();
         loop {
             if self.running_collections().await? == 0 {
                 return Ok(());
