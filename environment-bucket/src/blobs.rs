@@ -136,7 +136,7 @@ impl Bucket {
     }
 
     /// Returns once no collection is running. A collection re-stamps its marker while it
-    /// deletes, so one that died stops counting within a few beats.
+    /// runs, so one that died stops counting within five beats.
     async fn wait_for_collections(&self) -> Result<(), BucketError> {
         let started = Instant::now();
         // A collection runs at most half the grace period, and a dead one's marker goes stale
