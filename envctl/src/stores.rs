@@ -66,19 +66,8 @@ impl Stores {
 
     /// Writes the file (readable by its owner only: it names where the data is).
     pub fn write(&self, home: &Path) -> Outcome<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = home.join(STORES_FILE);
         let text = toml::to_string(self).map_err(|e| Failure::other(e.to_string()))?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| Failure::io("create", &path, e))?;
-        f.write_all(text.as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(|e| Failure::io("write", &path, e))
+        crate::workspace::write_private(&home.join(STORES_FILE), text.as_bytes())
     }
 
     /// Opens the shared queue, if there is one.

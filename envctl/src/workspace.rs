@@ -130,6 +130,20 @@ impl Workspace {
     /// Opens the queue: the shared one the home's `stores.toml` names, else the embedded one
     /// (created when missing if `create`, else only if it exists).
     pub fn open_queue(&self, create: bool) -> Outcome<Option<Arc<dyn Queue>>> {
+        self.queue(create, BusConfig::default())
+    }
+
+    /// Opens the queue to watch it beside the process that keeps it (a supervisor): only if
+    /// it exists, and without purging an embedded one (its keeper does).
+    pub fn watch_queue(&self) -> Outcome<Option<Arc<dyn Queue>>> {
+        let config = BusConfig {
+            auto_purge: None,
+            ..BusConfig::default()
+        };
+        self.queue(false, config)
+    }
+
+    fn queue(&self, create: bool, embedded: BusConfig) -> Outcome<Option<Arc<dyn Queue>>> {
         if let Some(shared) = Stores::read(&self.home)?.open_queue()? {
             return Ok(Some(shared));
         }
@@ -137,25 +151,24 @@ impl Workspace {
         if !create && !path.exists() {
             return Ok(None);
         }
-        Ok(Some(Arc::new(Bus::open(path, BusConfig::default())?)))
+        Ok(Some(Arc::new(Bus::open(path, embedded)?)))
     }
+}
 
-    /// Opens the queue to watch it beside the process that keeps it (a supervisor): only if
-    /// it exists, and without purging an embedded one (its keeper does).
-    pub fn watch_queue(&self) -> Outcome<Option<Arc<dyn Queue>>> {
-        if let Some(shared) = Stores::read(&self.home)?.open_queue()? {
-            return Ok(Some(shared));
-        }
-        let path = self.home.join(BUS_FILE);
-        if !path.exists() {
-            return Ok(None);
-        }
-        let config = BusConfig {
-            auto_purge: None,
-            ..BusConfig::default()
-        };
-        Ok(Some(Arc::new(Bus::open(path, config)?)))
-    }
+/// Writes a new file of the home that only its owner may read (it names a secret or where the
+/// data is), synced before it is used; fails if the file exists.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Outcome<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Failure::io("create", path, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| Failure::io("write", path, e))
 }
 
 /// The managed rootfs's noise rules: the defaults, and the mount points the sandbox makes in

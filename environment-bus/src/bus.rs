@@ -17,7 +17,7 @@ use crate::inbox::Inbox;
 use crate::ops::{self, Claimed, Ctx, Settle};
 use crate::pending::{self, Pending};
 use crate::rules;
-use crate::schema::{self, ACKED, DEAD, LEASED, READY, WAITING};
+use crate::schema;
 use crate::types::{
     DeadLetter, GroupOptions, Lease, LeaseHolder, MessageId, NewMessage, PublishOptions, Published,
     PurgeReport, Receipt, TopicMetrics,
@@ -38,6 +38,32 @@ pub enum DeliveryStatus {
     Acked,
     /// A dead letter.
     Dead,
+}
+
+impl DeliveryStatus {
+    /// The state as both stores number it in their tables.
+    pub const fn code(self) -> i16 {
+        match self {
+            DeliveryStatus::Ready => 0,
+            DeliveryStatus::Leased => 1,
+            DeliveryStatus::Waiting => 2,
+            DeliveryStatus::Acked => 3,
+            DeliveryStatus::Dead => 4,
+        }
+    }
+
+    /// The state a stored number stands for (`None`: no state has it, the table is damaged).
+    pub fn from_code(code: i64) -> Option<DeliveryStatus> {
+        [
+            DeliveryStatus::Ready,
+            DeliveryStatus::Leased,
+            DeliveryStatus::Waiting,
+            DeliveryStatus::Acked,
+            DeliveryStatus::Dead,
+        ]
+        .into_iter()
+        .find(|s| i64::from(s.code()) == code)
+    }
 }
 
 struct Inner {
@@ -529,7 +555,7 @@ impl Bus {
     /// [`BusError::UnknownReceipt`]; one whose lease was settled, or lapsed and was claimed
     /// again, is [`BusError::StaleReceipt`].
     pub fn lease_holder(&self, receipt: &Receipt) -> Result<LeaseHolder> {
-        let (delivery, token) = (receipt.delivery, receipt.token);
+        let delivery = receipt.delivery;
         let row: Option<(String, i64, Option<i64>, Option<String>)> = self.read(|c| {
             c.prepare_cached(
                 "SELECT g.name, d.state, d.token, d.consumer FROM bus_deliveries d \
@@ -543,18 +569,11 @@ impl Bus {
             })
             .ctx("reading a lease's holder")
         })?;
-        match row {
-            None => Err(BusError::UnknownReceipt {
-                receipt: receipt.to_string(),
-            }),
-            Some((group, state, held, consumer)) if state == LEASED && held == Some(token) => {
-                Ok(LeaseHolder {
-                    group,
-                    consumer: consumer.unwrap_or_default(),
-                })
-            }
-            Some(_) => Err(BusError::StaleReceipt { receipt: *receipt }),
-        }
+        let (group, _, _, consumer) = rules::leased(receipt, row, |r| (r.1, r.2))?;
+        Ok(LeaseHolder {
+            group,
+            consumer: consumer.unwrap_or_default(),
+        })
     }
 
     /// The leases in flight now, of `group` or of every group, in delivery order after the
@@ -600,15 +619,10 @@ impl Bus {
     pub fn status(&self, group: &str, message: MessageId) -> Result<Option<DeliveryStatus>> {
         let state = self.read(|c| ops::delivery_state(c, group, message))?;
         state
-            .map(|s| match s {
-                READY => Ok(DeliveryStatus::Ready),
-                WAITING => Ok(DeliveryStatus::Waiting),
-                LEASED => Ok(DeliveryStatus::Leased),
-                ACKED => Ok(DeliveryStatus::Acked),
-                DEAD => Ok(DeliveryStatus::Dead),
-                other => Err(BusError::Corrupt {
-                    detail: format!("delivery state {other}"),
-                }),
+            .map(|s| {
+                DeliveryStatus::from_code(s).ok_or_else(|| BusError::Corrupt {
+                    detail: format!("delivery state {s}"),
+                })
             })
             .transpose()
     }
@@ -734,5 +748,25 @@ impl Bus {
             .and_then(|mut s| s.execute([]))
             .ctx("ending a savepoint")?;
         r
+    }
+}
+
+#[cfg(test)]
+mod status_codes {
+    use super::DeliveryStatus;
+
+    #[test]
+    fn every_state_reads_back_from_its_number_and_no_other_number_reads() {
+        for s in [
+            DeliveryStatus::Ready,
+            DeliveryStatus::Leased,
+            DeliveryStatus::Waiting,
+            DeliveryStatus::Acked,
+            DeliveryStatus::Dead,
+        ] {
+            assert_eq!(DeliveryStatus::from_code(i64::from(s.code())), Some(s));
+        }
+        assert_eq!(DeliveryStatus::from_code(5), None);
+        assert_eq!(DeliveryStatus::from_code(-1), None);
     }
 }

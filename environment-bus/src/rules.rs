@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use crate::bus::DeliveryStatus;
 use crate::error::{BusError, Result};
-use crate::types::{Limits, NewMessage};
+use crate::types::{Limits, NewMessage, Receipt};
 
 const NAME_RULE: &str = "1..=200 characters from [A-Za-z0-9._:/-]";
 
@@ -196,4 +197,24 @@ pub fn check_group<'a>(
         check_name("topic", t)?;
     }
     Ok(())
+}
+
+/// A receipt against the delivery it names, as a store found it (`None`: no such delivery;
+/// `lease` reads its state and lease token): it settles or extends only a delivery leased now
+/// under its token. Returns what was found.
+pub fn leased<T>(
+    receipt: &Receipt,
+    found: Option<T>,
+    lease: impl FnOnce(&T) -> (i64, Option<i64>),
+) -> Result<T> {
+    let Some(row) = found else {
+        return Err(BusError::UnknownReceipt {
+            receipt: receipt.to_string(),
+        });
+    };
+    let (state, token) = lease(&row);
+    if state != i64::from(DeliveryStatus::Leased.code()) || token != Some(receipt.token()) {
+        return Err(BusError::StaleReceipt { receipt: *receipt });
+    }
+    Ok(row)
 }

@@ -5,15 +5,16 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+use crate::bus::DeliveryStatus;
 use crate::error::{BusError, Result, SqlContext};
 
-/// Delivery states, stored as small integers.
-pub(crate) const READY: i64 = 0;
-pub(crate) const LEASED: i64 = 1;
+/// Delivery states, stored as small integers (numbered by [`DeliveryStatus::code`]).
+pub(crate) const READY: i64 = DeliveryStatus::Ready.code() as i64;
+pub(crate) const LEASED: i64 = DeliveryStatus::Leased.code() as i64;
 /// Behind an earlier live message with the same ordering key.
-pub(crate) const WAITING: i64 = 2;
-pub(crate) const ACKED: i64 = 3;
-pub(crate) const DEAD: i64 = 4;
+pub(crate) const WAITING: i64 = DeliveryStatus::Waiting.code() as i64;
+pub(crate) const ACKED: i64 = DeliveryStatus::Acked.code() as i64;
+pub(crate) const DEAD: i64 = DeliveryStatus::Dead.code() as i64;
 
 pub(crate) const CAUSE_MAX_ATTEMPTS: i64 = 1;
 pub(crate) const CAUSE_TERMINATED: i64 = 2;

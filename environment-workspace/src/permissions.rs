@@ -304,8 +304,9 @@ pub struct WhatMayParams {
     /// Whose rights (default: the caller's own; anyone else's is a `policy.inspect` read).
     #[serde(default)]
     pub actor: Option<String>,
-    /// Where to look.
-    pub resource: ResourceParam,
+    /// Where to look (default: the whole workspace).
+    #[serde(default)]
+    pub resource: Option<ResourceParam>,
 }
 
 /// What the actor may do.
@@ -320,7 +321,10 @@ pub struct Permissions {
 
 pub(super) fn what_may(g: &Session<'_>, p: WhatMayParams) -> Result<Permissions, ServiceError> {
     let whom = asked_about(g, p.actor.as_deref(), "policy.what_may_i_do")?;
-    let under = p.resource.resource()?;
+    let under = p
+        .resource
+        .unwrap_or_else(|| ResourceParam::from("prefix:"))
+        .resource()?;
     let Some(policy) = g.shared().policy.as_deref() else {
         // No rules to list: `policy: false` says so, and policy.explain still answers.
         return Ok(Permissions {

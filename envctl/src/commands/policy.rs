@@ -67,7 +67,7 @@ pub fn run(door: &Door, ws: Option<&Workspace>, cmd: &PolicyCommand, json: bool)
         } => {
             let may = door.request(WhatMayParams {
                 actor: Some(parse_actor(who)?.to_string()),
-                resource: ResourceParam::from(resource.as_deref().unwrap_or("prefix:")),
+                resource: resource.as_deref().map(ResourceParam::from),
             })?;
             if !may.policy {
                 return Err(

@@ -82,15 +82,6 @@ fn claim_args(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
     rename(args, "lease_secs", "lease_ms", Some(1000))
 }
 
-/// A resource as the policy tools name it (`path:GLOB`, `topic:T`, `program:PROG ARGS…`,
-/// `environment`, a bare path; the service reads it); none is the whole workspace.
-fn resource_arg(args: &mut Map<String, Value>) -> Result<(), ServiceError> {
-    if matches!(args.get("resource"), None | Some(Value::Null)) {
-        args.insert("resource".into(), json!("prefix:"));
-    }
-    Ok(())
-}
-
 fn input<T: JsonSchema + 'static>() -> Arc<JsonObject> {
     schema_for_type::<T>()
 }
@@ -347,7 +338,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         effect: Effect::Reads,
         idempotent: true,
         input: Some(input::<AccessParams>),
-        adapt: resource_arg,
+        adapt: keep,
     },
     ToolSpec {
         name: "what_may_i_do",
@@ -356,7 +347,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         effect: Effect::Reads,
         idempotent: true,
         input: Some(input::<MayParams>),
-        adapt: resource_arg,
+        adapt: keep,
     },
     ToolSpec {
         name: "request_approval",
@@ -365,7 +356,7 @@ pub(super) const TOOLS: &[ToolSpec] = &[
         effect: Effect::Adds,
         idempotent: true,
         input: Some(input::<AccessParams>),
-        adapt: resource_arg,
+        adapt: keep,
     },
     ToolSpec {
         name: "approval_status",

@@ -5,9 +5,8 @@
 //! service's to decide.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -49,19 +48,8 @@ impl SessionToken {
         let token = format!("envs_{}", hex(&bytes));
         let tmp = path.with_extension("tmp");
         let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| Failure::io("write", &tmp, e))?;
-        f.write_all(
-            json!({ "token": token, "actor": actor.as_str() })
-                .to_string()
-                .as_bytes(),
-        )
-        .and_then(|()| f.sync_all())
-        .map_err(|e| Failure::io("write", &tmp, e))?;
+        let body = json!({ "token": token, "actor": actor.as_str() }).to_string();
+        crate::workspace::write_private(&tmp, body.as_bytes())?;
         std::fs::rename(&tmp, &path).map_err(|e| Failure::io("write", &path, e))?;
         Ok(SessionToken {
             path,

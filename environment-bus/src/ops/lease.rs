@@ -6,6 +6,7 @@ use rusqlite::{OptionalExtension, params};
 use super::publish::key_busy;
 use super::{Ctx, Settle, group_row, message_from};
 use crate::error::{BusError, Result, SqlContext};
+use crate::rules;
 use crate::schema::{ACKED, CAUSE_MAX_ATTEMPTS, CAUSE_TERMINATED, DEAD, LEASED, READY, WAITING};
 use crate::types::{Lease, Message, MessageId, Receipt};
 
@@ -193,14 +194,7 @@ fn leased_row(
             .optional()
         })
         .ctx("reading a delivery")?;
-    let Some((gid, state, token, attempts, okey, holder)) = row else {
-        return Err(BusError::UnknownReceipt {
-            receipt: receipt.to_string(),
-        });
-    };
-    if state != LEASED || token != Some(receipt.token) {
-        return Err(BusError::StaleReceipt { receipt: *receipt });
-    }
+    let (gid, _, _, attempts, okey, holder) = rules::leased(receipt, row, |r| (r.1, r.2))?;
     if let Some(by) = by
         && holder.as_deref() != Some(by)
     {

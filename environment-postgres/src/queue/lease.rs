@@ -3,7 +3,7 @@
 //! messages without waiting on each other; a settlement's update checks the receipt itself.
 
 use environment_bus::rules::Settle;
-use environment_bus::{BusError, Receipt};
+use environment_bus::{BusError, Receipt, rules};
 use environment_core::queue::{Lease, Message};
 use postgres::Row;
 use rand::Rng;
@@ -256,17 +256,8 @@ fn leased_row(
             &[&receipt.delivery()],
         )
         .ctx("reading a delivery")?;
-    let Some(row) = row else {
-        return Err(BusError::UnknownReceipt {
-            receipt: receipt.to_string(),
-        }
-        .into());
-    };
-    let (state, token, holder): (i16, Option<i64>, Option<String>) =
-        (row.get(1), row.get(2), row.get(5));
-    if state != LEASED || token != Some(receipt.token()) {
-        return Err(BusError::StaleReceipt { receipt: *receipt }.into());
-    }
+    let row = rules::leased(receipt, row, |r| (i64::from(r.get::<_, i16>(1)), r.get(2)))?;
+    let holder: Option<String> = row.get(5);
     if let Some(by) = by
         && holder.as_deref() != Some(by)
     {

@@ -1,12 +1,12 @@
 //! What the queue holds, read without changing it: the holder of a lease, the leases in flight,
 //! dead letters, figures and a delivery's state.
 
-use environment_bus::{BusError, DeliveryStatus, Receipt};
+use environment_bus::{DeliveryStatus, Receipt, rules};
 use environment_core::queue::{DeadLetter, GroupMetrics, Holder, LeaseInFlight, TopicMetrics};
 
 use super::Ctx;
 use super::lease::{group_row, message, message_cols};
-use super::schema::{ACKED, DEAD, LEASED, READY, WAITING};
+use super::schema::{DEAD, LEASED};
 use super::session::Statements;
 use crate::error::{PgContext, PgError, Result};
 
@@ -19,16 +19,7 @@ pub(crate) fn holder(ctx: &mut Ctx<'_, '_>, receipt: &Receipt) -> Result<Holder>
             &[&receipt.delivery()],
         )
         .ctx("reading a lease's holder")?;
-    let Some(row) = row else {
-        return Err(BusError::UnknownReceipt {
-            receipt: receipt.to_string(),
-        }
-        .into());
-    };
-    let (state, token): (i16, Option<i64>) = (row.get(1), row.get(2));
-    if state != LEASED || token != Some(receipt.token()) {
-        return Err(BusError::StaleReceipt { receipt: *receipt }.into());
-    }
+    let row = rules::leased(receipt, row, |r| (i64::from(r.get::<_, i16>(1)), r.get(2)))?;
     Ok(Holder {
         group: row.get(0),
         consumer: row.get::<_, Option<String>>(3).unwrap_or_default(),
@@ -182,13 +173,9 @@ pub(crate) fn status(
         .ctx("reading a delivery's state")?
         .map(|r| r.get(0));
     state
-        .map(|s| match s {
-            READY => Ok(DeliveryStatus::Ready),
-            WAITING => Ok(DeliveryStatus::Waiting),
-            LEASED => Ok(DeliveryStatus::Leased),
-            ACKED => Ok(DeliveryStatus::Acked),
-            DEAD => Ok(DeliveryStatus::Dead),
-            other => Err(PgError::Schema(format!("delivery state {other}"))),
+        .map(|s| {
+            DeliveryStatus::from_code(i64::from(s))
+                .ok_or_else(|| PgError::Schema(format!("delivery state {s}")))
         })
         .transpose()
 }

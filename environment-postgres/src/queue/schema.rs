@@ -2,15 +2,17 @@
 //! group, `due` set only while a row may be claimed), with identities from sequences. Ids are
 //! unique and increasing per sequence but may have gaps (a rolled-back publish spends one).
 
+use environment_bus::DeliveryStatus;
+
 use crate::migrate::Migration;
 
 /// Delivery states, as the embedded bus numbers them.
-pub(crate) const READY: i16 = 0;
-pub(crate) const LEASED: i16 = 1;
+pub(crate) const READY: i16 = DeliveryStatus::Ready.code();
+pub(crate) const LEASED: i16 = DeliveryStatus::Leased.code();
 /// Behind an earlier live message with the same ordering key.
-pub(crate) const WAITING: i16 = 2;
-pub(crate) const ACKED: i16 = 3;
-pub(crate) const DEAD: i16 = 4;
+pub(crate) const WAITING: i16 = DeliveryStatus::Waiting.code();
+pub(crate) const ACKED: i16 = DeliveryStatus::Acked.code();
+pub(crate) const DEAD: i16 = DeliveryStatus::Dead.code();
 
 pub(crate) const CAUSE_MAX_ATTEMPTS: i16 = 1;
 pub(crate) const CAUSE_TERMINATED: i16 = 2;
