@@ -417,3 +417,101 @@ async fn a_collection_that_cannot_tidy_still_says_what_it_removed() {
     assert_eq!(report.removed, 1);
     assert!(!bucket.contains(&dead).await.unwrap());
 }
+
+/// Set in the child that the crash test kills mid-collection: the bucket's address.
+const SWEEPING_CHILD: &str = "ENVIRONMENT_BUCKET_TEST_SWEEPING";
+/// The child's live set, as hex hashes separated by commas.
+const CHILD_LIVE: &str = "ENVIRONMENT_BUCKET_TEST_LIVE";
+
+/// Long enough a grace period for one collection to delete 200 blobs one at a time (it may
+/// run for half of it).
+const KILL_GRACE: Duration = Duration::from_secs(3);
+
+/// A collection SIGKILLed while it deletes: every blob something refers to is still there, a
+/// writer gets past the dead collection's marker, and the next collection finishes the work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collection_killed_mid_way_loses_nothing_live() {
+    if let Ok(root) = std::env::var(SWEEPING_CHILD) {
+        let live: HashSet<Hash> = std::env::var(CHILD_LIVE)
+            .unwrap()
+            .split(',')
+            .map(|h| h.parse().unwrap())
+            .collect();
+        let m = machine(&root, KILL_GRACE).await;
+        m.bucket
+            .sweep(|| async { Ok::<_, BucketError>(live) })
+            .await
+            .unwrap();
+        return;
+    }
+    let Some(root) = root() else { return };
+    let m = machine(&root, KILL_GRACE).await;
+    let contents: Vec<Vec<u8>> = (0..300).map(|i| format!("blob {i}").into_bytes()).collect();
+    let slices: Vec<&[u8]> = contents.iter().map(Vec::as_slice).collect();
+    let w = m.bucket.window();
+    let hashes = m.bucket.put_many(&w, &slices).await.unwrap();
+    let live: Vec<Hash> = hashes.iter().step_by(3).copied().collect();
+    tokio::time::sleep(KILL_GRACE + Duration::from_millis(2200)).await;
+
+    let (store, prefix) = raw(&root);
+    let blobs_dir = prefix.clone().join("blobs");
+    let count = || async {
+        futures_util::StreamExt::collect::<Vec<_>>(store.list(Some(&blobs_dir)))
+            .await
+            .len()
+    };
+    let before = count().await;
+    let hex: Vec<String> = live.iter().map(Hash::to_hex).collect();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_collection_killed_mid_way_loses_nothing_live",
+            "--nocapture",
+        ])
+        .env(SWEEPING_CHILD, &root)
+        .env(CHILD_LIVE, hex.join(","))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // A collection deletes in the listing's order, by name: the first dead blob goes first.
+    let first = *hashes
+        .iter()
+        .filter(|h| !live.contains(h))
+        .min_by_key(|h| h.to_hex())
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while m.bucket.contains(&first).await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the collection never started deleting"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = count().await;
+    assert!(
+        left < before && left > live.len(),
+        "killed mid-way: {left} of {before} blobs left, {} live",
+        live.len()
+    );
+
+    for h in &live {
+        assert!(m.bucket.contains(h).await.unwrap(), "live blob {h} lost");
+    }
+    let w = m.bucket.window();
+    let after = m.bucket.put(&w, b"after the kill").await.unwrap();
+    let mut still: HashSet<Hash> = live.iter().copied().collect();
+    still.insert(after);
+    let report = m
+        .bucket
+        .sweep(|| async { Ok::<_, BucketError>(still) })
+        .await
+        .unwrap();
+    assert_eq!(report.live, live.len() as u64 + 1);
+    assert_eq!(
+        count().await,
+        live.len() + 1,
+        "the next collection finished the work"
+    );
+}
