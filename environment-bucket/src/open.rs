@@ -7,7 +7,7 @@ use std::time::Duration;
 use environment_core::BlobStore;
 use futures_util::StreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::Bucket;
 use crate::error::BucketError;
@@ -114,31 +114,47 @@ impl Bucket {
         if let Some(Err(e)) = store.list(Some(&markers)).next().await {
             return Err(bad(format!("the bucket does not answer: {e}")));
         }
-        let theirs = match store.get(&settings).await {
-            Ok(found) => Some(
-                found
-                    .bytes()
-                    .await
-                    .map_err(|e| bad(format!("the bucket does not answer: {e}")))?,
-            ),
-            Err(object_store::Error::NotFound { .. }) => None,
-            Err(e) => return Err(bad(format!("the bucket does not answer: {e}"))),
-        };
-        match theirs {
-            Some(theirs) if theirs.as_ref() != ours.as_bytes() => {
-                return Err(bad(format!(
-                    "the bucket's settings say {:?}, this machine's {:?}: every machine sharing \
-                     it must use the same grace period",
-                    String::from_utf8_lossy(&theirs).trim(),
-                    ours.trim()
-                )));
-            }
-            Some(_) => {}
-            None => {
-                store
-                    .put(&settings, PutPayload::from(ours.into_bytes()))
-                    .await
-                    .map_err(BucketError::store("put", &settings))?;
+        // Written only where there is none (a conditional put): of two machines opening a new
+        // bucket at once with different periods, the second finds the first's and is refused.
+        loop {
+            let theirs = match store.get(&settings).await {
+                Ok(found) => Some(
+                    found
+                        .bytes()
+                        .await
+                        .map_err(|e| bad(format!("the bucket does not answer: {e}")))?,
+                ),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => return Err(bad(format!("the bucket does not answer: {e}"))),
+            };
+            match theirs {
+                Some(theirs) if theirs.as_ref() != ours.as_bytes() => {
+                    return Err(bad(format!(
+                        "the bucket's settings say {:?}, this machine's {:?}: every machine \
+                         sharing it must use the same grace period",
+                        String::from_utf8_lossy(&theirs).trim(),
+                        ours.trim()
+                    )));
+                }
+                Some(_) => break,
+                None => {
+                    let payload = PutPayload::from(ours.clone().into_bytes());
+                    let create = PutOptions::from(PutMode::Create);
+                    match store.put_opts(&settings, payload.clone(), create).await {
+                        Ok(_) => break,
+                        // Another machine wrote them first: read theirs.
+                        Err(object_store::Error::AlreadyExists { .. }) => continue,
+                        // A store without conditional writes: written as it is.
+                        Err(object_store::Error::NotImplemented { .. }) => {
+                            store
+                                .put(&settings, payload)
+                                .await
+                                .map_err(BucketError::store("put", &settings))?;
+                            break;
+                        }
+                        Err(e) => return Err(BucketError::store("put", &settings)(e)),
+                    }
+                }
             }
         }
         Ok(Bucket {

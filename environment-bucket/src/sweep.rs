@@ -5,7 +5,8 @@
 //! nothing live refers to it and the bucket last wrote it more than the grace period before
 //! that start. For as long as it runs it re-stamps its marker every beat; it deletes nothing
 //! once two beats have passed since the last stamp that landed or half the grace period is
-//! gone, and gives up on a delete that takes more than a beat. Then it removes its marker. A
+//! gone, and gives up on a delete request (a batch of up to 100 blobs, one DeleteObjects on S3)
+//! that takes more than a beat. Then it removes its marker. A
 //! marker not stamped for five beats (and the bucket's second) is a collection that died:
 //! writers stop waiting for it, and the next collection removes it. So the clocks of the
 //! machines and the bucket must agree within two beats (20 s by default).
@@ -20,7 +21,7 @@
 //! window again and sends again whatever is gone. Markers are separate objects, so neither
 //! side needs a conditional write, and concurrent collections are harmless.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,9 @@ const TIMESTAMP_SLACK: Duration = Duration::from_secs(1);
 
 /// The longest beat of a running collection's marker.
 const MAX_BEAT: Duration = Duration::from_secs(10);
+
+/// How many blobs one delete request removes: small enough to land within a beat.
+const DELETE_BATCH: usize = 100;
 
 /// What a collection did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -165,26 +169,43 @@ impl Bucket {
                 doomed.push(meta);
             }
         }
-        for meta in doomed {
+        // Deleted in batches (one DeleteObjects request each on S3), each batch within a beat
+        // and only while the stamps go on, as a single delete would be.
+        for batch in doomed.chunks(DELETE_BATCH) {
             let ran = started.elapsed();
             let since_stamp = stamped.lock().map(|t| t.elapsed()).unwrap_or(Duration::MAX);
             if ran > limit || since_stamp > 2 * self.beat() {
                 return Err(BucketError::SweepTooSlow { ran, limit });
             }
-            let delete = self.store.delete(&meta.location);
-            match tokio::time::timeout(self.beat(), delete).await {
-                Ok(Ok(())) => report.removed += 1,
-                // Another collection removed it first.
-                Ok(Err(object_store::Error::NotFound { .. })) => continue,
-                Ok(Err(e)) => return Err(BucketError::store("delete", &meta.location)(e)),
+            let sizes: HashMap<&Path, u64> = batch.iter().map(|m| (&m.location, m.size)).collect();
+            let paths: Vec<_> = batch.iter().map(|m| Ok(m.location.clone())).collect();
+            let deleted: Vec<_> = match tokio::time::timeout(
+                self.beat(),
+                self.store
+                    .delete_stream(futures_util::stream::iter(paths).boxed())
+                    .collect::<Vec<_>>(),
+            )
+            .await
+            {
+                Ok(results) => results,
                 Err(_) => {
                     return Err(BucketError::SweepTooSlow {
                         ran: started.elapsed(),
                         limit,
                     });
                 }
+            };
+            for result in deleted {
+                match result {
+                    Ok(path) => {
+                        report.removed += 1;
+                        report.bytes_removed += sizes.get(&path).copied().unwrap_or(0);
+                    }
+                    // Another collection removed it first.
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(BucketError::store("delete", &dir)(e)),
+                }
             }
-            report.bytes_removed += meta.size;
         }
         Ok(report)
     }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use environment_bucket::{Bucket, BucketError, BucketOptions};
 use environment_core::Hash;
 use object_store::path::Path;
+use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 /// A machine: the bucket under `root`, with a cache of its own.
@@ -62,10 +63,13 @@ const AGED: Duration = Duration::from_millis(3200);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blob_stored_on_one_machine_is_read_on_another() {
     let Some(root) = root() else { return };
+    // Nothing is collected here: a long grace period, so that a slow machine's window (a
+    // quarter of it) does not close before its 3 MB are sent.
+    let grace = Duration::from_secs(40);
     let (a, b, c) = (
-        machine(&root, GRACE).await,
-        machine(&root, GRACE).await,
-        machine(&root, GRACE).await,
+        machine(&root, grace).await,
+        machine(&root, grace).await,
+        machine(&root, grace).await,
     );
     let small = b"a config file\n".to_vec();
     let large: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
@@ -151,6 +155,39 @@ async fn a_bad_address_is_refused_with_a_typed_error() {
         Bucket::open("memory:///", zero).await,
         Err(BucketError::Config { .. })
     ));
+}
+
+/// Machines opening a new bucket at the same moment with different grace periods: the
+/// settings are written once (a conditional put), and every machine that disagrees with them
+/// is refused, so no two machines ever work on one bucket with different periods. On a
+/// `file://` bucket, whose conditional put is atomic; the S3 server of the tests checks the
+/// condition and then writes, so two puts at one instant may both pass there (S3 itself, R2
+/// and MinIO decide it atomically).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_opening_a_new_bucket_at_once_agree_on_its_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..8 {
+        let root = format!("file://{}/b{round}", dir.path().display());
+        let caches: Vec<_> = (0..6).map(|_| tempfile::tempdir().unwrap()).collect();
+        let opens = caches.iter().enumerate().map(|(i, cache)| {
+            let mut options = BucketOptions::new(cache.path());
+            options.grace = GRACE * (1 + (i as u32 % 2));
+            let root = root.clone();
+            async move { (options.grace, Bucket::open(&root, options).await) }
+        });
+        let opened = futures_util::future::join_all(opens).await;
+        let agreed: HashSet<Duration> = opened
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(grace, _)| *grace)
+            .collect();
+        assert_eq!(agreed.len(), 1, "round {round}: opened with {agreed:?}");
+        for (grace, r) in &opened {
+            if !agreed.contains(grace) {
+                assert!(matches!(r, Err(BucketError::Config { .. })), "{r:?}");
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -423,9 +460,12 @@ const SWEEPING_CHILD: &str = "ENVIRONMENT_BUCKET_TEST_SWEEPING";
 /// The child's live set, as hex hashes separated by commas.
 const CHILD_LIVE: &str = "ENVIRONMENT_BUCKET_TEST_LIVE";
 
-/// Long enough a grace period for one collection to delete 200 blobs one at a time (it may
-/// run for half of it).
-const KILL_GRACE: Duration = Duration::from_secs(3);
+/// The grace period of the crash test: its beat (an eighth) outlasts one throttled batch.
+const KILL_GRACE: Duration = Duration::from_secs(8);
+
+/// How long the killed collection's store waits before each delete: a batch of 100 takes
+/// 300 ms, time enough to see the first batch land and kill the collection before the second.
+const THROTTLED_DELETE: Duration = Duration::from_millis(3);
 
 /// A collection SIGKILLed while it deletes: every blob something refers to is still there, a
 /// writer gets past the dead collection's marker, and the next collection finishes the work.
@@ -437,8 +477,20 @@ async fn a_collection_killed_mid_way_loses_nothing_live() {
             .split(',')
             .map(|h| h.parse().unwrap())
             .collect();
-        let m = machine(&root, KILL_GRACE).await;
-        m.bucket
+        // Throttled, so that the kill lands between two batches however fast the server is.
+        let (store, prefix) = raw(&root);
+        let config = ThrottleConfig {
+            wait_delete_per_call: THROTTLED_DELETE,
+            ..ThrottleConfig::default()
+        };
+        let throttled = Arc::new(ThrottledStore::new(store, config));
+        let cache = tempfile::tempdir().unwrap();
+        let mut options = BucketOptions::new(cache.path());
+        options.grace = KILL_GRACE;
+        let bucket = Bucket::with_store(throttled, prefix, options)
+            .await
+            .unwrap();
+        bucket
             .sweep(|| async { Ok::<_, BucketError>(live) })
             .await
             .unwrap();
