@@ -1,16 +1,18 @@
 //! Blobs kept in a bucket shared by machines against the embedded blob store, side by side in
 //! one run: 256 new blobs of 16 KiB stored (one write window, sent 16 at a time), the same
 //! blobs stored again (found fresh, nothing sent), and read back by another machine through
-//! an empty cache (16 at a time). The bucket is the S3-compatible server named by `ENVIRONMENT_TEST_S3`
+//! an empty cache (16 at a time); and 256 blobs nothing refers to collected (the bucket's
+//! collection against the embedded environment's `gc`). The bucket is the S3-compatible server named by `ENVIRONMENT_TEST_S3`
 //! (with its `AWS_*` endpoint and credentials); without one the bucket rows are skipped with
 //! the reason (under `CI=true` that fails).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use environment_bucket::{Bucket, BucketOptions};
-use environment_core::{BlobStore, Hash};
+use environment_core::{ActorId, BlobStore, Hash, LocalEnvironment, Options};
 
 const BLOBS: usize = 256;
 const SIZE: usize = 16 * 1024;
@@ -67,6 +69,25 @@ fn blob_stores(c: &mut Criterion) {
             }
         })
     });
+    let home = tempfile::tempdir().unwrap();
+    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
+    let admin = ActorId::new("human:admin").unwrap();
+    g.bench_function("collect 256 dead blobs of 16 KiB, embedded gc", |b| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            for _ in 0..iters {
+                for blob in fresh_blobs() {
+                    env.blobs().put_unsynced(&blob).unwrap();
+                }
+                env.blobs().sync().unwrap();
+                let t = Instant::now();
+                let report = env.gc(&admin).unwrap();
+                took += t.elapsed();
+                assert_eq!(report.removed, BLOBS as u64);
+            }
+            took
+        })
+    });
 
     let Some(base) = environment_conformance::prerequisite::s3() else {
         return;
@@ -117,6 +138,34 @@ fn blob_stores(c: &mut Criterion) {
                 let t = Instant::now();
                 rt.block_on(reader.get_many(&hashes)).unwrap();
                 took += t.elapsed();
+            }
+            took
+        })
+    });
+
+    // A bucket of its own, with a grace period of a second, whose blobs are all dead.
+    let dead_root = format!("{root}-dead");
+    let mut options = BucketOptions::new(caches.path().join("collector"));
+    options.grace = Duration::from_secs(1);
+    let collector = rt.block_on(Bucket::open(&dead_root, options)).unwrap();
+    g.bench_function("collect 256 dead blobs of 16 KiB, bucket", |b| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            for _ in 0..iters {
+                let blobs = fresh_blobs();
+                let slices: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+                let window = collector.window();
+                rt.block_on(collector.put_many(&window, &slices)).unwrap();
+                // Past the grace period, its second of slack, and the second the bucket dates to.
+                std::thread::sleep(Duration::from_millis(3_200));
+                let t = Instant::now();
+                let report = rt
+                    .block_on(collector.sweep(|| async {
+                        Ok::<_, environment_bucket::BucketError>(HashSet::new())
+                    }))
+                    .unwrap();
+                took += t.elapsed();
+                assert_eq!(report.removed, BLOBS as u64);
             }
             took
         })

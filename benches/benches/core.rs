@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use environment_core::{
@@ -43,12 +43,9 @@ fn populated(n: usize) -> (tempfile::TempDir, LocalEnvironment, OpId) {
 }
 
 fn act_one(env: &LocalEnvironment, key: &Key, n: u64) -> OpId {
-    env.act_blocking(
-        ActRequest::new(actor(), Intent::edit("edit"))
-            .put(key.clone(), Value::file(n.to_le_bytes().to_vec())),
-    )
-    .unwrap()
-    .version
+    env.act_blocking(environment_benches::edit(key, n))
+        .unwrap()
+        .version
 }
 
 fn bench_act(c: &mut Criterion) {
@@ -67,33 +64,7 @@ fn bench_act(c: &mut Criterion) {
         .unwrap();
     let shared: Arc<dyn Environment> = Arc::new(env.clone());
     g.bench_function("8 concurrent tasks", |b| {
-        b.iter_custom(|iters| {
-            let per_task = iters.div_ceil(8);
-            let start = Instant::now();
-            rt.block_on(async {
-                let mut tasks = Vec::new();
-                for t in 0..8u64 {
-                    let env = shared.clone();
-                    tasks.push(tokio::spawn(async move {
-                        let key = Key::fs(format!("tasks/t{t}.txt")).unwrap();
-                        for i in 0..per_task {
-                            env.act(
-                                ActRequest::new(actor(), Intent::edit("edit"))
-                                    .put(key.clone(), Value::file(i.to_le_bytes().to_vec())),
-                            )
-                            .await
-                            .unwrap();
-                        }
-                    }));
-                }
-                for t in tasks {
-                    t.await.unwrap();
-                }
-            });
-            start
-                .elapsed()
-                .mul_f64(iters as f64 / (per_task * 8) as f64)
-        })
+        b.iter_custom(|iters| environment_benches::act_from_8_tasks(&rt, &shared, iters))
     });
     g.finish();
 }

@@ -143,18 +143,12 @@ fn stores(c: &mut Criterion) {
         bus
     };
     rows(&mut g, "sqlite", &sqlite);
-    if let Some(url) = environment_conformance::prerequisite::postgres() {
+    if environment_conformance::prerequisite::postgres().is_some() {
         let postgres = || {
-            let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-            admin
-                .batch_execute(
-                    "DROP SCHEMA IF EXISTS bench_queue CASCADE; CREATE SCHEMA bench_queue",
-                )
-                .unwrap();
-            let mut server: postgres::Config = url.parse().unwrap();
-            server.options("-c search_path=bench_queue");
+            let server = environment_benches::postgres_schema("bench_queue").unwrap();
             let config = PgQueueConfig {
                 pool_size: CLIENTS as u32 + 1,
+                auto_purge: None,
                 ..PgQueueConfig::default()
             };
             let q = PgQueue::open(server, config).unwrap();

@@ -86,3 +86,61 @@ pub fn peak_memory(cmd: &mut Command) -> (bool, i64) {
         usage.ru_maxrss,
     )
 }
+
+/// The test server (`ENVIRONMENT_TEST_POSTGRES`) with `search_path` set to the schema `name`,
+/// made empty, or `None` when no server is named (said on stderr; a failure under
+/// `CI=true`).
+pub fn postgres_schema(name: &str) -> Option<postgres::Config> {
+    let url = environment_conformance::prerequisite::postgres()?;
+    let mut server: postgres::Config = url.parse().unwrap();
+    server
+        .connect(postgres::NoTls)
+        .unwrap()
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"
+        ))
+        .unwrap();
+    server.options(&format!("-c search_path={name}"));
+    Some(server)
+}
+
+/// One small-file edit by `agent:bench` that writes `n` into `key`.
+pub fn edit(key: &environment_core::Key, n: u64) -> environment_core::ActRequest {
+    environment_core::ActRequest::new(
+        environment_core::ActorId::new("agent:bench").unwrap(),
+        environment_core::Intent::edit("edit"),
+    )
+    .put(
+        key.clone(),
+        environment_core::Value::file(n.to_le_bytes().to_vec()),
+    )
+}
+
+/// The time `iters` acts take from 8 tasks acting at once through the async trait, each on a
+/// file of its own (what group commit shares transactions between), scaled to `iters`.
+pub fn act_from_8_tasks(
+    rt: &tokio::runtime::Runtime,
+    env: &std::sync::Arc<dyn environment_core::Environment>,
+    iters: u64,
+) -> std::time::Duration {
+    let per_task = iters.div_ceil(8);
+    let start = std::time::Instant::now();
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for t in 0..8u64 {
+            let env = env.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = environment_core::Key::fs(format!("tasks/t{t}.txt")).unwrap();
+                for i in 0..per_task {
+                    env.act(edit(&key, i)).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    start
+        .elapsed()
+        .mul_f64(iters as f64 / (per_task * 8) as f64)
+}

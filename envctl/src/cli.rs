@@ -82,6 +82,15 @@ pub enum Command {
         /// environment that names it, on any machine. Kept in the home's stores.toml.
         #[arg(long, value_name = "POSTGRES")]
         shared_queue: Option<String>,
+        /// Share the policy (rules, relations, approvals, and the quota and token uses it
+        /// spends) through this PostgreSQL database, as --shared-queue does the queue: every
+        /// environment that names it is governed by one policy.
+        #[arg(long, value_name = "POSTGRES")]
+        shared_policy: Option<String>,
+        /// Keep the effect log in this PostgreSQL database, as --shared-queue does the queue:
+        /// an effect begun on one machine is found, not begun again, on every other.
+        #[arg(long, value_name = "POSTGRES")]
+        shared_effects: Option<String>,
     },
     /// Run an agent under a supervisor: in a sandbox, its changes captured as it works, the
     /// control socket answering; a final capture and a summary at its exit (or at SIGTERM or

@@ -114,17 +114,37 @@ impl Workspace {
         }))
     }
 
-    /// Whether a policy was loaded into this environment.
-    pub fn has_policy(&self) -> bool {
-        self.home.join(POLICY_FILE).exists()
+    /// The policy that governs this environment, if one was loaded: the shared one the home's
+    /// `stores.toml` names (once rules were loaded into it), else the embedded one (once its
+    /// file exists). Without one, everything is allowed.
+    pub fn policy(&self) -> Outcome<Option<Policy>> {
+        let shared = Stores::read(&self.home)?.policy.is_some();
+        if !shared && !self.home.join(POLICY_FILE).exists() {
+            return Ok(None);
+        }
+        let policy = self.open_policy()?;
+        Ok((!shared || policy.version() > 0).then_some(policy))
     }
 
-    /// Opens the policy store (creating it).
+    /// Opens the environment, decided by `authorizer`, with its effect log where the home's
+    /// `stores.toml` says (its own database by default).
+    pub fn open_environment(&self, authorizer: Arc<dyn Authorizer>) -> Outcome<LocalEnvironment> {
+        let options = Options {
+            authorizer,
+            effects: Stores::read(&self.home)?.open_effects()?,
+            ..Options::default()
+        };
+        Ok(LocalEnvironment::open(&self.home, options)?)
+    }
+
+    /// Opens the policy's store, shared or embedded (creating the embedded one), whether or
+    /// not rules were loaded into it.
     pub fn open_policy(&self) -> Outcome<Policy> {
-        Ok(Policy::open(
-            &self.home.join(POLICY_FILE),
-            Arc::new(SystemClock),
-        )?)
+        let clock = Arc::new(SystemClock);
+        Ok(match Stores::read(&self.home)?.open_policy()? {
+            Some(store) => Policy::with_store(store, clock)?,
+            None => Policy::open(&self.home.join(POLICY_FILE), clock)?,
+        })
     }
 
     /// Opens the queue: the shared one the home's `stores.toml` names, else the embedded one
@@ -234,22 +254,14 @@ pub struct Session {
 impl Session {
     /// Opens the environment of `ws` for `actor`, without touching the tree.
     pub fn open_stores(ws: Workspace, actor: ActorId) -> Outcome<Session> {
-        let policy = if ws.has_policy() {
-            Some(Arc::new(ws.open_policy()?))
-        } else {
-            None
-        };
+        let policy = ws.policy()?.map(Arc::new);
         // The policy decides (everything is allowed without one); core keeps the witness's
         // one rule around it.
         let authorizer: Arc<dyn Authorizer> = match &policy {
             Some(p) => p.clone(),
             None => Arc::new(AllowAll),
         };
-        let options = Options {
-            authorizer: authorizer.clone(),
-            ..Options::default()
-        };
-        let mut env = LocalEnvironment::open(&ws.home, options)?;
+        let mut env = ws.open_environment(authorizer.clone())?;
         if ws.credentials != Credentials::default() {
             env = env.presenting(ws.credentials.clone());
         }

@@ -498,51 +498,6 @@ fn queue_round_trip() {
     assert_eq!(entries(&log)[0]["summary"]["keys"][0], "oob.txt", "{log}");
 }
 
-const RULES: &str = r#"
-[[rule]]
-id = "alice-everything"
-effect = "permit"
-principal = "human:alice"
-actions = ["read", "write", "delete", "execute", "publish", "consume", "approve"]
-resource = "*"
-
-[[rule]]
-id = "bob-reads"
-effect = "permit"
-principal = "agent:bob"
-actions = ["read"]
-resource = "*"
-
-[[rule]]
-id = "bob-runs-sh"
-effect = "permit"
-principal = "agent:bob"
-actions = ["execute"]
-resource = { program = "sh", args = ["..."] }
-
-[[rule]]
-id = "bob-records-commands"
-effect = "permit"
-principal = "agent:bob"
-actions = ["write"]
-resource = { object = "exec", key = "*" }
-
-[[rule]]
-id = "bob-writes-src"
-effect = "permit"
-principal = "agent:bob"
-actions = ["write"]
-resource = { path = "src/**" }
-
-[[rule]]
-id = "bob-releases-with-approval"
-effect = "permit"
-principal = "agent:bob"
-actions = ["write"]
-resource = { path = "release/**" }
-approval_from = ["human:alice"]
-"#;
-
 #[test]
 fn the_policy_denies_and_nothing_changes() {
     let ws = Ws::new();
@@ -558,9 +513,12 @@ fn the_policy_denies_and_nothing_changes() {
         "a bad file loads nothing"
     );
 
-    std::fs::write(ws.path("../rules.toml"), RULES).unwrap();
+    std::fs::write(ws.path("../rules.toml"), common::ALICE_AND_BOB).unwrap();
     std::fs::create_dir(ws.path("release")).unwrap();
-    assert_eq!(ws.json(&["policy", "load", "../rules.toml"])["rules"], 6);
+    assert_eq!(
+        ws.json(&["policy", "load", "../rules.toml"])["rules"],
+        common::ALICE_AND_BOB_RULES
+    );
     ws.ok(&["--actor", "agent:bob", "log"]);
     ws.ok(&["--actor", "agent:bob", "mark"]);
 

@@ -819,3 +819,48 @@ async fn every_long_list_comes_a_page_at_a_time() {
     let (status, _) = call(&server, t, "file.list", json!({ "after": "nowhere" })).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
+
+/// A failure of the queue's background purge reaches whoever asks for the status, and goes
+/// once a purge succeeds again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_queue_purge_is_in_the_status_until_one_succeeds() {
+    let (ws, server) = serve();
+    let (status, _) = call(
+        &server,
+        &server.token,
+        "queue.publish",
+        json!({ "topic": "tasks", "payload": "build" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let upkeep = || async {
+        let (status, me) = call(&server, &server.token, "status", json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{me}");
+        me["queue_upkeep_failure"].clone()
+    };
+    assert!(upkeep().await.is_null());
+
+    // An operator's mistake on the queue's file: a table the purge needs is gone.
+    let bus = rusqlite::Connection::open(ws.home().join("bus.db")).unwrap();
+    bus.busy_timeout(Duration::from_secs(10)).unwrap();
+    bus.execute_batch("ALTER TABLE bus_dedup RENAME TO bus_dedup_away")
+        .unwrap();
+    let until = |failing: bool| async move {
+        // The server purges every five seconds.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = upkeep().await;
+            if now.is_null() != failing {
+                return now;
+            }
+            assert!(std::time::Instant::now() < deadline, "status stayed {now}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let why = until(true).await;
+    assert!(why.as_str().is_some_and(|w| !w.is_empty()), "{why}");
+
+    bus.execute_batch("ALTER TABLE bus_dedup_away RENAME TO bus_dedup")
+        .unwrap();
+    until(false).await;
+}

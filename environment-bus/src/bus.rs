@@ -74,6 +74,7 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
     wakers: Arc<Wakers>,
     purge_cursor: Arc<AtomicI64>,
+    purge_failure: Arc<Mutex<Option<BusError>>>,
     /// Stopped after the writer.
     checkpointer: Option<environment_core::checkpoint::Checkpointer>,
 }
@@ -129,6 +130,7 @@ impl Bus {
         let wakers = Arc::new(Wakers::default());
         let inbox = Arc::new(Inbox::new());
         let purge_cursor = Arc::new(AtomicI64::new(0));
+        let purge_failure = Arc::new(Mutex::new(None));
         let writer = Writer {
             conn,
             clock: config.clock.clone(),
@@ -139,6 +141,7 @@ impl Bus {
                 .auto_purge
                 .map(|every| (every, rules::ms(config.retention))),
             purge_cursor: purge_cursor.clone(),
+            purge_failure: purge_failure.clone(),
         };
         let handle = std::thread::Builder::new()
             .name("bus-writer".into())
@@ -156,6 +159,7 @@ impl Bus {
                 readers: Mutex::new(Vec::new()),
                 wakers,
                 purge_cursor,
+                purge_failure,
                 checkpointer,
             }),
         })
@@ -653,6 +657,13 @@ impl Bus {
             let cutoff = ctx.now.saturating_sub(retention);
             ops::purge_step(ctx.conn, ctx.now, cutoff, chunk, &cursor).map(|(r, _)| r)
         })
+    }
+
+    /// Why the last automatic purge step ([`BusConfig::auto_purge`]) failed, until one
+    /// succeeds: the background purge's failures are kept here for whoever reports on the bus,
+    /// not only logged.
+    pub fn upkeep_failure(&self) -> Option<BusError> {
+        self.inner.purge_failure.lock().ok()?.clone()
     }
 
     /// Purges everything the retention allows, in small steps so claims and acks interleave

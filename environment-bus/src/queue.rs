@@ -121,6 +121,10 @@ impl Queue for Bus {
     fn purge(&self) -> Result<Purged, PortError> {
         Ok(Bus::purge(self)?)
     }
+
+    fn upkeep_failure(&self) -> Option<PortError> {
+        Bus::upkeep_failure(self).map(PortError::from)
+    }
 }
 
 impl NewMessage {

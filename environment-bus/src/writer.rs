@@ -137,6 +137,8 @@ pub(crate) struct Writer {
     pub max_batch: usize,
     pub auto_purge: Option<(Duration, i64)>,
     pub purge_cursor: Arc<AtomicI64>,
+    /// Why the last automatic purge step failed, until one succeeds ([`crate::Bus::upkeep_failure`]).
+    pub purge_failure: Arc<Mutex<Option<BusError>>>,
 }
 
 impl Writer {
@@ -196,6 +198,10 @@ impl Writer {
             self.exec(end).ctx("ending a purge")?;
             r
         })();
+        let failure = step.as_ref().err().cloned();
+        if let Ok(mut last) = self.purge_failure.lock() {
+            *last = failure;
+        }
         match step {
             Ok((r, wrapped)) if !r.is_empty() || !wrapped => Some(Duration::ZERO),
             Ok(_) => Some(every),

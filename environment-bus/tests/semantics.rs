@@ -757,3 +757,57 @@ fn ack_and_claim_next_is_one_step_of_a_worker_and_refuses_whole() {
         Err(BusError::StaleReceipt { .. })
     ));
 }
+
+/// The automatic purge's failure is kept for whoever reports on the bus until a purge
+/// succeeds, and a failed step removes nothing.
+#[test]
+fn a_failed_background_purge_is_reported_until_one_succeeds() {
+    use environment_core::Queue;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bus.db");
+    let clock = ManualClock::new(1_000_000);
+    let mut config = BusConfig::with_clock(Arc::new(clock.clone()));
+    config.auto_purge = Some(Duration::from_millis(20));
+    config.retention = Duration::from_secs(1);
+    let bus = Bus::open(&path, config).unwrap();
+    bus.create_topic("tasks").wait().unwrap();
+    bus.create_group("workers", &["tasks"], GroupOptions::default())
+        .wait()
+        .unwrap();
+    let retained = || -> u64 {
+        Queue::metrics(&bus)
+            .unwrap()
+            .iter()
+            .map(|t| t.retained)
+            .sum()
+    };
+    let eventually = |what: &str, ready: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !ready() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    // Another process on the file refuses every delete of a delivery.
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute_batch(
+            "CREATE TRIGGER no_purge BEFORE DELETE ON bus_deliveries
+             BEGIN SELECT RAISE(ABORT, 'deliveries are kept'); END;",
+        )
+        .unwrap();
+    publish(&bus, "done", PublishOptions::default());
+    let lease = bus.claim("workers", "w", 1, LEASE).wait().unwrap();
+    bus.ack(&lease[0].receipt).wait().unwrap();
+    clock.advance(2_000);
+    eventually("the failed purge is reported", &|| {
+        Queue::upkeep_failure(&bus).is_some()
+    });
+    assert_eq!(retained(), 1, "a failed purge removed nothing");
+
+    other.execute_batch("DROP TRIGGER no_purge").unwrap();
+    eventually("the report is cleared", &|| {
+        Queue::upkeep_failure(&bus).is_none()
+    });
+    eventually("the message is purged", &|| retained() == 0);
+}

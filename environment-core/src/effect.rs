@@ -1,9 +1,11 @@
 //! Effects: external side effects recorded before they happen, keyed for idempotency. These are
-//! the types of the [`Environment`](crate::Environment)'s effect log.
+//! the types of the [`Environment`](crate::Environment)'s effect log, and its storage port
+//! ([`EffectStore`]).
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{EnvError, Result};
+use crate::error::{EnvError, PortError, Result};
+use crate::hash::Hash;
 
 /// Where an effect stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -33,7 +35,8 @@ impl EffectState {
         }
     }
 
-    pub(crate) fn parse(s: &str) -> Result<EffectState> {
+    /// The state with this stored name.
+    pub fn parse(s: &str) -> Result<EffectState> {
         Ok(match s {
             "in_flight" => EffectState::InFlight,
             "done" => EffectState::Done,
@@ -126,4 +129,86 @@ impl BeginOutcome {
             | BeginOutcome::Compensated(r) => r,
         }
     }
+}
+
+/// An effect about to be begun, as a store records it.
+#[derive(Clone, Copy, Debug)]
+pub struct NewEffect<'a> {
+    /// The idempotency key.
+    pub key: &'a str,
+    /// What it acts on.
+    pub target: &'a str,
+    /// The request.
+    pub request: &'a [u8],
+    /// The hash of the target and the request: a key begun again with another is refused.
+    pub request_hash: Hash,
+    /// Who begins it.
+    pub actor: &'a str,
+    /// When (ms since the epoch).
+    pub now: i64,
+}
+
+impl NewEffect<'_> {
+    /// The hash a store keeps for `target` and `request`.
+    pub fn hash_of(target: &str, request: &[u8]) -> Hash {
+        Hash::of(
+            b"environment-effect-request",
+            &[target.as_bytes(), &[0], request].concat(),
+        )
+    }
+}
+
+/// What a store found when asked to begin an effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Begun {
+    /// No effect had the key: this one is recorded, in flight, at its first attempt.
+    Recorded(EffectRecord),
+    /// An effect has the key already: its record, and whether it was begun with the same
+    /// target and request.
+    Found {
+        /// The effect with the key.
+        record: EffectRecord,
+        /// Whether its request hash is the one asked with.
+        same_request: bool,
+    },
+}
+
+/// A change of one effect's state, made only while it is still in `from`.
+#[derive(Clone, Copy, Debug)]
+pub struct EffectChange<'a> {
+    /// The effect.
+    pub id: u64,
+    /// The state the change was decided on.
+    pub from: EffectState,
+    /// The state it moves to.
+    pub to: EffectState,
+    /// The result to record (kept as it was when `None`).
+    pub result: Option<&'a [u8]>,
+    /// The note to record (kept as it was when `None`).
+    pub note: Option<&'a str>,
+    /// Whether this is a new attempt (a failed effect begun again): counted.
+    pub attempt: bool,
+    /// When (ms since the epoch).
+    pub now: i64,
+}
+
+/// Where the effect log is kept: in the environment's own database by default, or in a store
+/// that several machines share. A store only keeps records; the environment decides who may
+/// begin and settle effects and which changes of state are allowed. Every write is atomic and
+/// durable once it returns: a begun effect is never begun twice, on any machine.
+pub trait EffectStore: Send + Sync {
+    /// Records `new` in flight, unless an effect has its key: then that one is found.
+    fn begin(&self, new: &NewEffect<'_>) -> std::result::Result<Begun, PortError>;
+    /// Makes `change` if the effect is still in `change.from`: its record after, or `None`
+    /// when it is not (it moved, or there is no such effect).
+    fn change(
+        &self,
+        change: &EffectChange<'_>,
+    ) -> std::result::Result<Option<EffectRecord>, PortError>;
+    /// The effect with this id.
+    fn by_id(&self, id: u64) -> std::result::Result<Option<EffectRecord>, PortError>;
+    /// The effect with this idempotency key.
+    fn by_key(&self, key: &str) -> std::result::Result<Option<EffectRecord>, PortError>;
+    /// Every effect, oldest first; only those in flight or unknown when `unfinished`.
+    fn list(&self, unfinished: bool) -> std::result::Result<Vec<EffectRecord>, PortError>;
 }

@@ -165,6 +165,10 @@ pub enum EnvError {
         /// The state asked for.
         to: &'static str,
     },
+    /// A store behind one of the environment's ports failed (one that several machines share:
+    /// it may be unreachable).
+    #[error("{0}")]
+    Store(PortError),
     /// The version was thinned out by retention: its record stays, its content does not.
     #[error("version {0} was dropped by retention; its content is no longer kept")]
     VersionDropped(OpId),
@@ -367,6 +371,7 @@ impl EnvError {
             }
             EnvError::Integrity { .. } | EnvError::Decode { .. } => Corrupt,
             EnvError::Blob(b) => b.kind(),
+            EnvError::Store(e) => e.kind,
             EnvError::Home { .. } | EnvError::Db(_) | EnvError::CommitFailed(_) => Internal,
         }
     }

@@ -34,24 +34,27 @@ pub mod authz;
 pub mod blob;
 pub mod checkpoint;
 pub mod clock;
-mod db;
+
 pub mod effect;
+mod embedded;
 mod encoding;
 pub mod environment;
 pub mod error;
 pub mod event;
 pub mod governance;
 pub mod hash;
-mod heads;
+
 pub mod history;
 pub mod json;
 pub mod key;
 pub mod local;
 pub mod merge;
 pub mod op;
-mod op_index;
+
+pub mod policy_store;
 pub mod queue;
 pub mod shell;
+pub mod store;
 mod tree;
 pub mod upkeep;
 pub mod value;
@@ -63,7 +66,9 @@ pub use authz::{
 };
 pub use blob::{BlobLocation, BlobStore, BlobUsage};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use effect::{BeginOutcome, EffectRecord, EffectState};
+pub use effect::{
+    BeginOutcome, Begun, EffectChange, EffectRecord, EffectState, EffectStore, NewEffect,
+};
 pub use environment::{Capabilities, Capability, Environment};
 pub use error::{BlobError, EnvError, ErrorKind, ForAgent, PortError, Result, StaleWrite};
 pub use event::{Event, EventFilter, PublishError, Publisher};
@@ -77,6 +82,9 @@ pub use local::{
 pub use merge::MergeOutcome;
 pub use merge::{Conflict, ConflictSide};
 pub use op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation, Version};
+pub use policy_store::{
+    PolicyChange, PolicyRecord, PolicyRecords, PolicyStore, QuotaCount, Uses, Written,
+};
 pub use queue::Queue;
 pub use shell::{
     BackgroundProcesses, Cancel, CommandSpec, ExecOutcome, ExecRequest, Exit, OutputChunk,

@@ -336,6 +336,15 @@ impl Operation {
         )
     }
 
+    /// An operation from its stored encoding (the record a store keeps, see
+    /// [`crate::store::LogWrite::append`]).
+    pub fn decode(record: &[u8]) -> crate::error::Result<Operation> {
+        postcard::from_bytes(record).map_err(|e| crate::error::EnvError::Decode {
+            what: "operation",
+            detail: e.to_string(),
+        })
+    }
+
     /// Whether the id matches the record.
     pub fn is_intact(&self) -> bool {
         self.compute_id() == self.id

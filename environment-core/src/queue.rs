@@ -66,6 +66,10 @@ pub trait Queue: Send + Sync {
     /// all of whose deliveries are gone, and dedup ids past their window. Nothing unsettled
     /// and no dead letter is touched.
     fn purge(&self) -> Result<Purged, PortError>;
+    /// Why the queue's own background work (its periodic purge) last failed, until a later
+    /// run succeeds; `None` while it works or when there is none. A failure there is reported
+    /// here, never only logged.
+    fn upkeep_failure(&self) -> Option<PortError>;
 }
 
 /// What a purge removed.

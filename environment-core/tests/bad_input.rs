@@ -1,12 +1,14 @@
-//! Bad input gets a typed error and changes nothing.
+//! Bad input gets a typed error and changes nothing (the bodies every store of the log runs are
+//! in `environment-conformance`; those about the embedded store's own files are here).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::sync::Arc;
 
+use environment_conformance::log_port::Embedded;
+use environment_conformance::log_refusals;
 use environment_core::{
-    AccessRequest, ActRequest, Action, ActorId, Authorizer, BlobError, Content, Decision, EnvError,
-    ForAgent, Intent, Key, KeyError, LocalEnvironment, Options, Resource, Value, Verdict,
+    ActRequest, ActorId, BlobError, EnvError, Intent, Key, KeyError, LocalEnvironment, Options,
+    Value,
 };
 
 fn open() -> (tempfile::TempDir, LocalEnvironment, ActorId) {
@@ -21,26 +23,6 @@ fn open() -> (tempfile::TempDir, LocalEnvironment, ActorId) {
     )
     .unwrap();
     (home, env, ActorId::new("agent:bad").unwrap())
-}
-
-/// Asserts that `f` fails and that the log did not move.
-fn refused(env: &LocalEnvironment, f: impl FnOnce() -> Result<(), EnvError>) -> EnvError {
-    let before = env.head("main").unwrap();
-    let ops_before = env
-        .verify(&environment_core::ActorId::system())
-        .unwrap()
-        .ops;
-    let err = f().expect_err("must be refused");
-    assert_eq!(env.head("main").unwrap(), before);
-    assert_eq!(
-        env.verify(&environment_core::ActorId::system())
-            .unwrap()
-            .ops,
-        ops_before
-    );
-    let text = err.for_agent();
-    assert!(text.starts_with("The action was NOT performed"), "{text}");
-    err
 }
 
 #[test]
@@ -71,125 +53,6 @@ fn malformed_keys() {
     ));
     // Non-UTF-8 bytes are fine.
     assert!(Key::fs(b"caf\xe9".to_vec()).is_ok());
-}
-
-#[test]
-fn unknown_versions_and_branches() {
-    let (_h, env, actor) = open();
-    let k = Key::fs("a").unwrap();
-    let bogus = "00".repeat(32).parse().unwrap();
-    assert!(matches!(
-        env.read(&actor, &k, &bogus),
-        Err(EnvError::UnknownVersion(_))
-    ));
-    assert!(matches!(
-        env.resolve("nosuchmark"),
-        Err(EnvError::UnknownVersion(_))
-    ));
-    assert!(matches!(
-        env.resolve("main~5"),
-        Err(EnvError::UnknownVersion(_))
-    ));
-    assert!(matches!(
-        env.resolve("main~x"),
-        Err(EnvError::UnknownVersion(_))
-    ));
-    refused(&env, || {
-        env.act_blocking(
-            ActRequest::new(actor.clone(), Intent::edit("x"))
-                .base(bogus)
-                .put(k.clone(), Value::file("x")),
-        )
-        .map(drop)
-    });
-    refused(&env, || {
-        env.act_blocking(
-            ActRequest::new(actor.clone(), Intent::edit("x"))
-                .on("nobranch")
-                .put(k.clone(), Value::file("x")),
-        )
-        .map(drop)
-    });
-    refused(&env, || {
-        env.restore(&actor, "main", &bogus, Intent::edit("x"))
-            .map(drop)
-    });
-    refused(&env, || {
-        env.merge(&actor, "nobranch", "main", Intent::edit("x"))
-            .map(drop)
-    });
-    refused(&env, || env.undo(&actor, "main").map(drop));
-    refused(&env, || {
-        env.create_branch(&actor, "main", &env.head("main").unwrap())
-            .map(drop)
-    });
-    for name in [
-        "", "-x", "a b", "HEAD", "deadbeef", "x~1", "a:b", ".hidden", "a//b",
-    ] {
-        let err = refused(&env, || {
-            env.create_branch(&actor, name, &env.head("main").unwrap())
-                .map(drop)
-        });
-        assert!(matches!(err, EnvError::InvalidName { .. }), "{name}: {err}");
-    }
-    let head = env.head("main").unwrap();
-    env.mark(&actor, "good", &head).unwrap();
-    assert!(matches!(
-        env.mark(&actor, "good", &head),
-        Err(EnvError::MarkExists(_))
-    ));
-}
-
-#[test]
-fn oversized_and_duplicate_requests() {
-    let (_h, env, actor) = open();
-    let k = Key::fs("big").unwrap();
-    let err = refused(&env, || {
-        env.act_blocking(
-            ActRequest::new(actor.clone(), Intent::edit("x"))
-                .put(k.clone(), Value::file(vec![0; 1025])),
-        )
-        .map(drop)
-    });
-    assert!(matches!(
-        err,
-        EnvError::ValueTooLarge {
-            size: 1025,
-            limit: 1024,
-            ..
-        }
-    ));
-    let mut r = ActRequest::new(actor.clone(), Intent::edit("many"));
-    for i in 0..11 {
-        r = r.put(Key::fs(format!("k{i}")).unwrap(), Value::file("x"));
-    }
-    assert!(matches!(
-        refused(&env, || env.act_blocking(r).map(drop)),
-        EnvError::RequestTooLarge(_)
-    ));
-    let r = ActRequest::new(actor.clone(), Intent::edit("dup"))
-        .put(k.clone(), Value::file("a"))
-        .delete(k.clone());
-    assert!(matches!(
-        refused(&env, || env.act_blocking(r).map(drop)),
-        EnvError::DuplicateKey(_)
-    ));
-    let r = ActRequest::new(actor.clone(), Intent::edit("x".repeat(20_000)))
-        .put(k.clone(), Value::file("a"));
-    assert!(matches!(
-        refused(&env, || env.act_blocking(r).map(drop)),
-        EnvError::RequestTooLarge(_)
-    ));
-    // A blob reference to content that is not stored.
-    let missing = Value {
-        content: Content::Blob("11".repeat(32).parse().unwrap()),
-        meta: Value::file("").meta,
-    };
-    let r = ActRequest::new(actor.clone(), Intent::edit("dangling")).put(k, missing);
-    assert!(matches!(
-        refused(&env, || env.act_blocking(r).map(drop)),
-        EnvError::Blob(BlobError::Missing(_))
-    ));
 }
 
 #[test]
@@ -249,100 +112,6 @@ fn tampered_log_is_detected_by_verify() {
     }
 }
 
-struct DenySecrets;
-impl Authorizer for DenySecrets {
-    fn decide(&self, r: &AccessRequest) -> Decision {
-        let denied = matches!(&r.resource, Resource::Key(k) if k.path().starts_with(b"secrets"))
-            || r.action == Action::Delete;
-        Decision {
-            verdict: if denied {
-                Verdict::Deny
-            } else {
-                Verdict::Allow
-            },
-            rules: vec![if denied { "no-secrets" } else { "allow-rest" }.into()],
-            policy_version: 7,
-            next: String::new(),
-            explanation: if denied {
-                "Denied by rule `no-secrets`.".into()
-            } else {
-                String::new()
-            },
-            spend: Vec::new(),
-        }
-    }
-}
-
-#[test]
-fn denied_actions_change_nothing_and_allowed_ones_record_the_decision() {
-    let home = tempfile::tempdir().unwrap();
-    let env = LocalEnvironment::open(
-        home.path(),
-        Options {
-            authorizer: Arc::new(DenySecrets),
-            ..Options::default()
-        },
-    )
-    .unwrap();
-    let actor = ActorId::new("agent:x").unwrap();
-    let r = ActRequest::new(actor.clone(), Intent::edit("x"))
-        .put(Key::fs("ok").unwrap(), Value::file("a"))
-        .put(Key::fs("secrets/key.pem").unwrap(), Value::file("b"));
-    let err = refused(&env, || env.act_blocking(r).map(drop));
-    assert!(err.for_agent().contains("Denied by rule `no-secrets`"));
-    assert!(
-        env.read(&actor, &Key::fs("ok").unwrap(), &env.head("main").unwrap())
-            .unwrap()
-            .is_none()
-    );
-    let obs = env
-        .act_blocking(
-            ActRequest::new(actor.clone(), Intent::edit("x"))
-                .put(Key::fs("ok").unwrap(), Value::file("a")),
-        )
-        .unwrap();
-    let op = env.op(&obs.version).unwrap();
-    let d = op.decision.clone().unwrap();
-    assert_eq!(
-        (d.policy_version, d.rules),
-        (7, vec!["allow-rest".to_string()])
-    );
-}
-
-#[test]
-fn effect_misuse() {
-    let (_h, env, actor) = open();
-    let rec = match env.effect_begin(&actor, "deploy-1", "prod", b"v1").unwrap() {
-        environment_core::BeginOutcome::New(r) => r,
-        other => panic!("{other:?}"),
-    };
-    assert!(matches!(
-        env.effect_begin(&actor, "deploy-1", "prod", b"v2"),
-        Err(EnvError::IdempotencyKeyReused { .. })
-    ));
-    assert!(matches!(
-        env.effect_compensate(&actor, rec.id, "x"),
-        Err(EnvError::InvalidEffectTransition { .. })
-    ));
-    assert!(matches!(
-        env.effect_complete(&actor, 999, b""),
-        Err(EnvError::UnknownEffect(999))
-    ));
-    assert!(matches!(
-        env.effect_begin(&actor, "", "prod", b""),
-        Err(EnvError::RequestTooLarge(_))
-    ));
-    env.effect_complete(&actor, rec.id, b"ok").unwrap();
-    assert!(matches!(
-        env.effect_fail(&actor, rec.id, "late"),
-        Err(EnvError::InvalidEffectTransition { .. })
-    ));
-    assert_eq!(
-        env.effect("deploy-1").unwrap().unwrap().result.as_deref(),
-        Some(&b"ok"[..])
-    );
-}
-
 /// An environment stored in a later layout than this build's is refused when it opens, before
 /// anything is written, and opens again once its layout is one this build reads.
 #[test]
@@ -393,4 +162,24 @@ fn an_environment_from_a_newer_layout_is_refused_and_left_as_is() {
         Some(Value::file("v"))
     );
     env.verify(&environment_core::ActorId::system()).unwrap();
+}
+
+#[test]
+fn unknown_versions_and_branches() {
+    log_refusals::unknown_versions_and_branches(&Embedded);
+}
+
+#[test]
+fn oversized_and_duplicate_requests() {
+    log_refusals::oversized_and_duplicate_requests(&Embedded);
+}
+
+#[test]
+fn denied_actions_change_nothing_and_allowed_ones_record_the_decision() {
+    log_refusals::denied_actions_change_nothing(&Embedded);
+}
+
+#[test]
+fn effect_misuse() {
+    log_refusals::effect_misuse(&Embedded);
 }

@@ -6,7 +6,9 @@ use environment_core::AccessRequest;
 
 use crate::decision::{Decision, Outcome};
 use crate::error::{PolicyError, Result};
-use crate::policy::{Policy, lock, random_id, read};
+use environment_core::policy_store::PolicyRecord;
+
+use crate::policy::{Policy, Runtime, lock, random_id, read};
 use crate::resource::resource_label;
 
 /// What has become of an approval request.
@@ -130,30 +132,50 @@ impl Policy {
     }
 
     pub(crate) fn file_approval(&self, req: &AccessRequest, d: &Decision) -> Result<Approval> {
-        self.refresh()?;
         let label = resource_label(&req.resource);
-        let mut rt = lock(&self.runtime);
-        if let Some(a) = rt.approvals.values().find(|a| {
-            a.state == ApprovalState::Pending
-                && a.actor == req.actor.as_str()
-                && a.action == req.action.as_str()
-                && a.resource == label
-        }) {
-            return Ok(a.clone());
-        }
-        let a = Approval {
-            id: random_id("apr-"),
-            actor: req.actor.to_string(),
-            action: req.action.to_string(),
-            resource: label,
-            rules: d.rule_ids().map(str::to_owned).collect(),
-            from: d.approvers(),
-            created_at: self.clock.now_ms(),
-            state: ApprovalState::Pending,
+        self.retrying(|| {
+            let mut rt = lock(&self.runtime);
+            if let Some(a) = rt.approvals.values().find(|a| {
+                a.state == ApprovalState::Pending
+                    && a.actor == req.actor.as_str()
+                    && a.action == req.action.as_str()
+                    && a.resource == label
+            }) {
+                return Ok(Some(a.clone()));
+            }
+            let a = Approval {
+                id: random_id("apr-"),
+                actor: req.actor.to_string(),
+                action: req.action.to_string(),
+                resource: label.clone(),
+                rules: d.rule_ids().map(str::to_owned).collect(),
+                from: d.approvers(),
+                created_at: self.clock.now_ms(),
+                state: ApprovalState::Pending,
+            };
+            self.put_approval(&mut rt, None, a)
+        })
+    }
+
+    /// Records `a`, new (`before` is `None`) or replacing the record memory holds; `None` when
+    /// the store's record is no longer that one.
+    pub(crate) fn put_approval(
+        &self,
+        rt: &mut Runtime,
+        before: Option<&str>,
+        a: Approval,
+    ) -> Result<Option<Approval>> {
+        let record = PolicyRecord {
+            id: a.id.clone(),
+            body: serde_json::to_string(&a).map_err(|e| PolicyError::Corrupt(e.to_string()))?,
         };
-        lock(&self.store).put_approval(&a)?;
+        let w = lock(&self.store).put_approval(before, &record)?;
+        if !self.wrote(w) {
+            return Ok(None);
+        }
+        rt.approval_bodies.insert(record.id, record.body);
         rt.approvals.insert(a.id.clone(), a.clone());
-        Ok(a)
+        Ok(Some(a))
     }
 
     /// Grants a pending approval; `approver` must be (in) one of those it names and not the
@@ -178,41 +200,41 @@ impl Policy {
         &self,
         id: &str,
         approver: &str,
-        state: impl FnOnce(String) -> ApprovalState,
+        state: impl Fn(String) -> ApprovalState,
     ) -> Result<Approval> {
-        self.refresh()?;
-        let st = read(&self.state);
-        let mut rt = lock(&self.runtime);
-        let a = rt
-            .approvals
-            .get(id)
-            .ok_or_else(|| PolicyError::UnknownApproval(id.to_owned()))?;
-        if a.state != ApprovalState::Pending {
-            return Err(PolicyError::ApprovalNotPending {
-                id: id.to_owned(),
-                state: a.state.name(),
-            });
-        }
-        let who = st.relations.lookup(approver);
-        let authorized = approver != a.actor
-            && a.from.iter().any(|f| {
-                f == approver
-                    || match (who, st.relations.lookup(f)) {
-                        (Some(w), Some(g)) => st.relations.is_in(w, g),
-                        _ => false,
-                    }
-            });
-        if !authorized {
-            return Err(PolicyError::NotAnApprover {
-                id: id.to_owned(),
-                approver: approver.to_owned(),
-            });
-        }
-        let mut a = a.clone();
-        a.state = state(approver.to_owned());
-        lock(&self.store).put_approval(&a)?;
-        rt.approvals.insert(a.id.clone(), a.clone());
-        Ok(a)
+        self.retrying(|| {
+            let st = read(&self.state);
+            let mut rt = lock(&self.runtime);
+            let a = rt
+                .approvals
+                .get(id)
+                .ok_or_else(|| PolicyError::UnknownApproval(id.to_owned()))?;
+            if a.state != ApprovalState::Pending {
+                return Err(PolicyError::ApprovalNotPending {
+                    id: id.to_owned(),
+                    state: a.state.name(),
+                });
+            }
+            let who = st.relations.lookup(approver);
+            let authorized = approver != a.actor
+                && a.from.iter().any(|f| {
+                    f == approver
+                        || match (who, st.relations.lookup(f)) {
+                            (Some(w), Some(g)) => st.relations.is_in(w, g),
+                            _ => false,
+                        }
+                });
+            if !authorized {
+                return Err(PolicyError::NotAnApprover {
+                    id: id.to_owned(),
+                    approver: approver.to_owned(),
+                });
+            }
+            let mut a = a.clone();
+            a.state = state(approver.to_owned());
+            let before = rt.approval_bodies.get(id).cloned();
+            self.put_approval(&mut rt, Some(before.as_deref().unwrap_or_default()), a)
+        })
     }
 
     /// One approval request.

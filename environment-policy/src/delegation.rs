@@ -7,7 +7,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{PolicyError, Result};
-use crate::policy::{Policy, lock, random_id, read, write};
+use environment_core::policy_store::{PolicyChange, PolicyRecord};
+
+use crate::policy::{Policy, random_id, read, write};
 use crate::resource::{ResourcePattern, Target};
 use crate::rule::ActorKind;
 
@@ -43,7 +45,15 @@ impl Delegation {
 impl Policy {
     /// Records a delegation (an empty id gets a fresh one); returns it as stored.
     pub fn delegate(&self, mut d: Delegation) -> Result<Delegation> {
-        self.refresh()?;
+        if d.id.is_empty() {
+            d.id = random_id("dlg-");
+        }
+        self.retrying(|| self.add_delegation(&d))
+    }
+
+    /// Records `d` as the next version, checked against the delegations memory holds; `None`
+    /// when the store moved past that version.
+    fn add_delegation(&self, d: &Delegation) -> Result<Option<Delegation>> {
         let bad = |m: &str| Err(PolicyError::BadDelegation(m.to_owned()));
         if ActorKind::of(&d.from).is_none() || ActorKind::of(&d.to).is_none() {
             return bad("from and to must be actor ids (human:, agent:, service:)");
@@ -53,9 +63,6 @@ impl Policy {
         }
         if d.expires_at.is_some_and(|e| e <= self.clock.now_ms()) {
             return bad("already expired");
-        }
-        if d.id.is_empty() {
-            d.id = random_id("dlg-");
         }
         let mut st = write(&self.state);
         if d.actions.is_empty() {
@@ -92,25 +99,34 @@ impl Policy {
             }
             frontier = next;
         }
-        let version = st.version + 1;
-        lock(&self.store).put_delegation(version, &d)?;
+        let body = serde_json::to_string(d).map_err(|e| PolicyError::Corrupt(e.to_string()))?;
+        let change = PolicyChange::PutDelegation(PolicyRecord {
+            id: d.id.clone(),
+            body,
+        });
+        let Some(version) = self.change(&mut st, &change)? else {
+            return Ok(None);
+        };
         st.delegations.push(d.clone());
         st.version = version;
-        Ok(d)
+        Ok(Some(d.clone()))
     }
 
     /// Revokes a delegation; everything delegated onwards from it lapses with it.
     pub fn revoke_delegation(&self, id: &str) -> Result<u64> {
-        self.refresh()?;
-        let mut st = write(&self.state);
-        let Some(i) = st.delegations.iter().position(|d| d.id == id) else {
-            return Err(PolicyError::UnknownDelegation(id.to_owned()));
-        };
-        let version = st.version + 1;
-        lock(&self.store).delete_delegation(version, id)?;
-        st.delegations.remove(i);
-        st.version = version;
-        Ok(version)
+        self.retrying(|| {
+            let mut st = write(&self.state);
+            let Some(i) = st.delegations.iter().position(|d| d.id == id) else {
+                return Err(PolicyError::UnknownDelegation(id.to_owned()));
+            };
+            let change = PolicyChange::DeleteDelegation(id.to_owned());
+            let Some(version) = self.change(&mut st, &change)? else {
+                return Ok(None);
+            };
+            st.delegations.remove(i);
+            st.version = version;
+            Ok(Some(version))
+        })
     }
 
     /// Every delegation.

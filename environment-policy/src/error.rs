@@ -13,9 +13,21 @@ pub enum PolicyError {
     /// Rules or a schema that do not validate; every problem found, with its location.
     #[error("invalid policy ({} problem(s)): {}", .0.len(), render_issues(.0))]
     Invalid(Vec<LoadIssue>),
-    /// The SQLite store failed.
-    #[error("policy store: {0}")]
-    Store(#[from] rusqlite::Error),
+    /// The store failed (it could not be read or written).
+    #[error("{0}")]
+    Store(#[from] environment_core::PortError),
+    /// Other handles on the store kept changing what this change was made on: it was made
+    /// again on what they wrote this many times, and did not get through.
+    #[error("the policy kept changing under this change ({0} attempts); try again")]
+    Contended(usize),
+    /// A change made only on one version found the policy at another.
+    #[error("the policy is at version {current}, not {expected}: it changed in between")]
+    VersionMoved {
+        /// The version the change was made on.
+        expected: u64,
+        /// The version the policy is at.
+        current: u64,
+    },
     /// The store holds something this version cannot read.
     #[error("policy store is corrupt: {0}")]
     Corrupt(String),
@@ -97,7 +109,8 @@ impl PolicyError {
             | PolicyError::NoApprovalNeeded(_) => ErrorKind::Conflict,
             PolicyError::NotAnApprover { .. } => ErrorKind::Denied,
             PolicyError::Corrupt(_) => ErrorKind::Corrupt,
-            PolicyError::Store(_) => ErrorKind::Internal,
+            PolicyError::Store(e) => e.kind,
+            PolicyError::Contended(_) | PolicyError::VersionMoved { .. } => ErrorKind::Conflict,
         }
     }
 }

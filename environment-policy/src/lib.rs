@@ -20,7 +20,9 @@
 //! and an explanation rendered only when asked. The policy implements environment-core's
 //! [`Authorizer`](environment_core::Authorizer).
 //!
-//! In short: open with [`Policy::open`] (SQLite file) or [`Policy::in_memory`]; load rules with
+//! In short: open with [`Policy::open`] (SQLite file), [`Policy::in_memory`], or
+//! [`Policy::with_store`] (any store of core's [`PolicyStore`](environment_core::PolicyStore)
+//! port, such as PostgreSQL for a policy several machines share); load rules with
 //! [`Policy::load_rules`]; record memberships with [`Policy::add_member`]; decide with
 //! [`Policy::check`] (spends quota, approval and token uses) or [`Policy::evaluate`] (a dry run);
 //! plan with [`Policy::what_may`]; hand out rights with [`Policy::issue_token`] and
@@ -31,8 +33,10 @@
 //! directory, and group membership is a precomputed closure, so a check costs a few lookups and
 //! glob matches and does not allocate. The store is written when something changes, and read
 //! live: each check (or each batch of an action's keys, through core's `decide_all`) first looks
-//! at the store's data version and reloads when another process changed it, so a rule revoked
-//! anywhere applies to the next request.
+//! at the store's generation and reloads when another process changed it, so a rule revoked
+//! anywhere applies to the next request. Every write compares what it was made on (the
+//! version, the counters, the approval's record) and is made again on what another process
+//! wrote in between, so two processes never lose each other's change nor both have a last use.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -112,4 +116,5 @@ pub use resource::{
 };
 pub use rule::{ActorKind, Effect, Principal, Rule, is_group};
 pub use schema::{AttrType, BUILTIN_ACTIONS, BUILTIN_ATTRIBUTES, Schema};
+pub use store::SqlitePolicyStore;
 pub use token::{CapabilityToken, TokenError, TokenLimits};

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use environment_core::Clock;
+use environment_core::policy_store::{PolicyChange, PolicyRecords, PolicyStore, Written};
 
 use crate::approval::Approval;
 use crate::delegation::Delegation;
@@ -17,7 +18,7 @@ use crate::relations::{ANYONE, EntityId, RelationRefusal, Relations};
 use crate::rule::{ActorKind, Rule};
 use crate::ruleset::RuleSet;
 use crate::schema::Schema;
-use crate::store::Store;
+use crate::store::SqlitePolicyStore;
 
 pub(crate) struct State {
     pub(crate) version: u64,
@@ -31,6 +32,8 @@ pub(crate) struct Runtime {
     pub(crate) quotas: HashMap<(String, String), (i64, u32)>,
     pub(crate) approvals: BTreeMap<String, Approval>,
     pub(crate) token_uses: HashMap<String, u32>,
+    /// Each approval's record as the store holds it: what a write of it compares against.
+    pub(crate) approval_bodies: HashMap<String, String>,
 }
 
 /// The policy of one environment: rules, relations, delegations, approvals and tokens.
@@ -38,10 +41,10 @@ pub(crate) struct Runtime {
 pub struct Policy {
     pub(crate) state: RwLock<State>,
     pub(crate) runtime: Mutex<Runtime>,
-    pub(crate) store: Mutex<Store>,
+    pub(crate) store: Mutex<Box<dyn PolicyStore>>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) token_key: [u8; 32],
-    /// The store's data version memory was loaded at.
+    /// The store's generation memory holds ([`UNSEEN`]: to be read again).
     seen: AtomicI64,
 }
 
@@ -69,7 +72,7 @@ pub(crate) fn random_id(prefix: &str) -> String {
 }
 
 /// The in-memory policy of what a store holds.
-fn in_memory(loaded: crate::store::Loaded) -> Result<(State, Runtime)> {
+fn in_memory(loaded: PolicyRecords) -> Result<(State, Runtime)> {
     let mut relations = Relations::new();
     for (m, g) in &loaded.relations {
         if relations.can_add(m, g).is_err() {
@@ -83,21 +86,38 @@ fn in_memory(loaded: crate::store::Loaded) -> Result<(State, Runtime)> {
     };
     let rules = Arc::new(RuleSet::build(file.schema, file.rules, &mut relations));
     let mut runtime = Runtime::default();
-    for a in loaded.approvals {
+    for r in loaded.approvals {
+        let a: Approval = serde_json::from_str(&r.body)
+            .map_err(|e| PolicyError::Corrupt(format!("approval: {e}")))?;
         runtime.approvals.insert(a.id.clone(), a);
+        runtime.approval_bodies.insert(r.id, r.body);
     }
-    for (rule, actor, window, used) in loaded.quotas {
-        runtime.quotas.insert((rule, actor), (window, used));
+    for q in loaded.quotas {
+        runtime.quotas.insert((q.rule, q.actor), (q.window, q.used));
     }
     runtime.token_uses.extend(loaded.token_uses);
+    let delegations = loaded
+        .delegations
+        .iter()
+        .map(|r| {
+            serde_json::from_str(&r.body)
+                .map_err(|e| PolicyError::Corrupt(format!("delegation: {e}")))
+        })
+        .collect::<Result<Vec<Delegation>>>()?;
     let state = State {
         version: loaded.version,
         rules,
         relations,
-        delegations: loaded.delegations,
+        delegations,
     };
     Ok((state, runtime))
 }
+
+/// A generation no store reports: memory must be read again.
+const UNSEEN: i64 = i64::MIN;
+
+/// How many times a write made on a state that moved is made again on the state read anew.
+const ATTEMPTS: usize = 32;
 
 fn issue(message: String) -> LoadIssue {
     LoadIssue {
@@ -111,17 +131,18 @@ fn issue(message: String) -> LoadIssue {
 impl Policy {
     /// Opens (or creates) a policy stored in the SQLite file at `path`.
     pub fn open(path: &Path, clock: Arc<dyn Clock>) -> Result<Policy> {
-        Policy::from_store(Store::open(path)?, clock)
+        Policy::with_store(Box::new(SqlitePolicyStore::open(path)?), clock)
     }
 
     /// A policy kept in an in-memory SQLite database (tests, throwaway environments).
     pub fn in_memory(clock: Arc<dyn Clock>) -> Result<Policy> {
-        Policy::from_store(Store::in_memory()?, clock)
+        Policy::with_store(Box::new(SqlitePolicyStore::in_memory()?), clock)
     }
 
-    fn from_store(mut store: Store, clock: Arc<dyn Clock>) -> Result<Policy> {
-        let seen = store.data_version()?;
-        let loaded = store.load()?;
+    /// A policy kept in `store`: one that several processes or machines share (PostgreSQL)
+    /// keeps every one of their policies in step, and a use is spent by one of them only.
+    pub fn with_store(mut store: Box<dyn PolicyStore>, clock: Arc<dyn Clock>) -> Result<Policy> {
+        let (seen, loaded) = store.load()?;
         let token_key = loaded.token_key;
         let (state, runtime) = in_memory(loaded)?;
         Ok(Policy {
@@ -134,25 +155,64 @@ impl Policy {
         })
     }
 
-    /// Brings memory up to date with the store when another process committed to it since it
+    /// Brings memory up to date with the store when another handle committed to it since it
     /// was read (a rule loaded or revoked, an approval granted, a quota or token use spent), so
     /// a change made anywhere applies to the next check here. Cheap when nothing changed: one
-    /// look at the store's data version.
+    /// look at the store's generation.
     pub(crate) fn refresh(&self) -> Result<()> {
-        let now = lock(&self.store).data_version()?;
+        let now = lock(&self.store).generation()?;
         if now == self.seen.load(Ordering::Acquire) {
             return Ok(());
         }
         // The locks in their usual order: state, runtime, store.
         let mut st = write(&self.state);
         let mut rt = lock(&self.runtime);
-        let mut store = lock(&self.store);
-        let now = store.data_version()?;
-        let (state, runtime) = in_memory(store.load()?)?;
+        let (now, loaded) = lock(&self.store).load()?;
+        let (state, runtime) = in_memory(loaded)?;
         *st = state;
         *rt = runtime;
         self.seen.store(now, Ordering::Release);
         Ok(())
+    }
+
+    /// Whether a write was committed; memory, which the caller updates with it, stays current
+    /// when nobody else wrote since it was read, and is read again otherwise.
+    pub(crate) fn wrote(&self, w: Written) -> bool {
+        match w {
+            Written::Done { before, after } => {
+                if self
+                    .seen
+                    .compare_exchange(before, after, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    self.seen.store(UNSEEN, Ordering::Release);
+                }
+                true
+            }
+            Written::Stale => {
+                self.seen.store(UNSEEN, Ordering::Release);
+                false
+            }
+        }
+    }
+
+    /// Runs `attempt` on memory brought up to date until its write is not refused as made on
+    /// a state that moved (`None`), or fails after [`ATTEMPTS`] tries.
+    pub(crate) fn retrying<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        for _ in 0..ATTEMPTS {
+            self.refresh()?;
+            if let Some(done) = attempt()? {
+                return Ok(done);
+            }
+        }
+        Err(PolicyError::Contended(ATTEMPTS))
+    }
+
+    /// Makes `change` the next version, on the version memory holds; `None` when the store
+    /// moved past it.
+    pub(crate) fn change(&self, st: &mut State, change: &PolicyChange) -> Result<Option<u64>> {
+        let w = lock(&self.store).change(st.version, change)?;
+        Ok(self.wrote(w).then_some(st.version + 1))
     }
 
     /// [`Policy::refresh`] for a listing that cannot fail: one that cannot read the store
@@ -177,36 +237,57 @@ impl Policy {
         self.set_rules(file)
     }
 
+    /// Replaces the rules with those of a rule file, as [`Policy::load_rules`] does, only
+    /// while the policy is at version `expected` (an `If-Match`): a version made in between,
+    /// here or on another machine sharing the store, refuses the load and changes nothing.
+    pub fn load_rules_on(&self, expected: u64, text: &str) -> Result<u64> {
+        let file = RuleFile::parse(text).map_err(PolicyError::Invalid)?;
+        validate(&file)?;
+        let text = file.render();
+        self.retrying(|| {
+            let mut st = write(&self.state);
+            if st.version != expected {
+                return Err(PolicyError::VersionMoved {
+                    expected,
+                    current: st.version,
+                });
+            }
+            self.put_rules(&mut st, &file, &text)
+        })
+    }
+
     /// Replaces the schema and all rules; returns the new version.
     pub fn set_rules(&self, file: RuleFile) -> Result<u64> {
-        self.refresh()?;
-        let mut issues = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for r in &file.rules {
-            if !seen.insert(r.id.as_str()) {
-                issues.push(LoadIssue {
-                    rule: Some(r.id.clone()),
-                    ..issue("duplicate rule id".into())
-                });
-            }
-            for m in check_rule(r, &file.schema) {
-                issues.push(LoadIssue {
-                    rule: Some(r.id.clone()),
-                    ..issue(m)
-                });
-            }
-        }
-        if !issues.is_empty() {
-            return Err(PolicyError::Invalid(issues));
-        }
+        validate(&file)?;
         let text = file.render();
-        let mut st = write(&self.state);
-        let version = st.version + 1;
-        let rules = RuleSet::build(file.schema, file.rules, &mut st.relations);
-        lock(&self.store).save_rules(version, &text)?;
+        self.retrying(|| self.put_rules(&mut write(&self.state), &file, &text))
+    }
+
+    /// Makes `file` (rendered as `text`) the rules of the next version, on the version memory
+    /// holds; `None` when the store moved past it.
+    fn put_rules(&self, st: &mut State, file: &RuleFile, text: &str) -> Result<Option<u64>> {
+        let Some(version) = self.change(st, &PolicyChange::Rules(text.to_owned()))? else {
+            return Ok(None);
+        };
+        let rules = RuleSet::build(file.schema.clone(), file.rules.clone(), &mut st.relations);
         st.rules = Arc::new(rules);
         st.version = version;
-        Ok(version)
+        Ok(Some(version))
+    }
+
+    /// Changes the current rules with `edit` into a new version. Made on the rules of one
+    /// version: a version made elsewhere in between is edited again, never overwritten.
+    fn edit_rules(&self, edit: impl Fn(&mut RuleFile) -> Result<()>) -> Result<u64> {
+        self.retrying(|| {
+            let mut st = write(&self.state);
+            let mut file = RuleFile {
+                schema: st.rules.schema.schema.clone(),
+                rules: st.rules.rules.clone(),
+            };
+            edit(&mut file)?;
+            validate(&file)?;
+            self.put_rules(&mut st, &file, &file.render())
+        })
     }
 
     /// The current schema and rules.
@@ -226,75 +307,80 @@ impl Policy {
 
     /// Adds one rule (its id must be new); returns the new version.
     pub fn add_rule(&self, rule: Rule) -> Result<u64> {
-        let mut file = self.rules();
-        file.rules.push(rule);
-        self.set_rules(file)
+        self.edit_rules(|file| {
+            file.rules.push(rule.clone());
+            Ok(())
+        })
     }
 
     /// Removes the rule with this id; returns the new version.
     pub fn remove_rule(&self, id: &str) -> Result<u64> {
-        let mut file = self.rules();
-        let before = file.rules.len();
-        file.rules.retain(|r| r.id != id);
-        if file.rules.len() == before {
-            return Err(PolicyError::UnknownRule(id.to_owned()));
-        }
-        self.set_rules(file)
+        self.edit_rules(|file| {
+            let before = file.rules.len();
+            file.rules.retain(|r| r.id != id);
+            if file.rules.len() == before {
+                return Err(PolicyError::UnknownRule(id.to_owned()));
+            }
+            Ok(())
+        })
     }
 
     /// Replaces the schema, keeping the rules (which must still validate).
     pub fn set_schema(&self, schema: Schema) -> Result<u64> {
-        let mut file = self.rules();
-        file.schema = schema;
-        self.set_rules(file)
+        self.edit_rules(|file| {
+            file.schema = schema.clone();
+            Ok(())
+        })
     }
 
     /// Records `member ∈ group` (a group or role); returns the version (bumped if it is new).
     /// Refuses a membership that would make a cycle.
     pub fn add_member(&self, member: &str, group: &str) -> Result<u64> {
-        self.refresh()?;
-        check_entity(member)?;
-        let mut st = write(&self.state);
-        refusal(st.relations.can_add(member, group), member, group)?;
-        if st.relations.contains(member, group) {
-            return Ok(st.version);
-        }
-        let version = st.version + 1;
-        lock(&self.store).add_relation(version, member, group)?;
-        st.relations.add(member, group);
-        st.version = version;
-        Ok(version)
+        self.add_members(&[(member, group)])
     }
 
     /// Records many memberships as one change (one version, one transaction): all or none.
+    /// Memberships already there change nothing; when all are, the version stays.
     pub fn add_members(&self, pairs: &[(&str, &str)]) -> Result<u64> {
-        self.refresh()?;
-        let mut st = write(&self.state);
-        let mut next = st.relations.clone();
-        for (m, g) in pairs {
-            check_entity(m)?;
-            refusal(next.can_add(m, g), m, g)?;
-            next.add(m, g);
-        }
-        let version = st.version + 1;
-        lock(&self.store).add_relations(version, pairs)?;
-        st.relations = next;
-        st.version = version;
-        Ok(version)
+        self.retrying(|| {
+            let mut st = write(&self.state);
+            let mut next = st.relations.clone();
+            let mut new = Vec::new();
+            for (m, g) in pairs {
+                check_entity(m)?;
+                refusal(next.can_add(m, g), m, g)?;
+                if !next.contains(m, g) {
+                    next.add(m, g);
+                    new.push(((*m).to_owned(), (*g).to_owned()));
+                }
+            }
+            if new.is_empty() {
+                return Ok(Some(st.version));
+            }
+            let Some(version) = self.change(&mut st, &PolicyChange::AddRelations(new))? else {
+                return Ok(None);
+            };
+            st.relations = next;
+            st.version = version;
+            Ok(Some(version))
+        })
     }
 
     /// Removes `member ∈ group`; returns the version (bumped if it existed).
     pub fn remove_member(&self, member: &str, group: &str) -> Result<u64> {
-        self.refresh()?;
-        let mut st = write(&self.state);
-        if !st.relations.contains(member, group) {
-            return Ok(st.version);
-        }
-        let version = st.version + 1;
-        lock(&self.store).remove_relation(version, member, group)?;
-        st.relations.remove(member, group);
-        st.version = version;
-        Ok(version)
+        self.retrying(|| {
+            let mut st = write(&self.state);
+            if !st.relations.contains(member, group) {
+                return Ok(Some(st.version));
+            }
+            let change = PolicyChange::RemoveRelation(member.to_owned(), group.to_owned());
+            let Some(version) = self.change(&mut st, &change)? else {
+                return Ok(None);
+            };
+            st.relations.remove(member, group);
+            st.version = version;
+            Ok(Some(version))
+        })
     }
 
     /// Whether `who` is `group` or in it, transitively.
@@ -321,6 +407,31 @@ impl Policy {
     /// The direct members of a group.
     pub fn members(&self, group: &str) -> Vec<String> {
         read(&self.state).relations.members(group)
+    }
+}
+
+/// Every problem of a rule file: duplicate ids, and rules the schema does not admit.
+fn validate(file: &RuleFile) -> Result<()> {
+    let mut issues = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for r in &file.rules {
+        if !seen.insert(r.id.as_str()) {
+            issues.push(LoadIssue {
+                rule: Some(r.id.clone()),
+                ..issue("duplicate rule id".into())
+            });
+        }
+        for m in check_rule(r, &file.schema) {
+            issues.push(LoadIssue {
+                rule: Some(r.id.clone()),
+                ..issue(m)
+            });
+        }
+    }
+    if issues.is_empty() {
+        Ok(())
+    } else {
+        Err(PolicyError::Invalid(issues))
     }
 }
 

@@ -6,31 +6,38 @@
 //! it is granted.
 
 use environment_core::Spend;
+use environment_core::policy_store::{PolicyRecord, QuotaCount, Uses};
 
 use crate::condition::Quota;
 use crate::decision::Reason;
 use crate::policy::{Policy, Runtime, lock};
 use crate::token::TokenError;
 
-/// A quota's new count: (rule, actor) → (window, uses).
-pub(crate) type QuotaCount = ((String, String), (i64, u32));
-
 impl Policy {
     /// Spends `uses`, all of them or none: a use no longer available refuses with its reason
     /// (a quota filled or an approval used up since the decision), and so does a store that
-    /// cannot record them (fail closed).
+    /// cannot record them (fail closed). Counted against every use spent so far by any handle
+    /// on the store: a count made on counters that moved in between is made again.
     pub fn spend_uses(&self, uses: &[Spend]) -> Result<(), Reason> {
         if uses.is_empty() {
             return Ok(());
         }
-        // Counted against every use spent so far, in any process.
-        self.refresh().map_err(|_| Reason::Unreadable)?;
+        for _ in 0..SPEND_ATTEMPTS {
+            self.refresh().map_err(|_| Reason::Unreadable)?;
+            if self.count_uses(uses)? {
+                return Ok(());
+            }
+        }
+        Err(Reason::NoPermit)
+    }
+
+    /// Counts `uses` on the counters memory holds: `false` when one of them moved in the store.
+    fn count_uses(&self, uses: &[Spend]) -> Result<bool, Reason> {
         let now = self.clock.now_ms();
         let mut rt = lock(&self.runtime);
         // Checked and counted in one pass; nothing changes until the store has them all.
-        let mut quotas: Vec<QuotaCount> = Vec::new();
+        let mut counted = Uses::default();
         let mut approvals = Vec::new();
-        let mut tokens = Vec::new();
         for u in uses {
             match u {
                 Spend::Quota {
@@ -40,31 +47,63 @@ impl Policy {
                     window_secs,
                 } => {
                     let (window, used) = quota_used(&rt, rule, actor, *count, *window_secs, now)?;
-                    quotas.push(((rule.clone(), actor.clone()), (window, used + 1)));
+                    let key = (rule.clone(), actor.clone());
+                    let before = rt.quotas.get(&key).map(|(w, u)| QuotaCount {
+                        rule: rule.clone(),
+                        actor: actor.clone(),
+                        window: *w,
+                        used: *u,
+                    });
+                    let after = QuotaCount {
+                        rule: rule.clone(),
+                        actor: actor.clone(),
+                        window,
+                        used: used + 1,
+                    };
+                    counted.quotas.push((before, after));
                 }
                 Spend::Approval { id } => {
                     let a = rt.approvals.get(id).and_then(|a| a.used_once(now));
-                    approvals.push(a.ok_or(Reason::ApprovalRequired)?);
+                    let a = a.ok_or(Reason::ApprovalRequired)?;
+                    let before = rt.approval_bodies.get(id).cloned().unwrap_or_default();
+                    let body = serde_json::to_string(&a).map_err(|_| Reason::NoPermit)?;
+                    let record = PolicyRecord {
+                        id: id.clone(),
+                        body,
+                    };
+                    counted.approvals.push((before, record));
+                    approvals.push(a);
                 }
                 Spend::TokenUse { tag, max } => {
                     let used = token_used(&rt, tag, *max).map_err(Reason::Token)?;
-                    tokens.push((tag.clone(), used + 1));
+                    counted.tokens.push((tag.clone(), used, used + 1));
                 }
                 // A use this build does not know cannot be counted: refused.
                 _ => return Err(Reason::UnknownAction),
             }
         }
-        lock(&self.store)
-            .spend(&quotas, &approvals, &tokens)
+        let written = lock(&self.store)
+            .spend(&counted)
             .map_err(|_| Reason::NoPermit)?;
-        rt.quotas.extend(quotas);
-        for a in approvals {
+        if !self.wrote(written) {
+            return Ok(false);
+        }
+        for (_, q) in counted.quotas {
+            rt.quotas.insert((q.rule, q.actor), (q.window, q.used));
+        }
+        for ((_, record), a) in counted.approvals.into_iter().zip(approvals) {
+            rt.approval_bodies.insert(record.id, record.body);
             rt.approvals.insert(a.id.clone(), a);
         }
-        rt.token_uses.extend(tokens);
-        Ok(())
+        for (tag, _, used) in counted.tokens {
+            rt.token_uses.insert(tag, used);
+        }
+        Ok(true)
     }
 }
+
+/// How many times a spend is counted again on counters read anew before it is refused.
+const SPEND_ATTEMPTS: usize = 32;
 
 /// The current window of a quota and how many of its uses `actor` has had in it, or when the
 /// next window opens if none is left.

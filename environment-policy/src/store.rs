@@ -1,18 +1,18 @@
-//! The SQLite store: rules, relations, delegations, approvals, quota counters and token use
-//! counts. Checks read the in-memory policy; the store is written on each change (in the same
-//! critical section, before memory changes), read at open, and read again whenever another
-//! process has committed to it since (see `Policy::refresh`).
+//! [`SqlitePolicyStore`]: the policy's storage port in a SQLite file beside one environment.
 //!
-//! Writes are rare and small, so one connection behind the policy's lock serves as the single
-//! writer; WAL keeps readers of the file (tools, backups) unblocked.
+//! Every write is one `BEGIN IMMEDIATE` transaction that first reads what the write was made
+//! on (the version, the counters, the approval's record) and writes nothing when it moved: the
+//! file's write lock makes the read and the write one step for every process on the file.
+//! The generation is SQLite's `data_version`, which moves whenever another connection commits.
+//! WAL keeps readers of the file (tools, backups) unblocked.
 
 use std::path::Path;
 
+use environment_core::policy_store::{
+    PolicyChange, PolicyRecord, PolicyRecords, PolicyStore, QuotaCount, Uses, Written,
+};
+use environment_core::{ErrorKind, PortError};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-
-use crate::approval::Approval;
-use crate::delegation::Delegation;
-use crate::error::{PolicyError, Result};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -25,275 +25,335 @@ CREATE TABLE IF NOT EXISTS quotas (rule TEXT NOT NULL, actor TEXT NOT NULL,
 CREATE TABLE IF NOT EXISTS token_uses (tag TEXT PRIMARY KEY, used INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
-pub(crate) struct Store {
+/// A policy store in a SQLite file (or in memory).
+///
+/// ```
+/// use environment_core::PolicyStore;
+/// use environment_policy::SqlitePolicyStore;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let mut store = SqlitePolicyStore::open(&dir.path().join("policy.db"))?;
+/// let (_generation, records) = store.load()?;
+/// assert_eq!(records.version, 0);
+/// # Ok(()) }
+/// ```
+pub struct SqlitePolicyStore {
     conn: Connection,
 }
 
-/// Everything read back at open.
-pub(crate) struct Loaded {
-    pub version: u64,
-    pub rules: Option<String>,
-    pub relations: Vec<(String, String)>,
-    pub delegations: Vec<Delegation>,
-    pub approvals: Vec<Approval>,
-    pub quotas: Vec<(String, String, i64, u32)>,
-    pub token_uses: Vec<(String, u32)>,
-    pub token_key: [u8; 32],
+/// The store's failures as the port reports them.
+fn failed(e: rusqlite::Error) -> PortError {
+    PortError::new(
+        ErrorKind::Internal,
+        format!("policy store: {e}"),
+        "check the policy file's disk and permissions, then retry.",
+    )
 }
 
-impl Store {
-    pub(crate) fn open(path: &Path) -> Result<Store> {
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        Store::init(conn)
+fn corrupt(what: &str) -> PortError {
+    PortError::new(
+        ErrorKind::Corrupt,
+        format!("policy store is corrupt: {what}"),
+        "restore the policy file from a backup.",
+    )
+}
+
+type Tx<'a> = rusqlite::Transaction<'a>;
+
+impl SqlitePolicyStore {
+    /// Opens (or creates) the store in the file at `path`.
+    pub fn open(path: &Path) -> Result<SqlitePolicyStore, PortError> {
+        let conn = Connection::open(path).map_err(failed)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(failed)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(failed)?;
+        SqlitePolicyStore::init(conn)
     }
 
-    pub(crate) fn in_memory() -> Result<Store> {
-        Store::init(Connection::open_in_memory()?)
+    /// A store in memory, for tests and throwaway environments.
+    pub fn in_memory() -> Result<SqlitePolicyStore, PortError> {
+        SqlitePolicyStore::init(Connection::open_in_memory().map_err(failed)?)
     }
 
-    fn init(conn: Connection) -> Result<Store> {
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.execute_batch(SCHEMA)?;
-        Ok(Store { conn })
+    fn init(conn: Connection) -> Result<SqlitePolicyStore, PortError> {
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(failed)?;
+        conn.execute_batch(SCHEMA).map_err(failed)?;
+        Ok(SqlitePolicyStore { conn })
     }
 
-    /// A number that changes whenever another connection (another process) commits to the
-    /// store: memory is brought up to date when it moved.
-    pub(crate) fn data_version(&self) -> Result<i64> {
-        Ok(self
-            .conn
-            .prepare_cached("PRAGMA data_version")?
-            .query_row([], |r| r.get(0))?)
-    }
-
-    fn meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .conn
-            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-            .optional()?)
-    }
-
-    pub(crate) fn load(&mut self) -> Result<Loaded> {
-        let version = match self.meta("version")? {
-            Some(v) => String::from_utf8(v)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| PolicyError::Corrupt("version".into()))?,
-            None => 0,
-        };
-        let rules = match self.meta("rules")? {
-            Some(v) => {
-                Some(String::from_utf8(v).map_err(|_| PolicyError::Corrupt("rules".into()))?)
-            }
-            None => None,
-        };
-        let token_key = match self.meta("token_key")? {
-            Some(v) => <[u8; 32]>::try_from(v.as_slice())
-                .map_err(|_| PolicyError::Corrupt("token key".into()))?,
-            None => {
-                let key: [u8; 32] = rand::random();
-                self.conn.execute(
-                    "INSERT INTO meta (key, value) VALUES ('token_key', ?1)",
-                    [&key[..]],
-                )?;
-                key
-            }
-        };
-        let mut stmt = self.conn.prepare("SELECT member, grp FROM relations")?;
-        let relations = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        let delegations = self
-            .bodies("SELECT body FROM delegations ORDER BY rowid")?
-            .iter()
-            .map(|b| {
-                serde_json::from_str(b)
-                    .map_err(|e| PolicyError::Corrupt(format!("delegation: {e}")))
-            })
-            .collect::<Result<Vec<Delegation>>>()?;
-        let approvals = self
-            .bodies("SELECT body FROM approvals ORDER BY rowid")?
-            .iter()
-            .map(|b| {
-                serde_json::from_str(b).map_err(|e| PolicyError::Corrupt(format!("approval: {e}")))
-            })
-            .collect::<Result<Vec<Approval>>>()?;
-        let mut stmt = self
-            .conn
-            .prepare("SELECT rule, actor, window, used FROM quotas")?;
-        let quotas = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        let mut stmt = self.conn.prepare("SELECT tag, used FROM token_uses")?;
-        let token_uses = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(Loaded {
-            version,
-            rules,
-            relations,
-            delegations,
-            approvals,
-            quotas,
-            token_uses,
-            token_key,
-        })
-    }
-
-    fn bodies(&self, sql: &str) -> Result<Vec<String>> {
-        let mut stmt = self.conn.prepare(sql)?;
-        let rows = stmt
-            .query_map([], |r| r.get(0))?
-            .collect::<rusqlite::Result<Vec<String>>>()?;
-        Ok(rows)
-    }
-
-    /// Runs one change and the version bump in one transaction.
-    fn change(
+    /// Runs `f` in one immediate transaction, committed when it writes (`Some`) and rolled
+    /// back when what it was made on moved (`None`).
+    fn write(
         &mut self,
-        version: u64,
-        f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>,
-    ) -> Result<()> {
+        f: impl FnOnce(&Tx<'_>) -> Result<Option<()>, PortError>,
+    ) -> Result<Written, PortError> {
         let tx = self
             .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        f(&tx)?;
-        tx.execute(
-            "INSERT INTO meta (key, value) VALUES ('version', ?1)
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            [version.to_string().into_bytes()],
-        )?;
-        tx.commit()?;
-        Ok(())
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(failed)?;
+        // Nobody else can commit until this does, and this connection's own commit does not
+        // move it: the generation before and after the write.
+        let generation = data_version(&tx)?;
+        match f(&tx)? {
+            Some(()) => {
+                tx.commit().map_err(failed)?;
+                Ok(Written::Done {
+                    before: generation,
+                    after: generation,
+                })
+            }
+            None => Ok(Written::Stale),
+        }
     }
+}
 
-    pub(crate) fn save_rules(&mut self, version: u64, text: &str) -> Result<()> {
-        self.change(version, |tx| {
-            tx.execute(
+fn data_version(conn: &Connection) -> Result<i64, PortError> {
+    conn.prepare_cached("PRAGMA data_version")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(failed)
+}
+
+fn meta(conn: &Connection, key: &str) -> Result<Option<Vec<u8>>, PortError> {
+    conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+        .optional()
+        .map_err(failed)
+}
+
+fn version(conn: &Connection) -> Result<u64, PortError> {
+    match meta(conn, "version")? {
+        Some(v) => String::from_utf8(v)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt("version")),
+        None => Ok(0),
+    }
+}
+
+fn records(conn: &Connection, sql: &str) -> Result<Vec<PolicyRecord>, PortError> {
+    let mut stmt = conn.prepare(sql).map_err(failed)?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok(PolicyRecord {
+                id: r.get(0)?,
+                body: r.get(1)?,
+            })
+        })
+        .map_err(failed)?;
+    rows.collect::<rusqlite::Result<_>>().map_err(failed)
+}
+
+/// The token key, made by the first handle that finds none (another may make it at the same
+/// time: the first one written is everyone's).
+fn token_key(conn: &Connection) -> Result<[u8; 32], PortError> {
+    if meta(conn, "token_key")?.is_none() {
+        let key: [u8; 32] = rand::random();
+        conn.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('token_key', ?1)",
+            [&key[..]],
+        )
+        .map_err(failed)?;
+    }
+    let key = meta(conn, "token_key")?.ok_or_else(|| corrupt("token key"))?;
+    <[u8; 32]>::try_from(key.as_slice()).map_err(|_| corrupt("token key"))
+}
+
+fn apply(tx: &Tx<'_>, change: &PolicyChange) -> rusqlite::Result<()> {
+    match change {
+        PolicyChange::Rules(text) => tx
+            .execute(
                 "INSERT INTO meta (key, value) VALUES ('rules', ?1)
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 [text.as_bytes()],
             )
-            .map(drop)
-        })
-    }
-
-    pub(crate) fn add_relation(&mut self, version: u64, member: &str, group: &str) -> Result<()> {
-        self.change(version, |tx| {
-            tx.execute(
-                "INSERT OR IGNORE INTO relations (member, grp) VALUES (?1, ?2)",
-                params![member, group],
-            )
-            .map(drop)
-        })
-    }
-
-    pub(crate) fn add_relations(&mut self, version: u64, pairs: &[(&str, &str)]) -> Result<()> {
-        self.change(version, |tx| {
+            .map(drop),
+        PolicyChange::AddRelations(pairs) => {
             let mut stmt =
                 tx.prepare("INSERT OR IGNORE INTO relations (member, grp) VALUES (?1, ?2)")?;
             for (m, g) in pairs {
                 stmt.execute(params![m, g])?;
             }
             Ok(())
-        })
-    }
-
-    pub(crate) fn remove_relation(
-        &mut self,
-        version: u64,
-        member: &str,
-        group: &str,
-    ) -> Result<()> {
-        self.change(version, |tx| {
-            tx.execute(
+        }
+        PolicyChange::RemoveRelation(member, group) => tx
+            .execute(
                 "DELETE FROM relations WHERE member = ?1 AND grp = ?2",
                 params![member, group],
             )
-            .map(drop)
-        })
-    }
-
-    pub(crate) fn put_delegation(&mut self, version: u64, d: &Delegation) -> Result<()> {
-        let body = serde_json::to_string(d).map_err(|e| PolicyError::Corrupt(e.to_string()))?;
-        self.change(version, |tx| {
-            tx.execute(
+            .map(drop),
+        PolicyChange::PutDelegation(d) => tx
+            .execute(
                 "INSERT INTO delegations (id, body) VALUES (?1, ?2)",
-                params![d.id, body],
+                params![d.id, d.body],
             )
-            .map(drop)
-        })
+            .map(drop),
+        PolicyChange::DeleteDelegation(id) => tx
+            .execute("DELETE FROM delegations WHERE id = ?1", [id])
+            .map(drop),
     }
+}
 
-    pub(crate) fn delete_delegation(&mut self, version: u64, id: &str) -> Result<()> {
-        self.change(version, |tx| {
-            tx.execute("DELETE FROM delegations WHERE id = ?1", [id])
-                .map(drop)
-        })
+/// Whether every counter of `uses` still holds what it was read as.
+fn unmoved(tx: &Tx<'_>, uses: &Uses) -> Result<bool, PortError> {
+    for (before, after) in &uses.quotas {
+        let now: Option<(i64, u32)> = tx
+            .prepare_cached("SELECT window, used FROM quotas WHERE rule = ?1 AND actor = ?2")
+            .and_then(|mut s| {
+                s.query_row(params![after.rule, after.actor], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+            })
+            .map_err(failed)?;
+        if now != before.as_ref().map(|b| (b.window, b.used)) {
+            return Ok(false);
+        }
     }
-
-    pub(crate) fn put_approval(&mut self, a: &Approval) -> Result<()> {
-        let body = serde_json::to_string(a).map_err(|e| PolicyError::Corrupt(e.to_string()))?;
-        self.conn.execute(
-            "INSERT INTO approvals (id, body) VALUES (?1, ?2)
-             ON CONFLICT (id) DO UPDATE SET body = excluded.body",
-            params![a.id, body],
-        )?;
-        Ok(())
+    for (before, after) in &uses.approvals {
+        let now: Option<String> = tx
+            .prepare_cached("SELECT body FROM approvals WHERE id = ?1")
+            .and_then(|mut s| s.query_row([&after.id], |r| r.get(0)).optional())
+            .map_err(failed)?;
+        if now.as_deref() != Some(before.as_str()) {
+            return Ok(false);
+        }
     }
+    for (tag, before, _) in &uses.tokens {
+        let now: Option<u32> = tx
+            .prepare_cached("SELECT used FROM token_uses WHERE tag = ?1")
+            .and_then(|mut s| s.query_row([tag], |r| r.get(0)).optional())
+            .map_err(failed)?;
+        if now.unwrap_or(0) != *before {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
 
-    pub(crate) fn put_quota(
-        &mut self,
-        rule: &str,
-        actor: &str,
-        window: i64,
-        used: u32,
-    ) -> Result<()> {
-        self.conn.execute(
+fn count(tx: &Tx<'_>, uses: &Uses) -> rusqlite::Result<()> {
+    for (_, q) in &uses.quotas {
+        tx.prepare_cached(
             "INSERT INTO quotas (rule, actor, window, used) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (rule, actor) DO UPDATE SET window = excluded.window, used = excluded.used",
-            params![rule, actor, window, used],
-        )?;
-        Ok(())
+        )?
+        .execute(params![q.rule, q.actor, q.window, q.used])?;
     }
-
-    pub(crate) fn put_token_use(&mut self, tag: &str, used: u32) -> Result<()> {
-        self.conn.execute(
+    for (_, a) in &uses.approvals {
+        tx.prepare_cached("UPDATE approvals SET body = ?2 WHERE id = ?1")?
+            .execute(params![a.id, a.body])?;
+    }
+    for (tag, _, used) in &uses.tokens {
+        tx.prepare_cached(
             "INSERT INTO token_uses (tag, used) VALUES (?1, ?2)
              ON CONFLICT (tag) DO UPDATE SET used = excluded.used",
-            params![tag, used],
-        )?;
-        Ok(())
+        )?
+        .execute(params![tag, used])?;
+    }
+    Ok(())
+}
+
+impl PolicyStore for SqlitePolicyStore {
+    fn generation(&mut self) -> Result<i64, PortError> {
+        data_version(&self.conn)
     }
 
-    /// Records the uses of one spend in one transaction: every counter or none.
-    pub(crate) fn spend(
+    fn load(&mut self) -> Result<(i64, PolicyRecords), PortError> {
+        // Made outside the snapshot: a write of its own.
+        let token_key = token_key(&self.conn)?;
+        let tx = self.conn.transaction().map_err(failed)?;
+        let generation = data_version(&tx)?;
+        let rules = match meta(&tx, "rules")? {
+            Some(v) => Some(String::from_utf8(v).map_err(|_| corrupt("rules"))?),
+            None => None,
+        };
+        let relations = tx
+            .prepare("SELECT member, grp FROM relations")
+            .and_then(|mut s| {
+                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(failed)?;
+        let quotas = tx
+            .prepare("SELECT rule, actor, window, used FROM quotas")
+            .and_then(|mut s| {
+                s.query_map([], |r| {
+                    Ok(QuotaCount {
+                        rule: r.get(0)?,
+                        actor: r.get(1)?,
+                        window: r.get(2)?,
+                        used: r.get(3)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(failed)?;
+        let token_uses = tx
+            .prepare("SELECT tag, used FROM token_uses")
+            .and_then(|mut s| {
+                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(failed)?;
+        let loaded = PolicyRecords {
+            version: version(&tx)?,
+            rules,
+            relations,
+            delegations: records(&tx, "SELECT id, body FROM delegations ORDER BY rowid")?,
+            approvals: records(&tx, "SELECT id, body FROM approvals ORDER BY rowid")?,
+            quotas,
+            token_uses,
+            token_key,
+        };
+        tx.commit().map_err(failed)?;
+        Ok((generation, loaded))
+    }
+
+    fn change(&mut self, expected: u64, change: &PolicyChange) -> Result<Written, PortError> {
+        self.write(|tx| {
+            if version(tx)? != expected {
+                return Ok(None);
+            }
+            apply(tx, change).map_err(failed)?;
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES ('version', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [(expected + 1).to_string().into_bytes()],
+            )
+            .map_err(failed)?;
+            Ok(Some(()))
+        })
+    }
+
+    fn put_approval(
         &mut self,
-        quotas: &[crate::spend::QuotaCount],
-        approvals: &[Approval],
-        tokens: &[(String, u32)],
-    ) -> Result<()> {
-        self.conn.execute_batch("SAVEPOINT spend")?;
-        let written = (|| {
-            for ((rule, actor), (window, used)) in quotas {
-                self.put_quota(rule, actor, *window, *used)?;
+        before: Option<&str>,
+        record: &PolicyRecord,
+    ) -> Result<Written, PortError> {
+        self.write(|tx| {
+            let changed = match before {
+                None => tx.execute(
+                    "INSERT OR IGNORE INTO approvals (id, body) VALUES (?1, ?2)",
+                    params![record.id, record.body],
+                ),
+                Some(before) => tx.execute(
+                    "UPDATE approvals SET body = ?2 WHERE id = ?1 AND body = ?3",
+                    params![record.id, record.body, before],
+                ),
             }
-            for a in approvals {
-                self.put_approval(a)?;
+            .map_err(failed)?;
+            Ok((changed == 1).then_some(()))
+        })
+    }
+
+    fn spend(&mut self, uses: &Uses) -> Result<Written, PortError> {
+        self.write(|tx| {
+            if !unmoved(tx, uses)? {
+                return Ok(None);
             }
-            for (tag, used) in tokens {
-                self.put_token_use(tag, *used)?;
-            }
-            Ok(())
-        })();
-        match written {
-            Ok(()) => Ok(self.conn.execute_batch("RELEASE spend")?),
-            Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK TO spend; RELEASE spend");
-                Err(e)
-            }
-        }
+            count(tx, uses).map_err(failed)?;
+            Ok(Some(()))
+        })
     }
 }

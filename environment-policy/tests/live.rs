@@ -130,3 +130,49 @@ fn a_quota_use_spent_elsewhere_counts_here() {
     );
     assert!(matches!(d.reason(), Reason::QuotaExhausted { .. }));
 }
+
+/// Two handles on one file race for the last use of a quota and of an approval granted once:
+/// exactly one of them has it each time.
+#[test]
+fn the_last_use_is_had_once_when_two_handles_race_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.db");
+    let clock = ManualClock::new(10 * HOUR);
+    let one = Policy::open(&path, Arc::new(clock.clone())).unwrap();
+    let two = Policy::open(&path, Arc::new(clock.clone())).unwrap();
+    environment_conformance::policy_port::the_last_use_is_had_once(&one, &two, &clock);
+}
+
+/// The storage port's test body, the one PostgreSQL runs, on the SQLite store.
+#[test]
+fn the_sqlite_store_behaves_as_the_port_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.db");
+    let open = || -> Box<dyn environment_core::PolicyStore> {
+        Box::new(environment_policy::SqlitePolicyStore::open(&path).unwrap())
+    };
+    environment_conformance::policy_port::the_port_behaves(&open);
+}
+
+/// A load made only on one version: refused once another handle made a version in between,
+/// and nothing changes.
+#[test]
+fn a_load_on_a_version_that_moved_is_refused() {
+    let (_dir, server, human) = two_handles();
+    assert_eq!(server.load_rules_on(0, RULES).unwrap(), 1);
+    let err = human.load_rules_on(0, "").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            environment_policy::PolicyError::VersionMoved {
+                expected: 0,
+                current: 1
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(human.rules().rules.len(), 3, "the first load stands");
+    assert_eq!(human.version(), 1);
+    assert_eq!(human.load_rules_on(1, "").unwrap(), 2);
+    assert!(server.rules().rules.is_empty());
+}

@@ -27,6 +27,9 @@ pub enum PgError {
     /// The database's schema is not one this build can use.
     #[error("database schema: {0}")]
     Schema(String),
+    /// A connection string that does not parse (it is not echoed: it may hold a secret).
+    #[error("the connection string does not parse: {0}")]
+    BadAddress(String),
     /// The TLS settings cannot be used (a CA file that cannot be read or holds no
     /// certificate).
     #[error("TLS to postgres: {0}")]
@@ -41,10 +44,11 @@ pub(crate) fn describe(e: &postgres::Error) -> String {
     }
 }
 
-/// The session is gone: the socket closed, or the server's last word was FATAL (terminated by
-/// an operator, shut down).
+/// The session is gone: the socket closed or failed, or the server's last word was FATAL
+/// (terminated by an operator, shut down).
 pub(crate) fn session_ended(e: &postgres::Error) -> bool {
     e.is_closed()
+        || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
         || e.as_db_error().is_some_and(|db| {
             matches!(db.parsed_severity(), Some(postgres::error::Severity::Fatal))
         })
@@ -79,7 +83,7 @@ impl PgError {
             PgError::Unreachable(_) => ErrorKind::Unavailable,
             PgError::Postgres { .. } => ErrorKind::Internal,
             PgError::Schema(_) => ErrorKind::Corrupt,
-            PgError::Tls(_) => ErrorKind::Invalid,
+            PgError::Tls(_) | PgError::BadAddress(_) => ErrorKind::Invalid,
         }
     }
 

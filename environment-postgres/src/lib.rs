@@ -1,6 +1,9 @@
 //! PostgreSQL stores of an Environment, so that several machines share one: so far the queue
 //! ([`PgQueue`], core's [`Queue`](environment_core::Queue) port with the SQLite bus's
-//! semantics), on versioned migrations ([`migrate`]).
+//! semantics), the policy's storage ([`PgPolicyStore`], core's
+//! [`PolicyStore`](environment_core::PolicyStore) port) and the effect log ([`PgEffectStore`],
+//! core's [`EffectStore`](environment_core::EffectStore) port), on versioned migrations
+//! ([`migrate`]).
 //!
 //! The client is the synchronous `postgres` crate (rust-postgres, the same protocol
 //! implementation as `tokio-postgres`) with an `r2d2` pool: the ports are blocking, as the
@@ -23,10 +26,21 @@
 //! # }
 //! ```
 
+mod address;
+mod connection;
+mod effects;
 mod error;
+mod log;
 pub mod migrate;
+mod policy;
 mod queue;
 mod server;
+mod statements;
 
+pub use address::ServerAddress;
+pub use connection::PgStoreConfig;
+pub use effects::PgEffectStore;
 pub use error::{PgError, Result};
+pub use log::PgLogStore;
+pub use policy::PgPolicyStore;
 pub use queue::{PgQueue, PgQueueConfig};

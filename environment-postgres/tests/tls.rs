@@ -135,3 +135,45 @@ fn a_server_that_declines_tls_is_never_spoken_to_in_clear() {
         "spoke in clear after TLS was declined: {heard:?}"
     );
 }
+
+/// The CA named in the connection string itself (`sslrootcert`, as psql reads it) is the one
+/// the server's certificate is checked against, for every store: the server's own CA lets
+/// them in, an impostor CA keeps them out.
+#[test]
+fn the_connection_string_names_the_ca_to_check_the_server_with() {
+    use environment_postgres::{PgEffectStore, PgPolicyStore, PgStoreConfig};
+    let Some((url, ca)) = environment_conformance::prerequisite::postgres_tls() else {
+        return;
+    };
+    let Some(local) = common::fresh("tls_sslrootcert") else {
+        return;
+    };
+    let options = local.get_options().unwrap();
+    let string =
+        |ca: &std::path::Path| format!("{url} options='{options}' sslrootcert='{}'", ca.display());
+    let none = PgQueueConfig {
+        ca_file: None,
+        connect_timeout: Duration::from_secs(3),
+        ..PgQueueConfig::default()
+    };
+    let queue = PgQueue::connect(&string(&ca), none.clone()).unwrap();
+    queue.subscribe("workers", &["tasks".to_owned()]).unwrap();
+    let stores = PgStoreConfig {
+        ca_file: None,
+        ..PgStoreConfig::default()
+    };
+    PgPolicyStore::connect(&string(&ca), stores.clone()).unwrap();
+    PgEffectStore::connect(&string(&ca), stores.clone()).unwrap();
+
+    let impostor = ca.with_file_name("other-ca.crt");
+    let err = PgQueue::connect(&string(&impostor), none).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(PgPolicyStore::connect(&string(&impostor), stores.clone()).is_err());
+    assert!(PgEffectStore::connect(&string(&impostor), stores).is_err());
+    let err = PgQueue::connect(
+        "host=db sslrootcert='/unterminated",
+        PgQueueConfig::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
+}

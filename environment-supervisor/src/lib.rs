@@ -99,6 +99,9 @@ pub struct SupervisorConfig {
     pub policy: Option<Arc<dyn Governance>>,
     /// The queue behind the `queue.*` methods.
     pub bus: Option<Arc<dyn Queue>>,
+    /// The effect log, when it is not kept in the environment's database (one that several
+    /// machines share).
+    pub effects: Option<Arc<dyn environment_core::EffectStore>>,
     /// The socket's path; `<home>/run/control.sock` by default.
     pub socket: Option<PathBuf>,
     /// Where the agent sees the socket, when a launcher mounts its directory elsewhere; the host
@@ -189,6 +192,7 @@ impl SupervisorConfig {
             token: None,
             policy: None,
             bus: None,
+            effects: None,
             socket: None,
             socket_inside: None,
             operator_socket: None,
@@ -383,6 +387,7 @@ impl Supervisor {
             &home,
             Options {
                 authorizer: authorizer.clone(),
+                effects: config.effects.clone(),
                 ..Options::default()
             },
         )?;

@@ -875,6 +875,9 @@ pub struct Status {
     pub policy: bool,
     /// A queue is configured.
     pub queue: bool,
+    /// Why the queue's background purge last failed, until one succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_upkeep_failure: Option<String>,
 }
 
 pub(super) fn status(g: &Session<'_>, _: StatusParams) -> Result<Status, ServiceError> {
@@ -919,6 +922,11 @@ pub(super) fn status(g: &Session<'_>, _: StatusParams) -> Result<Status, Service
             .load(std::sync::atomic::Ordering::Relaxed),
         policy: s.policy.is_some(),
         queue: s.bus.is_some(),
+        queue_upkeep_failure: s
+            .bus
+            .as_ref()
+            .and_then(|q| q.upkeep_failure())
+            .map(|e| e.to_string()),
     })
 }
 

@@ -21,9 +21,7 @@ pub fn run(
     json: bool,
 ) -> Outcome<()> {
     // A shared store named badly is refused before anything is made.
-    if let Some(q) = &stores.queue {
-        crate::stores::postgres_config(&q.postgres)?;
-    }
+    stores.check()?;
     let dir = match dir {
         Some(d) => d,
         None => std::env::current_dir()
@@ -83,8 +81,11 @@ pub fn run(
     let made = (|| -> Outcome<_> {
         if *stores != Stores::default() {
             stores.write(&ws.home)?;
-            // Reached now, so that an environment whose queue cannot be reached is not made.
+            // Reached now, so that an environment whose shared stores cannot be reached is not
+            // made.
             stores.open_queue()?;
+            stores.open_policy()?;
+            stores.open_effects()?;
         }
         let rootfs_at = match rootfs {
             Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),
@@ -110,6 +111,8 @@ pub fn run(
             "captured": files,
             "rootfs": rootfs_at.map(|p| p.display().to_string()),
             "shared_queue": stores.queue.is_some(),
+            "shared_policy": stores.policy.is_some(),
+            "shared_effects": stores.effects.is_some(),
         }));
     } else {
         println!(
@@ -123,6 +126,12 @@ pub fn run(
         }
         if stores.queue.is_some() {
             println!("The queue is shared through PostgreSQL (see stores.toml in the home).");
+        }
+        if stores.policy.is_some() {
+            println!("The policy is shared through PostgreSQL (see stores.toml in the home).");
+        }
+        if stores.effects.is_some() {
+            println!("The effect log is shared through PostgreSQL (see stores.toml in the home).");
         }
     }
     Ok(())

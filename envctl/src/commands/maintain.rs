@@ -87,6 +87,12 @@ pub fn status(door: &Door, ws: Option<&Workspace>, json: bool) -> Outcome<()> {
         .map(|w| w.home.join(ROOTFS_DIR))
         .filter(|r| r.is_dir())
         .map(|r| r.display().to_string());
+    // Which parts live in a shared database rather than in the home (never where: the file
+    // is its owner's to read).
+    let shared = match ws {
+        Some(w) => crate::stores::Stores::read(&w.home)?.shared(),
+        None => Vec::new(),
+    };
     if json {
         let supervisor = match &socket {
             Some(socket) => json!({
@@ -113,8 +119,10 @@ pub fn status(door: &Door, ws: Option<&Workspace>, json: bool) -> Outcome<()> {
             "unfinished_effects": r.unfinished_effects,
             "policy_version": r.policy_version,
             "queue": r.queue,
+            "queue_upkeep_failure": r.queue_upkeep_failure,
             "supervisor": supervisor,
             "rootfs": rootfs,
+            "shared": shared,
         }));
         return Ok(());
     }
@@ -135,6 +143,15 @@ pub fn status(door: &Door, ws: Option<&Workspace>, json: bool) -> Outcome<()> {
     match r.policy_version {
         Some(v) => println!("policy:    loaded (version {v})"),
         None => println!("policy:    none loaded (every action is allowed)"),
+    }
+    if let Some(why) = &r.queue_upkeep_failure {
+        println!("queue:     its background purge fails: {why}");
+    }
+    if !shared.is_empty() {
+        println!(
+            "shared:    {} (PostgreSQL, see stores.toml)",
+            shared.join(", ")
+        );
     }
     match &socket {
         Some(socket) => {

@@ -210,13 +210,21 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             rootfs,
             home,
             shared_queue,
+            shared_policy,
+            shared_effects,
         } => {
             let actor = actor_of(&cli, &default_human())?;
             let dir = dir.clone().or(cli.chdir.clone());
             let stores = crate::stores::Stores {
                 queue: shared_queue
                     .clone()
-                    .map(|postgres| crate::stores::SharedQueue { postgres }),
+                    .map(|postgres| crate::stores::Shared { postgres }),
+                policy: shared_policy
+                    .clone()
+                    .map(|postgres| crate::stores::Shared { postgres }),
+                effects: shared_effects
+                    .clone()
+                    .map(|postgres| crate::stores::Shared { postgres }),
             };
             init::run(
                 dir,

@@ -22,7 +22,9 @@ pub fn run(door: &Door, ws: Option<&Workspace>, cmd: &PolicyCommand, json: bool)
         PolicyCommand::Load { file } => {
             let text = std::fs::read_to_string(file).map_err(|e| Failure::io("read", file, e))?;
             let changed = match ws {
-                Some(ws) if !ws.has_policy() && door.socket().is_none() => first_load(ws, &text)?,
+                Some(ws) if door.socket().is_none() && ws.policy()?.is_none() => {
+                    first_load(ws, &text)?
+                }
                 _ => door.request(LoadParams { rules: text })?,
             };
             if json {
@@ -168,7 +170,9 @@ fn first_load(
         return Err(environment_policy::PolicyError::Invalid(issues).into());
     }
     let policy = ws.open_policy()?;
-    let version = policy.load_rules(text)?;
+    // Only on a policy that is still empty: one loaded in between (on another machine sharing
+    // it) decides who may load rules now.
+    let version = policy.load_rules_on(0, text)?;
     Ok(environment_workspace::permissions::PolicyChanged {
         version,
         rules: policy.rules().rules.len(),

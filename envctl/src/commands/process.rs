@@ -339,6 +339,7 @@ pub fn run(ws: Workspace, actor: ActorId, a: &RunArgs, json: bool) -> Outcome<i3
     // The queue is there for the agent whether or not anyone used it before the run, as it is
     // without a supervisor (opening it creates it).
     config.bus = ws.open_queue(true)?;
+    config.effects = crate::stores::Stores::read(&ws.home)?.open_effects()?;
     let supervisor = Supervisor::open(config)?;
     if let Some(tracker) = supervisor.tracker() {
         let shell = Shell::new(place.launcher.clone(), tracker, None)?;

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use environment_core::{ActorId, Governance, LocalEnvironment, Queue};
+use environment_core::{ActorId, Governance, Queue};
 use environment_policy::Policy;
 use environment_workspace::{self as service, Caller};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -113,11 +113,8 @@ pub fn run(ws: Workspace, actor: ActorId, a: &ServeArgs, json: bool) -> Outcome<
         ))
         .hint("serve on 127.0.0.1, or put it behind a reverse proxy that ends TLS and pass --behind-proxy"));
     }
-    let policy = match ws.has_policy() {
-        true => Some(Arc::new(ws.open_policy()?)),
-        false => None,
-    };
-    let env = LocalEnvironment::open(&ws.home, environment_core::Options::default())?;
+    let policy = ws.policy()?.map(Arc::new);
+    let env = ws.open_environment(Arc::new(environment_core::AllowAll))?;
     let session = auth::SessionToken::create(&ws.home, &actor)?;
     // Beside a supervisor, its queue is watched in the file it keeps it in.
     let mut queue: Option<Arc<dyn Queue>> = None;

@@ -20,6 +20,55 @@ pub fn missing_prerequisite(reason: &str) {
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_envctl");
 
+/// Rules for a human who may do everything and an agent who reads, runs `sh`, writes under
+/// `src/`, and writes under `release/` with the human's approval.
+pub const ALICE_AND_BOB: &str = r#"
+[[rule]]
+id = "alice-everything"
+effect = "permit"
+principal = "human:alice"
+actions = ["read", "write", "delete", "execute", "publish", "consume", "approve"]
+resource = "*"
+
+[[rule]]
+id = "bob-reads"
+effect = "permit"
+principal = "agent:bob"
+actions = ["read"]
+resource = "*"
+
+[[rule]]
+id = "bob-runs-sh"
+effect = "permit"
+principal = "agent:bob"
+actions = ["execute"]
+resource = { program = "sh", args = ["..."] }
+
+[[rule]]
+id = "bob-records-commands"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { object = "exec", key = "*" }
+
+[[rule]]
+id = "bob-writes-src"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { path = "src/**" }
+
+[[rule]]
+id = "bob-releases-with-approval"
+effect = "permit"
+principal = "agent:bob"
+actions = ["write"]
+resource = { path = "release/**" }
+approval_from = ["human:alice"]
+"#;
+/// How many rules [`ALICE_AND_BOB`] holds.
+pub const ALICE_AND_BOB_RULES: usize = 6;
+
 /// Set in a test binary re-run as uid 65534.
 const UNPRIVILEGED: &str = "ENVCTL_TEST_UNPRIVILEGED";
 

@@ -3,18 +3,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use rusqlite::Connection;
-
 use super::refused::Refused;
 use super::{Inner, LocalEnvironment, OpDraft, Permit};
 use crate::action::{ActRequest, Change, Observation, Refusal};
 use crate::authz::{Action, Decision};
 use crate::blob::WriteGuard;
-use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result, StaleWrite};
 use crate::key::Key;
 use crate::op::{ChangeSummary, IntentKind, OpFlags, OpId};
-use crate::tree::{self, Applied, NodeSource, Ptr, Put, TreeEdit};
+use crate::store::{LogRead, LogWrite, Nodes};
+use crate::tree::{self, Applied, Ptr, Put, TreeEdit};
 use crate::value::{Content, EntryKind, INLINE_MAX, Value};
 
 const CALLER_FLAGS: OpFlags =
@@ -42,10 +40,8 @@ impl LocalEnvironment {
     /// [`crate::Environment::act`].
     pub fn act_blocking(&self, req: ActRequest) -> Result<Observation> {
         let prepared = self.prepare_act(req, true)?;
-        let inner = self.inner.clone();
         self.inner
-            .writer
-            .run(false, move |conn, fx| inner.apply_act(conn, fx, prepared))
+            .write(false, move |inner, tx| inner.apply_act(tx, prepared))
             .map(|(observation, _spent)| observation)
     }
 
@@ -67,12 +63,9 @@ impl LocalEnvironment {
         } else {
             self.prepare_act(req, false)?
         };
-        let inner = self.inner.clone();
         self.inner
-            .writer
-            .submit(false, move |conn, fx| inner.apply_act(conn, fx, prepared))
+            .submit(move |inner, tx| inner.apply_act(tx, prepared))
             .await
-            .map_err(|_| EnvError::Closed)?
             .map(|(observation, _spent)| observation)
     }
 
@@ -262,8 +255,7 @@ impl Inner {
     /// operation; what is left comes back with the observation (see [`Spent`]).
     pub(crate) fn apply_act(
         self: &Arc<Self>,
-        conn: &Connection,
-        fx: &mut TxEffects,
+        tx: &mut dyn LogWrite,
         p: Prepared,
     ) -> Result<(Observation, Spent)> {
         let Prepared {
@@ -288,20 +280,18 @@ impl Inner {
             _puts: puts,
             _guard,
         };
-        let head_id = db::existing_head(conn, &branch)?;
-        let (head, head_view) = self.stored_op_in(conn, &head_id)?;
+        let head_id = existing_head(tx, &branch)?;
+        let (head, head_view) = self.stored_op_in(tx, &head_id)?;
         let base_id = base.unwrap_or(head_id);
-        let nodes = self.writer_nodes(conn);
         let mut rebased = false;
         if base_id != head_id {
-            let (base_op, base_view) = self.stored_op_in(conn, &base_id)?;
-            if super::retention::seq_dropped(conn, base_op.seq)? {
+            let (base_op, base_view) = self.stored_op_in(tx, &base_id)?;
+            if tx.is_dropped(base_op.seq)? {
                 return Err(EnvError::VersionDropped(base_id));
             }
-            let moved =
-                self.moved_keys(conn, &base_view, &head_view, puts.iter().map(|(k, _)| k))?;
+            let moved = moved_keys(tx, &base_view, &head_view, puts.iter().map(|(k, _)| k))?;
             if !moved.is_empty() {
-                let ops = self.ops_that_changed(conn, &head_id, &base_id, &moved)?;
+                let ops = self.ops_that_changed(tx, &head_id, &base_id, &moved)?;
                 return Err(EnvError::Conflict(Box::new(StaleWrite {
                     keys: moved,
                     ops,
@@ -311,14 +301,16 @@ impl Inner {
             }
             rebased = true;
         }
-        let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
+        let first_id = tx.next_node_id()?;
+        let nodes = Nodes(&*tx);
+        let mut edit = TreeEdit::new(&nodes, first_id);
         let (view, applied) = tree::apply(&mut edit, &head_view, &puts)?;
         // Refused changes are recorded last, once nothing can refuse the operation (a job that
         // fails must not have written), against the head they were decided on.
         let clock = &*self.options.clock;
         if applied.is_empty() {
             let refused =
-                super::refused::record(conn, &actor, &branch, head_id, &intent, clock, refused)?;
+                super::refused::record(tx, &actor, &branch, head_id, &intent, clock, refused)?;
             let observation = Observation {
                 version: head_id,
                 seq: head.seq,
@@ -332,13 +324,13 @@ impl Inner {
         }
         let refusing = (!refused.is_empty()).then(|| (actor.clone(), intent.clone()));
         let summary = summarize(&applied);
-        self.persist(fx, edit, &view);
+        let new = edit.into_new_nodes(&view);
+        tx.put_nodes(crate::store::stored(new));
         if rebased {
             flags |= OpFlags::REBASED;
         }
         let op = self.commit_op(
-            conn,
-            fx,
+            tx,
             OpDraft {
                 parents: vec![head_id],
                 view,
@@ -356,7 +348,7 @@ impl Inner {
         )?;
         let refused = match refusing {
             Some((actor, intent)) => {
-                super::refused::record(conn, &actor, &op.branch, head_id, &intent, clock, refused)?
+                super::refused::record(tx, &actor, &op.branch, head_id, &intent, clock, refused)?
             }
             None => Vec::new(),
         };
@@ -372,38 +364,18 @@ impl Inner {
         Ok((observation, spent(puts)))
     }
 
-    /// Of `keys`, those whose values differ between `base` and `head`: O(k · depth).
-    fn moved_keys<'k>(
-        &self,
-        conn: &Connection,
-        base: &Ptr,
-        head: &Ptr,
-        keys: impl Iterator<Item = &'k Key>,
-    ) -> Result<Vec<Key>> {
-        let nodes = self.writer_nodes(conn);
-        let mut moved = Vec::new();
-        for k in keys {
-            if tree::get(&nodes, base, k)? != tree::get(&nodes, head, k)? {
-                moved.push(k.clone());
-            }
-        }
-        Ok(moved)
-    }
-
     /// The operations between `head` and `base` (first parents, newest first) that changed any
     /// of `keys`. Bounded: a very long gap names the most recent ones.
     pub(crate) fn ops_that_changed(
         &self,
-        conn: &Connection,
+        log: &dyn LogRead,
         head: &OpId,
         base: &OpId,
         keys: &[Key],
     ) -> Result<Vec<OpId>> {
         const MAX_WALK: usize = 10_000;
-        let nodes = self.writer_nodes(conn);
-        let src: &dyn NodeSource = &nodes;
         let mut out = Vec::new();
-        let (mut cur, mut cur_view) = self.stored_op_in(conn, head)?;
+        let (mut cur, mut cur_view) = self.stored_op_in(log, head)?;
         for _ in 0..MAX_WALK {
             if cur.id == *base {
                 break;
@@ -411,9 +383,10 @@ impl Inner {
             let Some(parent_id) = cur.parents.first() else {
                 break;
             };
-            let (parent, parent_view) = self.stored_op_in(conn, parent_id)?;
+            let (parent, parent_view) = self.stored_op_in(log, parent_id)?;
             for k in keys {
-                if tree::get(src, &cur_view, k)? != tree::get(src, &parent_view, k)? {
+                if tree::get(&Nodes(log), &cur_view, k)? != tree::get(&Nodes(log), &parent_view, k)?
+                {
                     out.push(cur.id);
                     break;
                 }
@@ -422,6 +395,28 @@ impl Inner {
         }
         Ok(out)
     }
+}
+
+/// The head of a branch that must exist.
+pub(crate) fn existing_head(log: &dyn LogRead, branch: &str) -> Result<OpId> {
+    log.head(branch)?
+        .ok_or_else(|| EnvError::UnknownBranch(branch.into()))
+}
+
+/// Of `keys`, those whose values differ between `base` and `head`: O(k · depth).
+fn moved_keys<'k>(
+    log: &dyn LogRead,
+    base: &Ptr,
+    head: &Ptr,
+    keys: impl Iterator<Item = &'k Key>,
+) -> Result<Vec<Key>> {
+    let mut moved = Vec::new();
+    for k in keys {
+        if tree::get(&Nodes(log), base, k)? != tree::get(&Nodes(log), head, k)? {
+            moved.push(k.clone());
+        }
+    }
+    Ok(moved)
 }
 
 /// Counts what was added, modified and removed, naming the first keys.

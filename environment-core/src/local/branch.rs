@@ -3,15 +3,14 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension, params};
-
-use super::{Inner, LocalEnvironment, OpDraft, Permit, op_id_from, validate_name};
+use super::act::existing_head;
+use super::{Inner, LocalEnvironment, OpDraft, Permit, validate_name};
 use crate::authz::{Action, ActorId, Resource};
-use crate::db::{self, TxEffects};
 use crate::error::{EnvError, Result};
 use crate::key::Key;
 use crate::merge::{Conflict, ConflictSide, KeyConflict, MergeOutcome, merge_views};
 use crate::op::{ChangeSummary, Intent, IntentKind, OpFlags, OpId, Operation};
+use crate::store::{LogRead, LogWrite, Nodes};
 use crate::tree::{self, TreeEdit};
 
 impl LocalEnvironment {
@@ -25,20 +24,15 @@ impl LocalEnvironment {
             Some(name),
             Some("branch"),
         )?);
-        let (inner, name, from, actor) =
-            (self.inner.clone(), name.to_owned(), *from, actor.clone());
-        self.inner.writer.run(false, move |conn, fx| {
-            if db::head(conn, &name)?.is_some() {
+        let (name, from, actor) = (name.to_owned(), *from, actor.clone());
+        self.inner.write(false, move |inner, tx| {
+            if tx.head(&name)?.is_some() {
                 return Err(EnvError::BranchExists(name));
             }
-            let (_, base_view) = inner.stored_op_in(conn, &from)?;
-            conn.execute(
-                "INSERT OR IGNORE INTO forks(op) VALUES (?1)",
-                [&from.0.0[..]],
-            )?;
+            let (_, base_view) = inner.stored_op_in(tx, &from)?;
+            tx.add_fork(&from)?;
             let op = inner.commit_op(
-                conn,
-                fx,
+                tx,
                 OpDraft {
                     parents: vec![from],
                     view: base_view,
@@ -68,33 +62,25 @@ impl LocalEnvironment {
             None,
             Some("mark"),
         )?;
-        let (inner, name, version, actor) =
-            (self.inner.clone(), name.to_owned(), *version, actor.clone());
-        self.inner.writer.run(false, move |conn, _| {
-            inner.op_in(conn, &version)?;
-            if db::head(conn, &name)?.is_some() {
+        let (name, version, actor) = (name.to_owned(), *version, actor.clone());
+        self.inner.write(false, move |inner, tx| {
+            inner.op_in(tx, &version)?;
+            if tx.head(&name)?.is_some() {
                 return Err(EnvError::BranchExists(name));
             }
-            let taken: Option<i64> = conn
-                .query_row("SELECT 1 FROM marks WHERE name = ?1", [&name], |r| r.get(0))
-                .optional()?;
-            if taken.is_some() {
+            if tx.mark(&name)?.is_some() {
                 return Err(EnvError::MarkExists(name));
             }
             // Spent once nothing else can refuse it.
             inner.spend(&permit.spend)?;
             let now = inner.options.clock.now_ms();
-            conn.execute(
-                "INSERT INTO marks(name, op, actor, time_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![name, &version.0.0[..], actor.as_str(), now],
-            )?;
-            Ok(())
+            tx.add_mark(&name, &version, actor.as_str(), now)
         })
     }
 
     /// Every mark with its version, by name.
     pub fn marks(&self) -> Result<Vec<(String, OpId)>> {
-        self.inner.readers.with(marks_in)
+        self.inner.read(|log| log.marks())
     }
 
     /// Makes `branch`'s view the one of `target` again, by appending a rollback operation:
@@ -113,11 +99,10 @@ impl LocalEnvironment {
             actor,
             branch,
             "restore",
-            move |inner, conn, fx, branch, actor, permit| {
+            move |inner, tx, branch, actor, permit| {
                 let check = |a: &[tree::Applied]| this.decide_applied(&actor, branch, "restore", a);
                 inner.restore_in(
-                    conn,
-                    fx,
+                    tx,
                     branch,
                     &target,
                     ByActor {
@@ -145,10 +130,10 @@ impl LocalEnvironment {
     ) -> std::result::Result<OpId, E> {
         let branch_permit = self.decide_branch_write(actor, branch, "restore")?;
         let head = self.head(branch)?;
-        let changes = self.inner.readers.with(|conn| {
-            let (_, from) = self.inner.stored_op_in(conn, &head)?;
-            let (_, to) = self.inner.stored_op_in(conn, target)?;
-            tree::diff(&self.inner.nodes_in(conn), &from, &to, None)
+        let changes = self.inner.read(|log| {
+            let (_, from) = self.inner.stored_op_in(log, &head)?;
+            let (_, to) = self.inner.stored_op_in(log, target)?;
+            tree::diff(&Nodes(log), &from, &to, None)
         })?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
         let permit = branch_permit.join(self.decide_applied(actor, branch, "restore", &applied)?);
@@ -161,20 +146,20 @@ impl LocalEnvironment {
             actor,
             branch,
             Permit::default(),
-            move |inner, conn, fx, branch, actor, _| {
+            move |inner, tx, branch, actor, _| {
                 // Recorded on the head it was authorized at; a head that moved meanwhile (an
                 // act through the API) is decided again for what the restore now changes
                 // (already spent for).
+                let kept = existing_head(tx, branch)? == head;
                 let check = |a: &[tree::Applied]| {
-                    if db::existing_head(conn, branch)? == head {
+                    if kept {
                         Ok(permit.clone())
                     } else {
                         Ok(this.decide_applied(&actor, branch, "restore", a)?.spent())
                     }
                 };
                 inner.restore_in(
-                    conn,
-                    fx,
+                    tx,
                     branch,
                     &target,
                     ByActor {
@@ -210,14 +195,13 @@ impl LocalEnvironment {
             actor,
             branch,
             name,
-            move |inner, conn, fx, branch, actor, permit| {
-                let head_id = db::existing_head(conn, branch)?;
-                let step = super::undo::step(way, head_id, |id| inner.op_in(conn, id))?
+            move |inner, tx, branch, actor, permit| {
+                let head_id = existing_head(tx, branch)?;
+                let step = super::undo::step(way, head_id, |id| inner.op_in(tx, id))?
                     .ok_or_else(|| none(branch))?;
                 let check = |a: &[tree::Applied]| this.decide_applied(&actor, branch, name, a);
                 inner.restore_in(
-                    conn,
-                    fx,
+                    tx,
                     branch,
                     &step.target,
                     ByActor {
@@ -247,11 +231,10 @@ impl LocalEnvironment {
             actor,
             target,
             "merge",
-            move |inner, conn, fx, target, actor, permit| {
+            move |inner, tx, target, actor, permit| {
                 let check = |a: &[tree::Applied]| this.decide_applied(&actor, target, "merge", a);
                 inner.merge_in(
-                    conn,
-                    fx,
+                    tx,
                     &source,
                     target,
                     ByActor {
@@ -297,7 +280,7 @@ impl LocalEnvironment {
         actor: &ActorId,
         branch: &str,
         operation: &str,
-        work: impl FnOnce(&Inner, &Connection, &mut TxEffects, &str, ActorId, Permit) -> Result<R>
+        work: impl FnOnce(&Inner, &mut dyn LogWrite, &str, ActorId, Permit) -> Result<R>
         + Send
         + 'static,
     ) -> Result<R> {
@@ -326,26 +309,21 @@ impl LocalEnvironment {
         actor: &ActorId,
         branch: &str,
         permit: Permit,
-        work: impl FnOnce(&Inner, &Connection, &mut TxEffects, &str, ActorId, Permit) -> Result<R>
+        work: impl FnOnce(&Inner, &mut dyn LogWrite, &str, ActorId, Permit) -> Result<R>
         + Send
         + 'static,
     ) -> Result<R> {
-        let (inner, branch, actor) = (self.inner.clone(), branch.to_owned(), actor.clone());
-        self.inner.writer.run(false, move |conn, fx| {
-            work(&inner, conn, fx, &branch, actor, permit)
+        let (branch, actor) = (branch.to_owned(), actor.clone());
+        self.inner.write(false, move |inner, tx| {
+            work(inner, tx, &branch, actor, permit)
         })
     }
 
     /// The closest common ancestor of two versions.
     pub fn common_ancestor(&self, a: &OpId, b: &OpId) -> Result<Option<OpId>> {
         self.inner
-            .readers
-            .with(|conn| self.inner.common_ancestor_in(conn, a, b))
+            .read(|log| self.inner.common_ancestor_in(log, a, b))
     }
-}
-
-pub(crate) fn marks_in(conn: &Connection) -> Result<Vec<(String, OpId)>> {
-    super::named_ops(conn, "SELECT name, op FROM marks ORDER BY name")
 }
 
 /// Who records a branch operation, what let its branch write through, and the check every key
@@ -360,26 +338,23 @@ struct ByActor<'a> {
 impl Inner {
     fn restore_in(
         &self,
-        conn: &Connection,
-        fx: &mut crate::db::TxEffects,
+        tx: &mut dyn LogWrite,
         branch: &str,
         target: &OpId,
         by: ByActor<'_>,
         intent: Intent,
     ) -> Result<OpId> {
-        let head_id = db::existing_head(conn, branch)?;
-        let (_, head_view) = self.stored_op_in(conn, &head_id)?;
-        let (target_op, target_view) = self.stored_op_in(conn, target)?;
-        if super::retention::seq_dropped(conn, target_op.seq)? {
+        let head_id = existing_head(tx, branch)?;
+        let (_, head_view) = self.stored_op_in(tx, &head_id)?;
+        let (target_op, target_view) = self.stored_op_in(tx, target)?;
+        if tx.is_dropped(target_op.seq)? {
             return Err(EnvError::VersionDropped(*target));
         }
-        let nodes = self.writer_nodes(conn);
-        let changes = tree::diff(&nodes, &head_view, &target_view, None)?;
+        let changes = tree::diff(&Nodes(&*tx), &head_view, &target_view, None)?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
         let permit = by.permit.join((by.authorized)(&applied)?);
         let op = self.commit_op(
-            conn,
-            fx,
+            tx,
             OpDraft {
                 parents: vec![head_id],
                 view: target_view,
@@ -400,17 +375,16 @@ impl Inner {
 
     fn merge_in(
         &self,
-        conn: &Connection,
-        fx: &mut crate::db::TxEffects,
+        tx: &mut dyn LogWrite,
         source: &str,
         target: &str,
         by: ByActor<'_>,
         intent: Intent,
     ) -> Result<MergeOutcome> {
-        let ours_id = db::existing_head(conn, target)?;
-        let theirs_id = db::existing_head(conn, source)?;
+        let ours_id = existing_head(tx, target)?;
+        let theirs_id = existing_head(tx, source)?;
         let base_id = self
-            .common_ancestor_in(conn, &ours_id, &theirs_id)?
+            .common_ancestor_in(tx, &ours_id, &theirs_id)?
             .ok_or_else(|| {
                 EnvError::UnknownVersion(format!("no common ancestor of {source} and {target}"))
             })?;
@@ -421,20 +395,21 @@ impl Inner {
                 noop: true,
             });
         }
-        let (_, ours_view) = self.stored_op_in(conn, &ours_id)?;
-        let (_, theirs_view) = self.stored_op_in(conn, &theirs_id)?;
+        let (_, ours_view) = self.stored_op_in(tx, &ours_id)?;
+        let (_, theirs_view) = self.stored_op_in(tx, &theirs_id)?;
         // A common ancestor thinned out by retention is replaced by its nearest kept ancestor:
         // an older base still merges correctly, at worst with more conflicts.
-        let base_id = self.nearest_kept(conn, &base_id)?;
-        let (_, base_view) = self.stored_op_in(conn, &base_id)?;
-        let nodes = self.writer_nodes(conn);
-        let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
+        let base_id = self.nearest_kept(tx, &base_id)?;
+        let (_, base_view) = self.stored_op_in(tx, &base_id)?;
+        let first_id = tx.next_node_id()?;
+        let nodes = Nodes(&*tx);
+        let mut edit = TreeEdit::new(&nodes, first_id);
         let mut resolve = |k: &KeyConflict| -> Result<crate::value::Value> {
             Ok(Conflict {
                 key: k.key.clone(),
                 base: k.base.clone(),
-                ours: self.side(conn, &ours_id, &base_id, &k.key, k.ours.clone())?,
-                theirs: self.side(conn, &theirs_id, &base_id, &k.key, k.theirs.clone())?,
+                ours: self.side(&*tx, &ours_id, &base_id, &k.key, k.ours.clone())?,
+                theirs: self.side(&*tx, &theirs_id, &base_id, &k.key, k.theirs.clone())?,
             }
             .to_value())
         };
@@ -448,14 +423,14 @@ impl Inner {
         let changes = tree::diff(&edit, &ours_view, &view, None)?;
         let applied: Vec<tree::Applied> = changes.into_iter().map(tree::Applied::from).collect();
         let permit = by.permit.join((by.authorized)(&applied)?);
-        self.persist(fx, edit, &view);
+        let new = edit.into_new_nodes(&view);
+        tx.put_nodes(crate::store::stored(new));
         let mut flags = OpFlags::MERGE;
         if !conflicts.is_empty() {
             flags |= OpFlags::CONFLICTS;
         }
         let op = self.commit_op(
-            conn,
-            fx,
+            tx,
             OpDraft {
                 parents: vec![ours_id, theirs_id],
                 view,
@@ -481,14 +456,14 @@ impl Inner {
     /// Who last changed `key` between `base` and `head` (first parents), and why.
     fn side(
         &self,
-        conn: &Connection,
+        log: &dyn LogRead,
         head: &OpId,
         base: &OpId,
         key: &Key,
         value: Option<crate::value::Value>,
     ) -> Result<ConflictSide> {
-        let last = self.ops_that_changed(conn, head, base, std::slice::from_ref(key))?;
-        let op = last.first().map(|id| self.op_in(conn, id)).transpose()?;
+        let last = self.ops_that_changed(log, head, base, std::slice::from_ref(key))?;
+        let op = last.first().map(|id| self.op_in(log, id)).transpose()?;
         Ok(ConflictSide {
             value,
             op: op.as_ref().map(|o| o.id),
@@ -501,7 +476,7 @@ impl Inner {
     /// closest common ancestor.
     pub(crate) fn common_ancestor_in(
         &self,
-        conn: &Connection,
+        log: &dyn LogRead,
         a: &OpId,
         b: &OpId,
     ) -> Result<Option<OpId>> {
@@ -515,7 +490,7 @@ impl Inner {
             }
             let mask = seen.entry(id).or_insert(0);
             *mask |= side;
-            let op = self.op_in(conn, &id)?;
+            let op = self.op_in(log, &id)?;
             if *mask == 3 {
                 if best.as_ref().is_none_or(|b| op.seq > b.seq) {
                     best = Some(op.clone());
@@ -533,13 +508,4 @@ impl Inner {
         }
         Ok(best.map(|o| o.id))
     }
-}
-
-/// The version a mark names.
-pub(crate) fn mark_in(conn: &Connection, name: &str) -> Result<Option<OpId>> {
-    let op: Option<Vec<u8>> = conn
-        .prepare_cached("SELECT op FROM marks WHERE name = ?1")?
-        .query_row([name], |r| r.get(0))
-        .optional()?;
-    op.map(|b| op_id_from(&b)).transpose()
 }

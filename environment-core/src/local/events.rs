@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::Inner;
-use crate::db;
 use crate::error::Result;
 use crate::event::{Event, EventFilter};
+use crate::store::CommittedOps;
 
 /// Receives the events of committed operations that pass its filter, in commit order.
 #[derive(Debug)]
@@ -63,7 +63,7 @@ impl Hub {
 
     /// Called by the writer after a commit, with the operations it recorded. Their events are
     /// made only when someone subscribes.
-    pub fn deliver(&self, ops: &db::CommittedOps) {
+    pub fn deliver(&self, ops: &CommittedOps) {
         if ops.is_empty() {
             return;
         }
@@ -122,17 +122,12 @@ fn outbox_loop(weak: Weak<Inner>, rx: mpsc::Receiver<()>) {
 }
 
 /// Publishes pending events in order; returns whether the outbox is now empty.
-fn drain(inner: &Inner) -> Result<bool> {
+fn drain(inner: &Arc<Inner>) -> Result<bool> {
     let Some(publisher) = inner.options.publisher.clone() else {
         return Ok(true);
     };
     loop {
-        let rows: Vec<(i64, Vec<u8>)> = inner.readers.with(|conn| {
-            let mut stmt =
-                conn.prepare_cached("SELECT seq, event FROM outbox ORDER BY seq LIMIT 256")?;
-            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })?;
+        let rows = inner.read(|log| log.outbox(256))?;
         if rows.is_empty() {
             return Ok(true);
         }
@@ -155,13 +150,7 @@ fn drain(inner: &Inner) -> Result<bool> {
             }
         }
         if !done.is_empty() {
-            inner.writer.run(false, move |conn, _| {
-                let mut stmt = conn.prepare_cached("DELETE FROM outbox WHERE seq = ?1")?;
-                for s in &done {
-                    stmt.execute([s])?;
-                }
-                Ok(())
-            })?;
+            inner.write(false, move |_, tx| tx.remove_events(&done))?;
         }
         if failed {
             return Ok(false);

@@ -3,15 +3,13 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension};
-
-use super::branch::marks_in;
-use super::{Inner, LocalEnvironment, op_id_from};
+use super::{Inner, LocalEnvironment};
 use crate::authz::{Action, ActorId, Resource};
 use crate::error::Result;
 use crate::hash::Hash;
 use crate::history::{HistoryEntry, HistoryOptions};
 use crate::op::{OpFlags, OpId, Operation};
+use crate::store::LogRead;
 use crate::tree::KeyChange;
 
 impl LocalEnvironment {
@@ -53,14 +51,9 @@ impl LocalEnvironment {
     ) -> Result<Vec<HistoryEntry>> {
         self.may_read_history(actor, branch)?;
         let head = self.head(branch)?;
-        // One read transaction for the whole walk: one consistent state, and one lock taken
-        // instead of one per operation read.
-        self.inner.readers.with(|conn| {
-            conn.execute_batch("BEGIN")?;
-            let r = self.history_in(conn, head, options);
-            let _ = conn.execute_batch("COMMIT");
-            r
-        })
+        // One reading for the whole walk: one consistent state.
+        self.inner
+            .read_snapshot(|log| self.history_in(log, head, options))
     }
 
     /// [`LocalEnvironment::history`] from `from` (included) back, instead of from the head: the
@@ -80,34 +73,26 @@ impl LocalEnvironment {
                 from.short()
             )));
         }
-        self.inner.readers.with(|conn| {
-            conn.execute_batch("BEGIN")?;
-            let r = self.history_in(conn, *from, options);
-            let _ = conn.execute_batch("COMMIT");
-            r
-        })
+        self.inner
+            .read_snapshot(|log| self.history_in(log, *from, options))
     }
 
     fn history_in(
         &self,
-        conn: &Connection,
+        log: &dyn LogRead,
         head: OpId,
         options: &HistoryOptions,
     ) -> Result<Vec<HistoryEntry>> {
-        let dropped = dropped_seqs(conn)?;
-        let marks = marks_in(conn)?;
-        let mut stmt = conn.prepare_cached("SELECT op FROM forks")?;
-        let forks: HashSet<OpId> = stmt
-            .query_map([], |r| r.get::<_, Vec<u8>>(0))?
-            .map(|r| op_id_from(&r?))
-            .collect::<Result<_>>()?;
+        let dropped = log.dropped_seqs()?;
+        let marks = log.marks()?;
+        let forks: HashSet<OpId> = log.forks()?;
         // The operations that end a squashed run or drop out of it, by sequence number: a run
         // summary whose range holds none of them squashes as it was recorded.
         // A mark or fork whose operation cannot be read here leaves no summary trusted.
         let mut breaks: BTreeSet<u64> = dropped.clone();
         let mut summaries = true;
         for id in marks.iter().map(|(_, id)| id).chain(&forks) {
-            match self.inner.stored_op_in(conn, id) {
+            match self.inner.stored_op_in(log, id) {
                 Ok((op, _)) => {
                     breaks.insert(op.seq);
                 }
@@ -118,7 +103,7 @@ impl LocalEnvironment {
         let mut cur = Some(head);
         while let Some(id) = cur {
             // A reader sees only committed operations: they may fill the shared cache.
-            let (op, view) = self.inner.stored_op_in(conn, &id)?;
+            let (op, view) = self.inner.stored_op_in(log, &id)?;
             self.inner.ops.insert(id, (op.clone(), view.id));
             cur = op.parents.first().copied();
             if dropped.contains(&op.seq) {
@@ -148,7 +133,7 @@ impl LocalEnvironment {
             // The whole run this operation ends, when nothing inside it is marked, forked from
             // or dropped; else this operation alone, and the walk goes on to its parent.
             let run = summaries
-                .then(|| CaptureRun::of(conn, op.seq))
+                .then(|| CaptureRun::of(log, op.seq))
                 .transpose()?
                 .flatten()
                 .filter(|r| breaks.range(r.start_seq..=op.seq).next().is_none())
@@ -244,17 +229,6 @@ fn squashes(op: &Operation) -> bool {
             .intersects(OpFlags::FAILED | OpFlags::ROLLBACK | OpFlags::MERGE)
 }
 
-/// The sequence numbers retention thinned out.
-fn dropped_seqs(conn: &Connection) -> Result<BTreeSet<u64>> {
-    let mut stmt = conn.prepare_cached("SELECT seq FROM dropped")?;
-    let rows = stmt.query_map([], |r| r.get::<_, i64>(0))?;
-    let mut out = BTreeSet::new();
-    for r in rows {
-        out.insert(r? as u64);
-    }
-    Ok(out)
-}
-
 /// The run of squashable captures an operation ends, along first parents: recorded with the
 /// operation (`ops.run`) from its parent's, so that history squashes a run of any length in
 /// one step. The summary is derived from the log and never the truth: when it is missing (an
@@ -307,7 +281,7 @@ impl CaptureRun {
     /// writer's transaction, before `op` is sealed: see [`CaptureRun::sealed`].
     pub(crate) fn pending(
         inner: &Inner,
-        conn: &Connection,
+        log: &dyn LogRead,
         op: &Operation,
     ) -> Result<Option<CaptureRun>> {
         if !squashes(op) {
@@ -315,9 +289,9 @@ impl CaptureRun {
         }
         let prev = match op.parents.first() {
             Some(parent) => {
-                let (p, _) = inner.stored_op_in(conn, parent)?;
+                let (p, _) = inner.stored_op_in(log, parent)?;
                 if squashes(&p) {
-                    CaptureRun::of(conn, p.seq)?
+                    CaptureRun::of(log, p.seq)?
                 } else {
                     None
                 }
@@ -337,12 +311,8 @@ impl CaptureRun {
     }
 
     /// The summary recorded with the operation `seq`, if any.
-    fn of(conn: &Connection, seq: u64) -> Result<Option<CaptureRun>> {
-        let bytes: Option<Option<Vec<u8>>> = conn
-            .prepare_cached("SELECT run FROM ops WHERE seq = ?1")?
-            .query_row([seq as i64], |r| r.get(0))
-            .optional()?;
-        Ok(bytes.flatten().and_then(|b| CaptureRun::decode(&b)))
+    fn of(log: &dyn LogRead, seq: u64) -> Result<Option<CaptureRun>> {
+        Ok(log.capture_run(seq)?.and_then(|b| CaptureRun::decode(&b)))
     }
 
     fn encode(&self) -> Vec<u8> {

@@ -2,14 +2,12 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use rusqlite::{Connection, params};
-
 use super::{Inner, LocalEnvironment, decode_op, op_id_from};
 use crate::authz::{Action, ActorId, Resource};
-use crate::db;
 use crate::error::{EnvError, Result};
 use crate::hash::Hash;
 use crate::op::OpId;
+use crate::store::{LogRead, Nodes};
 use crate::tree::{self, Node, NodeId, Ptr};
 use crate::upkeep::{GcReport, VerifyReport};
 use crate::value::Content;
@@ -34,10 +32,7 @@ impl LocalEnvironment {
             Some("gc"),
         )?;
         let guard = self.inner.blobs.sweep_guard()?;
-        let live = self
-            .inner
-            .readers
-            .with(|conn| self.inner.live_blobs(conn))?;
+        let live = self.inner.read_snapshot(|log| self.inner.live_blobs(log))?;
         let swept = self.inner.blobs.sweep(&live, &guard)?;
         let mut report = GcReport {
             kept: swept.kept,
@@ -54,67 +49,48 @@ impl LocalEnvironment {
     /// Removes the tree nodes no kept version reaches. Runs as one writer job: no commit can
     /// add a reference meanwhile. Nothing to do until retention has dropped something.
     fn collect_nodes(&self) -> Result<u64> {
-        let inner = self.inner.clone();
-        self.inner.writer.run(false, move |conn, _| {
-            let any_dropped: bool = conn
-                .prepare_cached("SELECT 1 FROM dropped LIMIT 1")?
-                .exists([])?;
-            if !any_dropped {
+        self.inner.write(false, move |_, tx| {
+            if tx.dropped_seqs()?.is_empty() {
                 return Ok(0);
             }
-            let nodes = inner.writer_nodes(conn);
             let mut live: HashSet<NodeId> = HashSet::new();
-            let mut stmt = conn.prepare_cached(
-                "SELECT root, record FROM ops WHERE seq NOT IN (SELECT seq FROM dropped)",
-            )?;
-            let mut rows = stmt.query([])?;
-            while let Some(row) = rows.next()? {
-                let op = decode_op(&row.get::<_, Vec<u8>>(1)?)?;
-                let root = Ptr {
+            let mut roots = Vec::new();
+            tx.each_kept_op(&mut |op, root| {
+                roots.push(Ptr {
                     hash: op.view,
-                    id: row.get(0)?,
-                };
-                tree::walk_nodes(&nodes, &root, &mut |p| live.insert(p.id), &mut |_| {})?;
+                    id: root,
+                });
+                Ok(())
+            })?;
+            for root in &roots {
+                tree::walk_nodes(&Nodes(&*tx), root, &mut |p| live.insert(p.id), &mut |_| {})?;
             }
             let mut dead: HashSet<NodeId> = HashSet::new();
-            db::each_node(conn, |id, _, _| {
+            tx.each_node(&mut |id, _, _| {
                 if !live.contains(&id) {
                     dead.insert(id);
                 }
                 Ok(())
             })?;
-            db::delete_nodes(conn, &dead)?;
-            for id in &dead {
-                inner.nodes.remove(id);
-            }
+            tx.delete_nodes(&dead)?;
             Ok(dead.len() as u64)
         })
     }
 
     /// Keeps a blob alive for `owner` (a message, an effect result…) even if no view refers to it.
     pub fn pin_blob(&self, hash: &Hash, owner: &str) -> Result<()> {
-        self.pin_change(
-            "INSERT OR IGNORE INTO blob_pins(hash, owner) VALUES (?1, ?2)",
-            hash,
-            owner,
-        )
+        self.pin_change(hash, owner, true)
     }
 
     /// Releases a pin.
     pub fn unpin_blob(&self, hash: &Hash, owner: &str) -> Result<()> {
-        self.pin_change(
-            "DELETE FROM blob_pins WHERE hash = ?1 AND owner = ?2",
-            hash,
-            owner,
-        )
+        self.pin_change(hash, owner, false)
     }
 
-    fn pin_change(&self, sql: &'static str, hash: &Hash, owner: &str) -> Result<()> {
+    fn pin_change(&self, hash: &Hash, owner: &str, pinned: bool) -> Result<()> {
         let (h, owner) = (*hash, owner.to_owned());
-        self.inner.writer.run(false, move |conn, _| {
-            conn.execute(sql, params![&h.0[..], owner])?;
-            Ok(())
-        })
+        self.inner
+            .write(false, move |_, tx| tx.pin_blob(&h, &owner, pinned))
     }
 
     /// Re-hashes every operation and tree node, checks the hash chain, that every view is
@@ -147,16 +123,8 @@ impl LocalEnvironment {
             None,
             Some("verify"),
         )?;
-        let mut report = self.inner.readers.with(|conn| {
-            conn.execute_batch("BEGIN")?;
-            let r = self.inner.verify_in(conn);
-            let _ = conn.execute_batch("COMMIT");
-            r
-        })?;
-        let blobs = self
-            .inner
-            .readers
-            .with(|conn| self.inner.live_blobs(conn))?;
+        let mut report = self.inner.read_snapshot(|log| self.inner.verify_in(log))?;
+        let blobs = self.inner.read_snapshot(|log| self.inner.live_blobs(log))?;
         for h in &blobs {
             if deep {
                 self.inner.blobs.get(h)?;
@@ -172,61 +140,52 @@ impl LocalEnvironment {
 impl Inner {
     /// Every blob referenced by a view of any operation, or pinned. Runs in one read
     /// transaction so it sees one consistent state.
-    fn live_blobs(&self, conn: &Connection) -> Result<HashSet<Hash>> {
-        conn.execute_batch("BEGIN")?;
-        let result = (|| {
+    fn live_blobs(&self, log: &dyn LogRead) -> Result<HashSet<Hash>> {
+        {
             let mut roots = Vec::new();
-            let mut stmt = conn.prepare_cached(
-                "SELECT root, record FROM ops WHERE seq NOT IN (SELECT seq FROM dropped)",
-            )?;
-            let mut rows = stmt.query([])?;
-            while let Some(row) = rows.next()? {
-                let op = decode_op(&row.get::<_, Vec<u8>>(1)?)?;
+            log.each_kept_op(&mut |op, root| {
                 roots.push(Ptr {
                     hash: op.view,
-                    id: row.get(0)?,
+                    id: root,
                 });
-            }
-            let nodes = self.nodes_in(conn);
+                Ok(())
+            })?;
             let mut seen = HashSet::new();
             let mut live = HashSet::new();
             let mut manifests = HashSet::new();
             for root in &roots {
-                tree::walk_nodes(&nodes, root, &mut |p| seen.insert(p.id), &mut |c| match c {
-                    Content::Chunks(m) => {
-                        manifests.insert(*m);
-                    }
-                    Content::Blob(b) => {
-                        live.insert(*b);
-                    }
-                    Content::Inline(_) => {}
-                })?;
+                tree::walk_nodes(
+                    &Nodes(log),
+                    root,
+                    &mut |p| seen.insert(p.id),
+                    &mut |c| match c {
+                        Content::Chunks(m) => {
+                            manifests.insert(*m);
+                        }
+                        Content::Blob(b) => {
+                            live.insert(*b);
+                        }
+                        Content::Inline(_) => {}
+                    },
+                )?;
             }
-            super::refused::held_blobs(conn, &mut live, &mut manifests)?;
+            super::refused::held_blobs(log, &mut live, &mut manifests)?;
             // A chunked file keeps its manifest and every chunk it names; a manifest that
             // cannot be read stops the collection (its chunks would be taken for dead).
             for m in manifests {
                 live.extend(self.blobs.manifest(&m)?.pieces.iter().map(|p| p.hash));
                 live.insert(m);
             }
-            let mut stmt = conn.prepare_cached("SELECT hash FROM blob_pins")?;
-            let pins = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
-            for p in pins {
-                if let Some(h) = Hash::from_slice(&p?) {
-                    live.insert(h);
-                }
-            }
+            live.extend(log.blob_pins()?);
             Ok(live)
-        })();
-        let _ = conn.execute_batch("COMMIT");
-        result
+        }
     }
 
-    fn verify_in(&self, conn: &Connection) -> Result<VerifyReport> {
+    fn verify_in(&self, log: &dyn LogRead) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
         // Nodes first: every stored node must decode and hash to the hash stored with it.
         let mut hashes: HashMap<NodeId, Hash> = HashMap::new();
-        db::each_node(conn, |id, h, data| {
+        log.each_node(&mut |id, h, data| {
             let at = || format!("node #{id}");
             let name =
                 Hash::from_slice(h).ok_or_else(|| broken(at(), "its hash is not 32 bytes"))?;
@@ -247,22 +206,15 @@ impl Inner {
         // Each branch's last operation in the log, which is its head by definition.
         let mut latest: BTreeMap<String, OpId> = BTreeMap::new();
         let mut walked = HashSet::new();
-        let nodes = self.nodes_in(conn);
-        let dropped: HashSet<i64> = {
-            let mut stmt = conn.prepare("SELECT seq FROM dropped")?;
-            let rows = stmt.query_map([], |r| r.get::<_, i64>(0))?;
-            rows.collect::<rusqlite::Result<_>>()?
-        };
-        let mut stmt = conn.prepare("SELECT seq, id, root, record FROM ops ORDER BY seq")?;
-        let mut rows = stmt.query([])?;
-        while let Some(row) = rows.next()? {
-            let (seq, id, root, record): (i64, Vec<u8>, NodeId, Vec<u8>) =
-                (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+        let dropped = log.dropped_seqs()?;
+        log.each_op(&mut |row| {
+            let seq = row.seq;
+            let root = row.root;
             let at = format!("operation #{seq}");
-            let id = op_id_from(&id).map_err(|e| broken(at.clone(), e.to_string()))?;
-            let op = decode_op(&record).map_err(|e| broken(at.clone(), e.to_string()))?;
+            let id = op_id_from(row.id).map_err(|e| broken(at.clone(), e.to_string()))?;
+            let op = decode_op(row.record).map_err(|e| broken(at.clone(), e.to_string()))?;
             let at = format!("{at} ({})", id.short());
-            if op.id != id || op.seq != seq as u64 {
+            if op.id != id || op.seq != seq {
                 return Err(broken(at, "the record does not match its row"));
             }
             if !op.is_intact() {
@@ -289,7 +241,7 @@ impl Inner {
             report.ops += 1;
             if dropped.contains(&seq) {
                 // Thinned out: the record is checked, its view is no longer kept.
-                continue;
+                return Ok(());
             }
             let mut bad: Option<Ptr> = None;
             let root = Ptr {
@@ -297,7 +249,7 @@ impl Inner {
                 id: root,
             };
             tree::walk_nodes(
-                &nodes,
+                &Nodes(log),
                 &root,
                 &mut |p| {
                     if hashes.get(&p.id) != Some(&p.hash) {
@@ -319,11 +271,12 @@ impl Inner {
                     ),
                 ));
             }
-        }
-        crate::op_index::check(conn, &seqs)?;
+            Ok(())
+        })?;
+        log.check_indexes(&seqs)?;
         // A head is the latest operation recorded on its branch. (The snapshot of heads may
         // name operations the log has moved past, which retention is free to drop.)
-        let heads = crate::heads::all(conn)?;
+        let heads = log.heads()?;
         if heads != latest {
             return Err(broken(
                 "the branch heads".into(),
@@ -334,17 +287,19 @@ impl Inner {
             .into_iter()
             .map(|(name, op)| ("heads", name, Some(op)))
             .collect();
-        let mut stmt = conn.prepare("SELECT name, op FROM marks")?;
-        let mut rows = stmt.query([])?;
-        while let Some(row) = rows.next()? {
-            let (name, op): (String, Vec<u8>) = (row.get(0)?, row.get(1)?);
-            named.push(("marks", name, op_id_from(&op).ok()));
-        }
+        let marks = log
+            .marks()
+            .map_err(|e| broken("the marks".into(), e.to_string()))?;
+        named.extend(
+            marks
+                .into_iter()
+                .map(|(name, op)| ("marks", name, Some(op))),
+        );
         for (kind, name, op) in named {
             let at = || format!("{kind} {name}");
             match op.and_then(|id| seqs.get(&id).copied()) {
                 None => return Err(broken(at(), "names an operation that does not exist")),
-                Some(seq) if dropped.contains(&(seq as i64)) => {
+                Some(seq) if dropped.contains(&seq) => {
                     return Err(broken(at(), "names an operation retention dropped"));
                 }
                 Some(_) => {}

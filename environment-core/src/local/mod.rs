@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt};
-use rusqlite::{Connection, OptionalExtension, params};
 
 pub use crate::action::{ActRequest, Change, Observation, Refusal, RefusedChange};
 pub use crate::effect::{BeginOutcome, EffectRecord, EffectState};
@@ -33,13 +32,13 @@ use crate::authz::{
 };
 use crate::blob::BlobStore;
 use crate::clock::{Clock, SystemClock};
-use crate::db::{self, AfterCommit, DbNodes, NodeCache, ReadPool, TxEffects, Writer};
+use crate::embedded::{EmbeddedStore, NodeCache};
 use crate::error::{EnvError, Result};
 use crate::event::{Event, Publisher};
 use crate::hash::Hash;
 use crate::key::{Key, KeyPrefix};
 use crate::op::{ChangeSummary, DecisionRef, Intent, OpFlags, OpId, Operation};
-use crate::op_index::OpIndex;
+use crate::store::{AfterCommit, CommittedNodes, CommittedOps, LogRead, LogStore, LogWrite, Nodes};
 use crate::tree::{self, KeyChange, Node, NodeId, Ptr, TreeEdit};
 use crate::value::{Content, Value};
 
@@ -68,7 +67,19 @@ pub struct Options {
     /// When set, a background thread checkpoints the database this often (see
     /// [`crate::checkpoint`]), off the writer's commit path; otherwise commits checkpoint.
     pub checkpoint_every: Option<std::time::Duration>,
+    /// Where the effect log is kept when not in the environment's database: a store several
+    /// machines share, so that an effect begun on one is never begun again on another.
+    pub effects: Option<Arc<dyn crate::effect::EffectStore>>,
+    /// Opens the store of the log (operations, heads, marks, tree nodes) when it is not the
+    /// environment's database: a store several machines share. It is handed what must hear
+    /// of every commit. Such an environment keeps its effect log in [`Options::effects`],
+    /// which must then be set.
+    pub log_store: Option<OpenLogStore>,
 }
+
+/// Opens a store of the log, handed what must hear of every commit (see
+/// [`Options::log_store`]).
+pub type OpenLogStore = Arc<dyn Fn(AfterCommit) -> Result<Arc<dyn LogStore>> + Send + Sync>;
 
 impl Default for Options {
     fn default() -> Options {
@@ -81,6 +92,8 @@ impl Default for Options {
             max_intent_len: 16 << 10,
             node_cache: 200_000,
             checkpoint_every: Some(std::time::Duration::from_millis(100)),
+            effects: None,
+            log_store: None,
         }
     }
 }
@@ -91,6 +104,8 @@ impl std::fmt::Debug for Options {
             .field("publisher", &self.publisher.is_some())
             .field("max_value_bytes", &self.max_value_bytes)
             .field("max_changes", &self.max_changes)
+            .field("effects", &self.effects.is_some())
+            .field("log_store", &self.log_store.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -99,17 +114,14 @@ pub(crate) struct Inner {
     home: PathBuf,
     options: Options,
     blobs: BlobStore,
-    writer: Writer,
-    readers: ReadPool,
-    nodes: Arc<NodeCache>,
+    /// The log, its heads, marks and tree nodes.
+    store: Arc<dyn LogStore>,
+    /// The effect log: in the database, unless [`Options::effects`] names another store.
+    effects: Arc<dyn crate::effect::EffectStore>,
     ops: Arc<OpCache>,
     hub: Arc<events::Hub>,
     /// Versions dropped by retention (as this process knows them; the table is the truth).
     dropped: std::sync::RwLock<std::collections::HashSet<OpId>>,
-    /// Finds operations by id.
-    op_index: OpIndex,
-    /// Checkpoints until the environment closes.
-    _checkpointer: Option<crate::checkpoint::Checkpointer>,
 }
 
 /// An environment stored on this machine: a SQLite database (`env.db`) and a blob store
@@ -158,20 +170,7 @@ impl LocalEnvironment {
             path: home.clone(),
             detail: e.to_string(),
         })?;
-        let db_path = home.join("env.db");
         let blobs = BlobStore::open(home.join("blobs"))?;
-        let conn = db::open_writer(&db_path)?;
-        let checkpointer = match options.checkpoint_every {
-            Some(every) => Some(
-                crate::checkpoint::Checkpointer::start(&conn, &db_path, every).map_err(|e| {
-                    EnvError::Home {
-                        path: db_path.clone(),
-                        detail: format!("cannot start the checkpointer: {e}"),
-                    }
-                })?,
-            ),
-            None => None,
-        };
         let nodes = Arc::new(NodeCache::new(options.node_cache));
         let ops = Arc::new(OpCache::new(100_000));
         let hub = Arc::new(events::Hub::new(options.publisher.is_some()));
@@ -184,26 +183,46 @@ impl LocalEnvironment {
                 }),
             }
         };
-        let writer = Writer::start(conn, after_commit)?;
+        let (store, effects): (Arc<dyn LogStore>, _) = match &options.log_store {
+            Some(open) => {
+                let effects = options.effects.clone().ok_or_else(|| EnvError::Home {
+                    path: home.clone(),
+                    detail: "an environment whose log is in a store of its own keeps its effect \
+                             log in one too: set Options::effects"
+                        .into(),
+                })?;
+                (open(after_commit)?, effects)
+            }
+            None => {
+                let embedded = EmbeddedStore::open(
+                    &home.join("env.db"),
+                    options.checkpoint_every,
+                    nodes,
+                    after_commit,
+                )?;
+                let effects = match &options.effects {
+                    Some(shared) => shared.clone(),
+                    None => embedded.effects(),
+                };
+                (Arc::new(embedded), effects)
+            }
+        };
         let inner = Arc::new(Inner {
-            readers: ReadPool::new(db_path),
+            store,
+            effects,
             home,
             options,
             blobs,
-            writer,
-            nodes,
             ops,
             hub,
             dropped: std::sync::RwLock::new(Default::default()),
-            op_index: OpIndex::default(),
-            _checkpointer: checkpointer,
         });
         let env = LocalEnvironment {
             inner,
             credentials: None,
         };
         env.init()?;
-        let dropped = env.inner.readers.with(retention::dropped_in)?;
+        let dropped = env.inner.read(|log| log.dropped_ids())?;
         if let Ok(mut d) = env.inner.dropped.write() {
             *d = dropped;
         }
@@ -213,21 +232,18 @@ impl LocalEnvironment {
 
     /// Creates the first operation and the `main` branch if the log is empty.
     fn init(&self) -> Result<()> {
-        let inner = self.inner.clone();
-        self.inner.writer.run(false, move |conn, fx| {
-            let any: Option<i64> = conn
-                .query_row("SELECT seq FROM ops LIMIT 1", [], |r| r.get(0))
-                .optional()?;
-            if any.is_some() {
+        self.inner.write(false, move |inner, tx| {
+            if tx.has_ops()? {
                 return Ok(());
             }
-            let nodes = inner.writer_nodes(conn);
-            let mut edit = TreeEdit::new(&nodes, db::next_node_id(conn)?);
+            let first_id = tx.next_node_id()?;
+            let nodes = Nodes(&*tx);
+            let mut edit = TreeEdit::new(&nodes, first_id);
             let root = edit.store(Node::Leaf(Vec::new()));
-            inner.persist(fx, edit, &root);
+            let new = edit.into_new_nodes(&root);
+            tx.put_nodes(crate::store::stored(new));
             inner.commit_op(
-                conn,
-                fx,
+                tx,
                 OpDraft {
                     parents: Vec::new(),
                     view: root,
@@ -259,16 +275,16 @@ impl LocalEnvironment {
 
     /// The operation at the head of `branch`.
     pub fn head(&self, branch: &str) -> Result<OpId> {
-        self.inner.readers.with(|conn| {
-            crate::heads::of(conn, branch)?.ok_or_else(|| EnvError::UnknownBranch(branch.into()))
+        self.inner.read(|log| {
+            log.head(branch)?
+                .ok_or_else(|| EnvError::UnknownBranch(branch.into()))
         })
     }
 
     /// Every branch with its head, by name.
     pub fn branches(&self) -> Result<Vec<(String, OpId)>> {
         self.inner
-            .readers
-            .with(|conn| Ok(crate::heads::all(conn)?.into_iter().collect()))
+            .read(|log| Ok(log.heads()?.into_iter().collect()))
     }
 
     /// The operation record with this id.
@@ -284,10 +300,7 @@ impl LocalEnvironment {
             };
             return Ok((op, view));
         }
-        let (op, view) = self
-            .inner
-            .readers
-            .with(|conn| self.inner.stored_op_in(conn, id))?;
+        let (op, view) = self.inner.read(|log| self.inner.stored_op_in(log, id))?;
         self.inner.ops.insert(*id, (op.clone(), view.id));
         Ok((op, view))
     }
@@ -311,10 +324,7 @@ impl LocalEnvironment {
             None => (spec, 0),
         };
         let base = if base == "HEAD" { MAIN } else { base };
-        let mut id = self
-            .inner
-            .readers
-            .with(|conn| resolve_in(conn, &self.inner.op_index, base))?;
+        let mut id = self.inner.read(|log| resolve_in(log, base))?;
         for _ in 0..back {
             let op = self.op(&id)?;
             id = *op
@@ -334,9 +344,7 @@ impl LocalEnvironment {
     /// Reads without asking the authorizer: for the environment's own machinery.
     pub fn read_unchecked(&self, key: &Key, version: &OpId) -> Result<Option<Value>> {
         let view = self.view(version)?;
-        self.inner
-            .readers
-            .with(|conn| tree::get(&self.inner.nodes_in(conn), &view, key))
+        self.inner.read(|log| tree::get(&Nodes(log), &view, key))
     }
 
     /// The bytes of a value, whole: inline content, or its blob or chunks (each checked
@@ -366,8 +374,7 @@ impl LocalEnvironment {
         )?;
         let view = self.view(version)?;
         self.inner
-            .readers
-            .with(|conn| tree::list(&self.inner.nodes_in(conn), &view, prefix))
+            .read(|log| tree::list(&Nodes(log), &view, prefix))
     }
 
     /// The keys (under `prefix`, or all) whose values differ from `from` to `to`. Cost follows
@@ -386,8 +393,7 @@ impl LocalEnvironment {
         self.authorize(actor, Action::Read, resource, None, None)?;
         let (a, b) = (self.view(from)?, self.view(to)?);
         self.inner
-            .readers
-            .with(|conn| tree::diff(&self.inner.nodes_in(conn), &a, &b, prefix))
+            .read(|log| tree::diff(&Nodes(log), &a, &b, prefix))
     }
 
     /// Subscribes to committed operations' events that pass `filter`.
@@ -607,22 +613,69 @@ pub(crate) struct OpDraft {
 }
 
 impl Inner {
-    /// Nodes as a reader sees them (committed only, so they may fill the cache).
-    pub(crate) fn nodes_in<'a>(&'a self, conn: &'a Connection) -> DbNodes<'a> {
-        DbNodes {
-            conn,
-            cache: &self.nodes,
-            fill_cache: true,
-        }
+    /// Reads the store.
+    pub(crate) fn read<R: Send>(
+        &self,
+        f: impl FnOnce(&dyn LogRead) -> Result<R> + Send,
+    ) -> Result<R> {
+        self.reading(false, f)
     }
 
-    /// Nodes as the writer sees them, inside its open transaction.
-    pub(crate) fn writer_nodes<'a>(&'a self, conn: &'a Connection) -> DbNodes<'a> {
-        DbNodes {
-            conn,
-            cache: &self.nodes,
-            fill_cache: false,
-        }
+    /// [`Inner::read`] of one consistent state, for a walk of many reads.
+    pub(crate) fn read_snapshot<R: Send>(
+        &self,
+        f: impl FnOnce(&dyn LogRead) -> Result<R> + Send,
+    ) -> Result<R> {
+        self.reading(true, f)
+    }
+
+    fn reading<R: Send>(
+        &self,
+        snapshot: bool,
+        f: impl FnOnce(&dyn LogRead) -> Result<R> + Send,
+    ) -> Result<R> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.store.read(snapshot, &mut |log| {
+            if let Some(f) = f.take() {
+                out = Some(f(log)?);
+            }
+            Ok(())
+        })?;
+        out.ok_or(EnvError::Closed)
+    }
+
+    /// Runs `job` in a write transaction and waits for its commit. `full_sync` makes the
+    /// commit durable against power loss, not only against a crash of the process.
+    pub(crate) fn write<R: Send + 'static>(
+        self: &Arc<Self>,
+        full_sync: bool,
+        job: impl FnOnce(&Arc<Inner>, &mut dyn LogWrite) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let answer = self.store.write(full_sync, self.erased(job))?;
+        answered(answer)
+    }
+
+    /// [`Inner::write`] without blocking the async runtime.
+    pub(crate) async fn submit<R: Send + 'static>(
+        self: &Arc<Self>,
+        job: impl FnOnce(&Arc<Inner>, &mut dyn LogWrite) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let answer = self
+            .store
+            .submit(self.erased(job))
+            .await
+            .map_err(|_| EnvError::Closed)??;
+        answered(answer)
+    }
+
+    /// `job` as the store runs it: with this environment, its answer's type erased.
+    fn erased<R: Send + 'static>(
+        self: &Arc<Self>,
+        job: impl FnOnce(&Arc<Inner>, &mut dyn LogWrite) -> Result<R> + Send + 'static,
+    ) -> crate::store::WriteJob {
+        let inner = self.clone();
+        Box::new(move |tx| Ok(Box::new(job(&inner, tx)?) as crate::store::Answer))
     }
 
     pub(crate) fn check(&self, request: &AccessRequest) -> Result<Decision> {
@@ -642,39 +695,23 @@ impl Inner {
             .map_err(EnvError::NotAllowed)
     }
 
-    pub(crate) fn op_in(&self, conn: &Connection, id: &OpId) -> Result<Arc<Operation>> {
-        Ok(self.stored_op_in(conn, id)?.0)
+    pub(crate) fn op_in(&self, log: &dyn LogRead, id: &OpId) -> Result<Arc<Operation>> {
+        Ok(self.stored_op_in(log, id)?.0)
     }
 
     /// An operation and the root of its view. Does not fill the cache: the caller may be the
     /// writer, seeing its own uncommitted rows.
     pub(crate) fn stored_op_in(
         &self,
-        conn: &Connection,
+        log: &dyn LogRead,
         id: &OpId,
     ) -> Result<(Arc<Operation>, Ptr)> {
-        // The writer's jobs find the operations of the jobs before them in the same
-        // transaction in memory (elsewhere there are none).
-        if let Some((op, root)) = self.ops.get(id).or_else(|| db::pending_op(id)) {
-            let view = Ptr {
-                hash: op.view,
-                id: root,
-            };
-            return Ok((op, view));
-        }
-        let key = &id.0.0[..];
-        let found = self.op_index.find(conn, key, key, |seq| {
-            let row: Option<(Vec<u8>, NodeId, Vec<u8>)> = conn
-                .prepare_cached("SELECT id, root, record FROM ops WHERE seq = ?1")?
-                .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                .optional()?;
-            Ok(row.and_then(|(at, root, record)| (at == key).then_some((root, record))))
-        })?;
-        let (root, record) = found
-            .into_iter()
-            .next()
-            .ok_or_else(|| EnvError::UnknownVersion(id.to_string()))?;
-        let op = Arc::new(decode_op(&record)?);
+        let (op, root) = match self.ops.get(id) {
+            Some(found) => found,
+            None => log
+                .find_op(id)?
+                .ok_or_else(|| EnvError::UnknownVersion(id.to_string()))?,
+        };
         let view = Ptr {
             hash: op.view,
             id: root,
@@ -686,15 +723,14 @@ impl Inner {
     /// `expected_head`, `None` for a new branch). Called inside the writer's transaction.
     pub(crate) fn commit_op(
         &self,
-        conn: &Connection,
-        fx: &mut TxEffects,
+        tx: &mut dyn LogWrite,
         draft: OpDraft,
         expected_head: Option<&OpId>,
     ) -> Result<Arc<Operation>> {
-        let seq = db::next_seq(conn)?;
+        let seq = tx.next_seq()?;
         let mut op = Operation {
             id: OpId(Hash([0; 32])),
-            seq: seq as u64,
+            seq,
             parents: draft.parents,
             view: draft.view.hash,
             branch: draft.branch,
@@ -710,50 +746,41 @@ impl Inner {
         };
         // Every caller read the head it builds on in this transaction, and heads move only by
         // recording operations: a different head here would be a bug, refused before writing.
-        if db::head(conn, &op.branch)?.as_ref() != expected_head {
+        if tx.head(&op.branch)?.as_ref() != expected_head {
             return Err(EnvError::UnknownBranch(op.branch.clone()));
         }
         self.spend(&draft.permit.spend)?;
-        // Recording the operation moves its branch's head (see `heads`), and stores the nodes
-        // the job created.
-        let run = history::CaptureRun::pending(self, conn, &op)?;
-        op.id = op.sealed(|id, record| -> Result<OpId> {
-            let nodes = db::store_op_nodes(conn, seq, record.len())?;
-            conn.prepare_cached(
-                "INSERT INTO ops(seq, id, root, record, branch, nodes, run) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?
-            .execute(params![
-                seq,
-                &id.0.0[..],
-                draft.view.id,
-                record,
-                op.branch,
-                nodes,
-                run.map(|r| r.sealed(&id)),
-            ])?;
-            Ok(id)
-        })?;
-        if self.hub.has_publisher() {
-            let bytes = serde_json::to_vec(&Event::from(&op)).map_err(|e| EnvError::Decode {
-                what: "event",
-                detail: e.to_string(),
-            })?;
-            conn.prepare_cached("INSERT INTO outbox(event) VALUES (?1)")?
-                .execute([bytes])?;
-        }
+        // Recording the operation moves its branch's head, and stores the nodes the job
+        // created.
+        let run = history::CaptureRun::pending(self, tx, &op)?;
+        let (id, record) = op.sealed(|id, record| (id, record.to_vec()));
+        op.id = id;
+        let event = if self.hub.has_publisher() {
+            Some(
+                serde_json::to_vec(&Event::from(&op)).map_err(|e| EnvError::Decode {
+                    what: "event",
+                    detail: e.to_string(),
+                })?,
+            )
+        } else {
+            None
+        };
+        let run = run.map(|r| r.sealed(&op.id));
         let op = Arc::new(op);
-        fx.ops.push((op.clone(), draft.view.id));
+        tx.append(op.clone(), &record, draft.view.id, run)?;
+        if let Some(event) = event {
+            tx.queue_event(event)?;
+        }
         Ok(op)
     }
+}
 
-    /// Persists the nodes an edit created that `root` reaches (they are written with the
-    /// operation the job records), and schedules them for the cache.
-    pub(crate) fn persist(&self, fx: &mut TxEffects, edit: TreeEdit<'_>, root: &Ptr) {
-        let new = edit.into_new_nodes(root);
-        db::insert_nodes(&new);
-        fx.nodes.extend(new.into_iter().map(|n| (n.ptr.id, n.node)));
-    }
+/// A write job's answer, as the job gave it.
+fn answered<R: 'static>(answer: crate::store::Answer) -> Result<R> {
+    answer
+        .downcast::<R>()
+        .map(|r| *r)
+        .map_err(|_| EnvError::CommitFailed("a write job's answer was lost".into()))
 }
 
 /// Puts what a group committed in the caches: its operations, and the nodes of the versions it
@@ -763,10 +790,11 @@ impl Inner {
 fn cache_committed(
     nodes: &NodeCache,
     ops: &OpCache,
-    new_nodes: db::CommittedNodes,
-    new_ops: db::CommittedOps,
+    new_nodes: CommittedNodes,
+    new_ops: CommittedOps,
 ) {
-    let mut new_nodes: HashMap<NodeId, Arc<Node>> = new_nodes.into_iter().collect();
+    let mut new_nodes: HashMap<NodeId, Arc<Node>> =
+        new_nodes.into_iter().map(|(id, n)| (id, n.0)).collect();
     let mut last_roots: HashMap<&str, NodeId> = HashMap::new();
     for (op, root) in &new_ops {
         last_roots.insert(&op.branch, *root);
@@ -784,10 +812,7 @@ fn cache_committed(
 }
 
 pub(crate) fn decode_op(record: &[u8]) -> Result<Operation> {
-    postcard::from_bytes(record).map_err(|e| EnvError::Decode {
-        what: "operation",
-        detail: e.to_string(),
-    })
+    Operation::decode(record)
 }
 
 pub(crate) fn op_id_from(bytes: &[u8]) -> Result<OpId> {
@@ -797,25 +822,11 @@ pub(crate) fn op_id_from(bytes: &[u8]) -> Result<OpId> {
     })
 }
 
-/// Rows of (name, operation id), for marks.
-pub(crate) fn named_ops(conn: &Connection, sql: &str) -> Result<Vec<(String, OpId)>> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let rows = stmt.query_map([], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (name, op) = row?;
-        out.push((name, op_id_from(&op)?));
-    }
-    Ok(out)
-}
-
-fn resolve_in(conn: &Connection, index: &OpIndex, spec: &str) -> Result<OpId> {
-    if let Some(h) = crate::heads::of(conn, spec)? {
+fn resolve_in(log: &dyn LogRead, spec: &str) -> Result<OpId> {
+    if let Some(h) = log.head(spec)? {
         return Ok(h);
     }
-    if let Some(m) = branch::mark_in(conn, spec)? {
+    if let Some(m) = log.mark(spec)? {
         return Ok(m);
     }
     let is_hex = spec.len() >= 4 && spec.len() <= 64 && spec.bytes().all(|b| b.is_ascii_hexdigit());
@@ -832,15 +843,9 @@ fn resolve_in(conn: &Connection, index: &OpIndex, spec: &str) -> Result<OpId> {
         hex::decode(full).map_err(|_| EnvError::UnknownVersion(spec.to_owned()))
     };
     let (lo, hi) = (bound('0')?, bound('f')?);
-    let found = index.find(conn, &lo, &hi, |seq| {
-        let id: Option<Vec<u8>> = conn
-            .prepare_cached("SELECT id FROM ops WHERE seq = ?1")?
-            .query_row([seq], |r| r.get(0))
-            .optional()?;
-        Ok(id.filter(|id| (&lo[..]..=&hi[..]).contains(&&id[..])))
-    })?;
+    let found = log.op_ids_between(&lo, &hi)?;
     match found.as_slice() {
-        [one] => op_id_from(one),
+        [one] => Ok(*one),
         [] => Err(EnvError::UnknownVersion(spec.to_owned())),
         _ => Err(EnvError::AmbiguousVersion {
             prefix: spec.to_owned(),

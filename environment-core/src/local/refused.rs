@@ -8,7 +8,6 @@
 
 use std::collections::HashSet;
 
-use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
 use super::LocalEnvironment;
@@ -19,6 +18,7 @@ use crate::error::{EnvError, Result};
 use crate::hash::Hash;
 use crate::key::Key;
 use crate::op::{Intent, OpId};
+use crate::store::{LogRead, LogWrite};
 use crate::value::{Content, Value};
 
 /// What [`RefusedChange`] stores (all but the id, which is the row's).
@@ -59,7 +59,7 @@ impl Refused {
 /// Records `refused` in the writer's transaction, as changes of `actor` on `branch` refused
 /// against `head`.
 pub(crate) fn record(
-    conn: &Connection,
+    tx: &mut dyn LogWrite,
     actor: &ActorId,
     branch: &str,
     head: OpId,
@@ -72,8 +72,6 @@ pub(crate) fn record(
     }
     let time_ms = clock.now_ms();
     let mut out = Vec::with_capacity(refused.len());
-    let mut insert =
-        conn.prepare_cached("INSERT INTO refused(actor, time_ms, record) VALUES (?1, ?2, ?3)")?;
     for r in refused {
         let stored = Stored {
             actor: actor.clone(),
@@ -89,8 +87,8 @@ pub(crate) fn record(
             what: "refused change",
             detail: e.to_string(),
         })?;
-        insert.execute(params![actor.as_str(), time_ms, record])?;
-        out.push(stored.with_id(conn.last_insert_rowid() as u64));
+        let id = tx.add_refused(actor.as_str(), time_ms, &record)?;
+        out.push(stored.with_id(id));
     }
     Ok(out)
 }
@@ -111,24 +109,22 @@ impl Stored {
     }
 }
 
-fn decode(id: i64, record: &[u8]) -> Result<RefusedChange> {
+fn decode(id: u64, record: &[u8]) -> Result<RefusedChange> {
     let stored: Stored = serde_json::from_slice(record).map_err(|e| EnvError::Decode {
         what: "refused change",
         detail: format!("{id}: {e}"),
     })?;
-    Ok(stored.with_id(id as u64))
+    Ok(stored.with_id(id))
 }
 
 /// Adds the blobs refused changes hold to `live` and their chunk manifests to `manifests`.
 pub(crate) fn held_blobs(
-    conn: &Connection,
+    log: &dyn LogRead,
     live: &mut HashSet<Hash>,
     manifests: &mut HashSet<Hash>,
 ) -> Result<()> {
-    let mut stmt = conn.prepare_cached("SELECT id, record FROM refused")?;
-    let mut rows = stmt.query([])?;
-    while let Some(row) = rows.next()? {
-        let r = decode(row.get(0)?, &row.get::<_, Vec<u8>>(1)?)?;
+    log.refused_before(u64::MAX, &mut |id, record| {
+        let r = decode(id, record)?;
         match r.value.map(|v| v.content) {
             Some(Content::Blob(h)) => {
                 live.insert(h);
@@ -138,8 +134,8 @@ pub(crate) fn held_blobs(
             }
             Some(Content::Inline(_)) | None => {}
         }
-    }
-    Ok(())
+        Ok(true)
+    })
 }
 
 impl LocalEnvironment {
@@ -173,20 +169,19 @@ impl LocalEnvironment {
         limit: usize,
     ) -> Result<Vec<RefusedChange>> {
         self.may_read_history(actor, branch)?;
-        let before = before.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
-        self.inner.readers.with(|conn| {
-            let mut stmt = conn
-                .prepare_cached("SELECT id, record FROM refused WHERE id < ?1 ORDER BY id DESC")?;
-            let mut rows = stmt.query([before])?;
+        let before = before.unwrap_or(u64::MAX);
+        self.inner.read(|log| {
             let mut out = Vec::new();
-            while out.len() < limit
-                && let Some(row) = rows.next()?
-            {
-                let r = decode(row.get(0)?, &row.get::<_, Vec<u8>>(1)?)?;
+            if limit == 0 {
+                return Ok(out);
+            }
+            log.refused_before(before, &mut |id, record| {
+                let r = decode(id, record)?;
                 if r.branch == branch {
                     out.push(r);
                 }
-            }
+                Ok(out.len() < limit)
+            })?;
             Ok(out)
         })
     }

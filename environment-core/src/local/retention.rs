@@ -7,19 +7,18 @@
 //! Branch heads, marks, fork points, merge parents, rollback targets and the first operation are
 //! never dropped.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
-use rusqlite::{Connection, params};
-
-use super::{Inner, LocalEnvironment, decode_op, op_id_from};
+use super::{Inner, LocalEnvironment, decode_op};
 use crate::authz::{Action, ActorId, Resource};
 use crate::error::{EnvError, Result};
 use crate::op::{OpFlags, OpId};
+use crate::store::LogRead;
 
 impl LocalEnvironment {
     /// The versions retention must keep, each with the reason.
     pub fn protected_versions(&self) -> Result<BTreeMap<OpId, &'static str>> {
-        self.inner.readers.with(protected_in)
+        self.inner.read(protected_in)
     }
 
     /// Drops `versions`: their records stay, their content goes at the next [`gc`]. Refuses
@@ -34,20 +33,17 @@ impl LocalEnvironment {
             None,
             Some("retention"),
         )?;
-        let (inner, ids, actor) = (self.inner.clone(), versions.to_vec(), actor.clone());
-        let dropped = self.inner.writer.run(false, move |conn, _| {
-            let protected = protected_in(conn)?;
+        let (ids, actor) = (versions.to_vec(), actor.clone());
+        let dropped = self.inner.write(false, move |inner, tx| {
+            let protected = protected_in(&*tx)?;
             let now = inner.options.clock.now_ms();
             let mut n = 0;
-            let mut stmt = conn.prepare_cached(
-                "INSERT OR IGNORE INTO dropped(seq, actor, time_ms) VALUES (?1, ?2, ?3)",
-            )?;
             for id in &ids {
                 if let Some(why) = protected.get(id) {
                     return Err(EnvError::ProtectedVersion { id: *id, why });
                 }
-                let op = inner.op_in(conn, id)?;
-                n += stmt.execute(params![op.seq as i64, actor.as_str(), now])?;
+                let op = inner.op_in(tx, id)?;
+                n += usize::from(tx.drop_version(op.seq, actor.as_str(), now)?);
             }
             Ok(n)
         })?;
@@ -69,7 +65,7 @@ impl LocalEnvironment {
             return Ok(true);
         }
         let op = self.op(version)?;
-        self.inner.readers.with(|conn| seq_dropped(conn, op.seq))
+        self.inner.read(|log| log.is_dropped(op.seq))
     }
 
     /// Fails with [`EnvError::VersionDropped`] if `version`'s content is no longer kept.
@@ -87,44 +83,20 @@ impl LocalEnvironment {
     }
 }
 
-/// Whether the operation at `seq` was dropped.
-pub(crate) fn seq_dropped(conn: &Connection, seq: u64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM dropped WHERE seq = ?1")?
-        .exists([seq as i64])?)
-}
-
-/// Every dropped operation's id.
-pub(crate) fn dropped_in(conn: &Connection) -> Result<HashSet<OpId>> {
-    let mut stmt = conn.prepare_cached("SELECT o.id FROM dropped d JOIN ops o ON o.seq = d.seq")?;
-    let rows = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
-    let mut out = HashSet::new();
-    for r in rows {
-        out.insert(op_id_from(&r?)?);
-    }
-    Ok(out)
-}
-
 /// The versions that must be kept, with why.
-pub(crate) fn protected_in(conn: &Connection) -> Result<BTreeMap<OpId, &'static str>> {
+pub(crate) fn protected_in(log: &dyn LogRead) -> Result<BTreeMap<OpId, &'static str>> {
     let mut out = BTreeMap::new();
-    for op in crate::heads::all(conn)?.into_values() {
+    for op in log.heads()?.into_values() {
         out.entry(op).or_insert("a branch head");
     }
-    for (sql, why) in [
-        ("SELECT op FROM marks", "a mark"),
-        ("SELECT op FROM forks", "a fork point"),
-    ] {
-        let mut stmt = conn.prepare_cached(sql)?;
-        let rows = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
-        for r in rows {
-            out.entry(op_id_from(&r?)?).or_insert(why);
-        }
+    for (_, op) in log.marks()? {
+        out.entry(op).or_insert("a mark");
     }
-    let mut stmt = conn.prepare_cached("SELECT record FROM ops")?;
-    let rows = stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
-    for r in rows {
-        let op = decode_op(&r?)?;
+    for op in log.forks()? {
+        out.entry(op).or_insert("a fork point");
+    }
+    log.each_op(&mut |row| {
+        let op = decode_op(row.record)?;
         if op.flags.contains(OpFlags::INIT) {
             out.entry(op.id).or_insert("the first operation");
         }
@@ -136,17 +108,18 @@ pub(crate) fn protected_in(conn: &Connection) -> Result<BTreeMap<OpId, &'static 
         if let Some(t) = op.restored_from {
             out.entry(t).or_insert("a rollback target");
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
 impl Inner {
     /// The nearest ancestor of `id` (itself included, first parents) whose content is kept.
-    pub(crate) fn nearest_kept(&self, conn: &Connection, id: &OpId) -> Result<OpId> {
-        let mut cur = self.op_in(conn, id)?;
-        while seq_dropped(conn, cur.seq)? {
+    pub(crate) fn nearest_kept(&self, log: &dyn LogRead, id: &OpId) -> Result<OpId> {
+        let mut cur = self.op_in(log, id)?;
+        while log.is_dropped(cur.seq)? {
             let Some(p) = cur.parents.first() else { break };
-            cur = self.op_in(conn, p)?;
+            cur = self.op_in(log, p)?;
         }
         Ok(cur.id)
     }

@@ -21,14 +21,17 @@ use crate::value::Value;
 /// instead of one huge one.
 pub(crate) const LEAF_MAX: usize = 64;
 
-/// A node's row id in this environment's database.
-pub(crate) type NodeId = i64;
+/// A node's id in the store that keeps it: given by the store (see
+/// [`crate::store::LogWrite::next_node_id`]), never reused, and meaningless elsewhere.
+pub type NodeId = i64;
 
 /// A pointer to a stored node. Equality is by content hash alone: two pointers to equal content
 /// are equal wherever the content is stored.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub(crate) struct Ptr {
+pub struct Ptr {
+    /// The node's content hash: its identity wherever it is kept.
     pub hash: Hash,
+    /// Where this store keeps it.
     pub id: NodeId,
 }
 

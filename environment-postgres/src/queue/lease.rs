@@ -11,8 +11,9 @@ use rand::Rng;
 use super::Ctx;
 use super::publish::{arrival, lock_key, topic_id};
 use super::schema::{ACKED, CAUSE_MAX_ATTEMPTS, CAUSE_TERMINATED, DEAD, LEASED, READY, WAITING};
-use super::session::{Session, Statements};
+use super::session::Session;
 use crate::error::{PgContext, Result};
+use crate::statements::Statements;
 
 /// The columns [`message`] reads, from `m` (messages) and `t` (topics).
 macro_rules! message_cols {
@@ -112,40 +113,104 @@ pub(crate) fn claim_plain(
     lease_ms: i64,
     now: i64,
 ) -> Result<Option<Vec<Lease>>> {
+    claim_plain_after(s, rng, None, group, consumer, max, lease_ms, now)
+}
+
+/// [`ack_and_claim`] in one statement, when `receipt` is current, held by `consumer`, of
+/// `group`, for a message without ordering key (nothing waits behind it), and [`claim_plain`]
+/// applies; `None` when not (and nothing changed): the transaction of [`ack_and_claim`] then
+/// acks a keyed message, dead-letters a spent one, or says why it refuses.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ack_and_claim_plain(
+    s: &mut Session,
+    rng: &mut impl Rng,
+    receipt: &Receipt,
+    group: &str,
+    consumer: &str,
+    max: u32,
+    lease_ms: i64,
+    now: i64,
+) -> Result<Option<Vec<Lease>>> {
+    claim_plain_after(s, rng, Some(receipt), group, consumer, max, lease_ms, now)
+}
+
+/// The statement of [`claim_plain`], or of [`ack_and_claim_plain`] with the ack of `$8`/`$9`
+/// first: each part writes only if every other can (a claimable row that used up its
+/// attempts, or an ack refused, and nothing is written), and the acked row is never the one
+/// claimed, so no row is updated twice by one statement.
+macro_rules! claim_plain_sql {
+    ($ack:literal, $claimed_if:literal, $refused_if:literal) => {
+        concat!(
+            "WITH g AS (SELECT id, max_attempts FROM bus_groups WHERE name = $1),
+             c AS (SELECT d.id, d.attempts, d.due FROM bus_deliveries d JOIN g ON d.group_id = g.id
+                   WHERE d.due IS NOT NULL AND d.due <= $2 AND d.id <> $8
+                   ORDER BY d.due, d.id LIMIT $3 FOR UPDATE OF d SKIP LOCKED),
+             n AS (SELECT id, row_number() OVER (ORDER BY due, id) AS k FROM c),
+             spent AS (SELECT 1 FROM c, g WHERE c.attempts >= g.max_attempts),",
+            $ack,
+            "u AS (UPDATE bus_deliveries d SET state = $4, due = $5::BIGINT + 1, lease_until = $5,
+                     token = ($6::BIGINT[])[n.k], consumer = $7, attempts = d.attempts + 1
+                   FROM n WHERE d.id = n.id AND NOT EXISTS (SELECT 1 FROM spent)",
+            $claimed_if,
+            " RETURNING d.id, d.token, d.attempts, d.msg_id, n.k)
+             SELECT FALSE, u.id, u.token, u.attempts, ",
+            message_cols!(),
+            ", u.k FROM u JOIN bus_messages m ON m.id = u.msg_id
+             JOIN bus_topics t ON t.id = m.topic_id
+             UNION ALL
+             SELECT TRUE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+             WHERE EXISTS (SELECT 1 FROM spent) OR NOT EXISTS (SELECT 1 FROM g)",
+            $refused_if
+        )
+    };
+}
+
+#[allow(clippy::too_many_arguments)]
+fn claim_plain_after(
+    s: &mut Session,
+    rng: &mut impl Rng,
+    ack: Option<&Receipt>,
+    group: &str,
+    consumer: &str,
+    max: u32,
+    lease_ms: i64,
+    now: i64,
+) -> Result<Option<Vec<Lease>>> {
     let lease_until = now.saturating_add(lease_ms);
     let tokens: Vec<i64> = (0..max).map(|_| rng.random()).collect();
-    let rows = s
-        .query(
-            concat!(
-                "WITH g AS (SELECT id, max_attempts FROM bus_groups WHERE name = $1),
-                 c AS (SELECT d.id, d.attempts, d.due FROM bus_deliveries d JOIN g ON d.group_id = g.id
-                       WHERE d.due IS NOT NULL AND d.due <= $2
-                       ORDER BY d.due, d.id LIMIT $3 FOR UPDATE OF d SKIP LOCKED),
-                 n AS (SELECT id, row_number() OVER (ORDER BY due, id) AS k FROM c),
-                 spent AS (SELECT 1 FROM c, g WHERE c.attempts >= g.max_attempts),
-                 u AS (UPDATE bus_deliveries d SET state = $4, due = $5::BIGINT + 1, lease_until = $5,
-                         token = ($6::BIGINT[])[n.k], consumer = $7, attempts = d.attempts + 1
-                       FROM n WHERE d.id = n.id AND NOT EXISTS (SELECT 1 FROM spent)
-                       RETURNING d.id, d.token, d.attempts, d.msg_id, n.k)
-                 SELECT FALSE, u.id, u.token, u.attempts, ",
-                message_cols!(),
-                ", u.k FROM u JOIN bus_messages m ON m.id = u.msg_id
-                 JOIN bus_topics t ON t.id = m.topic_id
-                 UNION ALL
-                 SELECT TRUE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-                 WHERE EXISTS (SELECT 1 FROM spent) OR NOT EXISTS (SELECT 1 FROM g)"
+    // No delivery has id 0: the claim alone excludes nothing.
+    let (acked_id, acked_token) = ack.map_or((0, 0), |r| (r.delivery(), r.token()));
+    let (sql, what) = match ack {
+        None => (claim_plain_sql!("", "", ""), "claiming messages"),
+        Some(_) => (
+            claim_plain_sql!(
+                "a AS (UPDATE bus_deliveries d SET state = $10, due = NULL, lease_until = NULL,
+                         finished_at = $2
+                       FROM g WHERE d.id = $8 AND d.token = $9 AND d.state = $4
+                         AND d.consumer = $7 AND d.okey IS NULL AND d.group_id = g.id
+                         AND NOT EXISTS (SELECT 1 FROM spent)
+                       RETURNING d.id),",
+                " AND EXISTS (SELECT 1 FROM a)",
+                " OR NOT EXISTS (SELECT 1 FROM a)"
             ),
-            &[
-                &group,
-                &now,
-                &i64::from(max),
-                &LEASED,
-                &lease_until,
-                &tokens,
-                &consumer,
-            ],
-        )
-        .ctx("claiming messages")?;
+            "acking a delivery and claiming messages",
+        ),
+    };
+    let params: [&(dyn postgres::types::ToSql + Sync); 10] = [
+        &group,
+        &now,
+        &i64::from(max),
+        &LEASED,
+        &lease_until,
+        &tokens,
+        &consumer,
+        &acked_id,
+        &acked_token,
+        &ACKED,
+    ];
+    // The claim alone names only the parameters it uses.
+    let used = if ack.is_some() { 10 } else { 8 };
+    let rows = s.query(sql, &params[..used]).ctx(what)?;
     if rows.iter().any(|r| r.get::<_, bool>(0)) {
         return Ok(None);
     }

@@ -15,7 +15,7 @@ mod lease;
 mod publish;
 mod read;
 mod schema;
-mod session;
+pub(crate) mod session;
 mod upkeep;
 mod wake;
 
@@ -38,7 +38,8 @@ use rules::Settle;
 use crate::error::{PgContext, PgError, Result, session_ended};
 use crate::migrate::migrate;
 use crate::server::Server;
-use session::{Session, Sessions, Statements};
+use crate::statements::Statements;
+use session::{Session, Sessions};
 use wake::Listener;
 
 /// How a [`PgQueue`] behaves. `Default` uses the system clock and the embedded bus's limits.
@@ -54,8 +55,12 @@ pub struct PgQueueConfig {
     /// Dedup window of publishes (5 minutes).
     pub dedup_window: Duration,
     /// Acked deliveries (and then their messages) are purged this long after the ack, by
-    /// [`PgQueue::purge`].
+    /// [`PgQueue::purge`] and the background purge.
     pub retention: Duration,
+    /// How often a thread of this process purges in the background (`None`: only
+    /// [`PgQueue::purge`] does). Of the machines sharing the queue, one purges at a time; the
+    /// others skip their turn. A failure is kept for [`PgQueue::upkeep_failure`].
+    pub auto_purge: Option<Duration>,
     /// Most connections this process opens.
     pub pool_size: u32,
     /// How long an operation waits for a connection before it fails as unavailable.
@@ -67,8 +72,9 @@ pub struct PgQueueConfig {
     /// a notification lost with a dropped connection is found this late.
     pub idle_recheck: Duration,
     /// The CA certificates (PEM) a TLS server's certificate must chain to; `None`: the
-    /// system's roots. By default libpq's `PGSSLROOTCERT`, when set. See `sslmode` in the
-    /// connection string for when TLS is used.
+    /// system's roots. By default libpq's `PGSSLROOTCERT`, when set; the connection string's
+    /// `sslrootcert` takes its place ([`PgQueue::connect`]). See `sslmode` in the connection
+    /// string for when TLS is used.
     pub ca_file: Option<std::path::PathBuf>,
 }
 
@@ -80,6 +86,7 @@ impl Default for PgQueueConfig {
             backoff: Backoff::default(),
             dedup_window: Duration::from_secs(300),
             retention: Duration::from_secs(3600),
+            auto_purge: Some(Duration::from_secs(30)),
             pool_size: 8,
             connect_timeout: Duration::from_secs(10),
             idle_recheck: Duration::from_secs(5),
@@ -132,12 +139,45 @@ pub struct PgQueue {
 }
 
 struct Inner {
-    pool: Pool,
+    /// Taken out only when the queue is dropped (see `Drop for Inner`).
+    pool: std::sync::Mutex<Option<Pool>>,
     config: PgQueueConfig,
     server: Server,
     listener: Listener,
     /// Where the purge sweep goes on from.
     purge_cursor: AtomicI64,
+    /// Why the last background purge failed, until one succeeds.
+    purge_failure: std::sync::Mutex<Option<PortError>>,
+    /// Dropped with the queue, which stops the background purge.
+    _purger: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Inner {
+    /// The pool (a handle on it: cloning shares it).
+    fn pool(&self) -> Result<Pool> {
+        let pool = self
+            .pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pool.clone()
+            .ok_or_else(|| PgError::Unreachable("the queue is closed".into()))
+    }
+}
+
+/// Closing a connection blocks on it: the pool's connections close off an async runtime, as
+/// every operation runs.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let pool = self
+            .pool
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let _ = crate::connection::off_the_runtime(move || {
+            drop(pool);
+            Ok(())
+        });
+    }
 }
 
 impl std::fmt::Debug for PgQueue {
@@ -150,12 +190,14 @@ impl std::fmt::Debug for PgQueue {
 
 impl PgQueue {
     /// Connects to the database a libpq connection string names (`host=/run/postgresql
-    /// user=env dbname=env`, or a `postgresql://` URL) and migrates the queue's tables.
-    pub fn connect(params: &str, config: PgQueueConfig) -> Result<PgQueue> {
-        let server: postgres::Config = params.parse().map_err(|e: postgres::Error| {
-            PgError::Unreachable(format!("connection string: {e}"))
-        })?;
-        PgQueue::open(server, config)
+    /// user=env dbname=env`, or a `postgresql://` URL) and migrates the queue's tables. Its
+    /// `sslrootcert`, if any, names the CA file ([`PgQueueConfig::ca_file`]).
+    pub fn connect(params: &str, mut config: PgQueueConfig) -> Result<PgQueue> {
+        let address = crate::ServerAddress::parse(params)?;
+        if address.ca_file.is_some() {
+            config.ca_file = address.ca_file;
+        }
+        PgQueue::open(address.config, config)
     }
 
     /// [`PgQueue::connect`] with a parsed configuration.
@@ -173,18 +215,46 @@ impl PgQueue {
             .test_on_check_out(false)
             .connection_timeout(config.connect_timeout)
             .build(manager)?;
-        let mut conn = pool.get()?;
-        migrate(&mut conn.client, schema::COMPONENT, schema::MIGRATIONS)?;
-        drop(conn);
-        Ok(PgQueue {
-            inner: Arc::new(Inner {
-                pool,
-                server,
-                listener: Listener::default(),
-                purge_cursor: AtomicI64::new(0),
-                config,
-            }),
-        })
+        let migrated = crate::connection::off_the_runtime(|| {
+            let mut conn = pool.get()?;
+            migrate(&mut conn.client, schema::COMPONENT, schema::MIGRATIONS).map(drop)
+        });
+        if let Err(e) = migrated {
+            let _ = crate::connection::off_the_runtime(move || {
+                drop(pool);
+                Ok(())
+            });
+            return Err(e);
+        }
+        let every = config.auto_purge;
+        let (stop, stopped) = std::sync::mpsc::channel();
+        let inner = Arc::new(Inner {
+            pool: std::sync::Mutex::new(Some(pool)),
+            server,
+            listener: Listener::default(),
+            purge_cursor: AtomicI64::new(0),
+            purge_failure: std::sync::Mutex::new(None),
+            _purger: every.map(|_| stop),
+            config,
+        });
+        if let Some(every) = every {
+            let queue = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name("queue-purge".into())
+                .spawn(move || purge_in_background(&queue, &stopped, every))
+                .map_err(|e| PgError::Unreachable(format!("cannot start the purge thread: {e}")))?;
+        }
+        Ok(PgQueue { inner })
+    }
+
+    /// Why the last background purge ([`PgQueueConfig::auto_purge`]) failed, until one
+    /// succeeds: kept for whoever reports on the queue, not only logged.
+    pub fn upkeep_failure(&self) -> Option<PortError> {
+        self.inner
+            .purge_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The configuration it was opened with.
@@ -194,10 +264,14 @@ impl PgQueue {
 
     /// Runs `work` in one transaction, again after a deadlock or serialization conflict, and
     /// notifies the groups it made claimable as part of its commit.
-    fn run<T>(&self, mut work: impl FnMut(&mut Ctx<'_, '_>) -> Result<T>) -> Result<T> {
+    fn run<T: Send>(&self, work: impl FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send) -> Result<T> {
+        crate::connection::off_the_runtime(|| self.run_here(work))
+    }
+
+    fn run_here<T>(&self, mut work: impl FnMut(&mut Ctx<'_, '_>) -> Result<T>) -> Result<T> {
         let mut stale = 0;
         'connection: loop {
-            let mut conn = self.inner.pool.get()?;
+            let mut conn = self.inner.pool()?.get()?;
             let session = &mut *conn;
             let mut attempt = 0;
             loop {
@@ -238,10 +312,14 @@ impl PgQueue {
     /// common case of an operation, tried before its transaction. A session the server ended
     /// before the statement ran (its answer was FATAL) is replaced; a connection that broke
     /// without a word is an error, since the statement may have committed.
-    fn alone<T>(&self, mut work: impl FnMut(&mut Session, i64) -> Result<T>) -> Result<T> {
+    fn alone<T: Send>(&self, work: impl FnMut(&mut Session, i64) -> Result<T> + Send) -> Result<T> {
+        crate::connection::off_the_runtime(|| self.alone_here(work))
+    }
+
+    fn alone_here<T>(&self, mut work: impl FnMut(&mut Session, i64) -> Result<T>) -> Result<T> {
         let mut stale = 0;
         loop {
-            let mut session = self.inner.pool.get()?;
+            let mut session = self.inner.pool()?.get()?;
             match work(&mut session, self.inner.config.clock.now_ms()) {
                 Err(PgError::Postgres { source, .. })
                     if source.as_db_error().is_some()
@@ -274,9 +352,9 @@ impl PgQueue {
         lease: Duration,
     ) -> Result<Vec<Lease>> {
         let lease_ms = rules::check_claim(&self.inner.config.limits, group, consumer, max, lease)?;
-        let mut rng = rand::rng();
-        let plain = self
-            .alone(|s, now| lease::claim_plain(s, &mut rng, group, consumer, max, lease_ms, now))?;
+        let plain = self.alone(|s, now| {
+            lease::claim_plain(s, &mut rand::rng(), group, consumer, max, lease_ms, now)
+        })?;
         match plain {
             Some(leases) => Ok(leases),
             None => self.run(|ctx| lease::claim(ctx, group, consumer, max, lease_ms)),
@@ -491,18 +569,48 @@ impl PgQueue {
     /// [`PgQueueConfig::retention`], then their messages, and dedup ids past their window. It
     /// works in small transactions, so the queue stays available while it runs.
     pub fn purge(&self) -> Result<PurgeReport> {
+        self.purge_taking(upkeep::Turn::Wait)
+    }
+
+    /// [`PgQueue::purge`], each step after the other machines' purge steps (`Wait`), or only
+    /// while no other machine purges (`Skip`: the sweep stops at the first step it cannot
+    /// take).
+    fn purge_taking(&self, turn: upkeep::Turn) -> Result<PurgeReport> {
         let mut total = PurgeReport::default();
         let cutoff_of = |now: i64| now.saturating_sub(ms(self.inner.config.retention));
         loop {
-            let (step, wrapped) = self.run(|ctx| {
+            let step = self.run(|ctx| {
                 let cutoff = cutoff_of(ctx.now);
-                upkeep::purge_step(ctx, cutoff, 512, &self.inner.purge_cursor)
+                upkeep::purge_step(ctx, turn, cutoff, 512, &self.inner.purge_cursor)
             })?;
+            let Some((step, wrapped)) = step else {
+                return Ok(total);
+            };
             total += step;
             if wrapped {
                 return Ok(total);
             }
         }
+    }
+}
+
+/// The background purge: every `every` until the queue is dropped, a sweep if no other
+/// machine is sweeping, its outcome kept in the queue's `purge_failure`.
+fn purge_in_background(
+    queue: &std::sync::Weak<Inner>,
+    stopped: &std::sync::mpsc::Receiver<()>,
+    every: Duration,
+) {
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+        let Some(inner) = queue.upgrade() else { return };
+        let queue = PgQueue { inner };
+        let outcome = queue.purge_taking(upkeep::Turn::Skip);
+        *queue
+            .inner
+            .purge_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            outcome.err().map(PortError::from);
     }
 }
 
@@ -555,7 +663,15 @@ impl Queue for PgQueue {
     ) -> std::result::Result<Vec<Lease>, PortError> {
         let lease_ms = rules::check_claim(&self.inner.config.limits, group, consumer, max, lease)?;
         let receipt: Receipt = receipt.parse().map_err(PgError::from)?;
-        Ok(self.run(|ctx| lease::ack_and_claim(ctx, &receipt, consumer, group, max, lease_ms))?)
+        let plain = self.alone(|s, now| {
+            let rng = &mut rand::rng();
+            lease::ack_and_claim_plain(s, rng, &receipt, group, consumer, max, lease_ms, now)
+        })?;
+        match plain {
+            Some(leases) => Ok(leases),
+            None => Ok(self
+                .run(|ctx| lease::ack_and_claim(ctx, &receipt, consumer, group, max, lease_ms))?),
+        }
     }
 
     fn extend(&self, receipt: &str, lease: Duration) -> std::result::Result<(), PortError> {
@@ -595,5 +711,9 @@ impl Queue for PgQueue {
 
     fn purge(&self) -> std::result::Result<PurgeReport, PortError> {
         Ok(PgQueue::purge(self)?)
+    }
+
+    fn upkeep_failure(&self) -> Option<PortError> {
+        PgQueue::upkeep_failure(self)
     }
 }

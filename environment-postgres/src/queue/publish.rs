@@ -7,8 +7,8 @@ use environment_core::queue::Posted;
 
 use super::Ctx;
 use super::schema::{READY, WAITING};
-use super::session::Statements;
 use crate::error::{PgContext, Result};
+use crate::statements::Statements;
 
 /// Takes the lock of (group, ordering key) until the transaction ends: whoever decides whether
 /// a key is busy, or makes its next message claimable, holds it.

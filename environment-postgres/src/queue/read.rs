@@ -7,8 +7,8 @@ use environment_core::queue::{DeadLetter, GroupMetrics, Holder, LeaseInFlight, T
 use super::Ctx;
 use super::lease::{group_row, message, message_cols};
 use super::schema::{DEAD, LEASED};
-use super::session::Statements;
 use crate::error::{PgContext, PgError, Result};
+use crate::statements::Statements;
 
 /// Who holds the lease `receipt` names.
 pub(crate) fn holder(ctx: &mut Ctx<'_, '_>, receipt: &Receipt) -> Result<Holder> {

@@ -7,19 +7,48 @@ use environment_bus::PurgeReport;
 
 use super::Ctx;
 use super::schema::ACKED;
-use super::session::Statements;
 use crate::error::{PgContext, Result};
+use crate::statements::Statements;
+
+/// What a purge step does when another machine's purge step holds the turn.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Waits for it.
+    Wait,
+    /// Does nothing: that machine is purging.
+    Skip,
+}
 
 /// One step of the purge sweep: of at most `chunk` messages after `cursor`, removes the
 /// deliveries acked before `cutoff`, then each message older than `cutoff` with no delivery
 /// left (all purged, or no subscriber). Returns what went and whether the sweep reached the
-/// end (the cursor then starts over).
+/// end (the cursor then starts over); `None` if the step skipped its turn. The steps of the
+/// machines sharing the queue take turns on a lock of the queue's schema.
 pub(crate) fn purge_step(
     ctx: &mut Ctx<'_, '_>,
+    turn: Turn,
     cutoff: i64,
     chunk: i64,
     cursor: &AtomicI64,
-) -> Result<(PurgeReport, bool)> {
+) -> Result<Option<(PurgeReport, bool)>> {
+    let took: bool = match turn {
+        Turn::Wait => ctx
+            .execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '.bus_purge', 0))",
+                &[],
+            )
+            .map(|_| true),
+        Turn::Skip => ctx
+            .query_one(
+                "SELECT pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.bus_purge', 0))",
+                &[],
+            )
+            .map(|r| r.get(0)),
+    }
+    .ctx("taking the purge's turn")?;
+    if !took {
+        return Ok(None);
+    }
     let from = cursor.load(Ordering::Relaxed);
     let row = ctx
         .query_one(
@@ -53,12 +82,12 @@ pub(crate) fn purge_step(
     let wrapped = seen < chunk;
     cursor.store(if wrapped { 0 } else { last }, Ordering::Relaxed);
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    Ok((
+    Ok(Some((
         PurgeReport {
             deliveries: count(deliveries),
             messages,
             dedup_ids,
         },
         wrapped,
-    ))
+    )))
 }

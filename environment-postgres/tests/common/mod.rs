@@ -29,9 +29,31 @@ pub fn fresh(test: &str) -> Option<postgres::Config> {
             "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
         ))
         .expect("a schema for the test");
-    let mut config = admin;
-    config.options(&format!("-c search_path={schema}"));
-    Some(config)
+    Some(in_schema(admin, &schema))
+}
+
+/// `server` with `search_path` set to `schema`.
+pub fn in_schema(mut server: postgres::Config, schema: &str) -> postgres::Config {
+    server.options(&format!("-c search_path={schema}"));
+    server
+}
+
+/// The schema a [`fresh`] server works in (to hand to a child process).
+pub fn schema_of(server: &postgres::Config) -> String {
+    server
+        .get_options()
+        .and_then(|o| o.strip_prefix("-c search_path="))
+        .expect("a server from `fresh`")
+        .to_owned()
+}
+
+/// The test server in `schema` (in a child process, from its parent's [`schema_of`]).
+pub fn server_in(schema: &str) -> postgres::Config {
+    let url = prerequisite::postgres().expect("the parent had a server");
+    in_schema(
+        url.parse().expect("ENVIRONMENT_TEST_POSTGRES parses"),
+        schema,
+    )
 }
 
 /// A queue configuration on `clock`, with the model's backoff.
@@ -43,6 +65,8 @@ pub fn config(clock: &ManualClock) -> PgQueueConfig {
             max: Duration::from_millis(8000),
         },
         pool_size: 4,
+        // The tests purge when they mean to.
+        auto_purge: None,
         ..PgQueueConfig::default()
     }
 }
