@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use environment_core::Hash;
-use environment_core::error::BlobError;
+use environment_core::error::{BlobError, ErrorKind, PortError};
 
 /// An error of the bucket store.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +80,47 @@ pub enum BucketError {
         /// How long the writer waited.
         waited: Duration,
     },
+    /// The environment could not say which blobs live: the collection removed nothing.
+    #[error("the environment could not say which blobs live: {0}")]
+    Live(PortError),
+}
+
+impl From<PortError> for BucketError {
+    fn from(e: PortError) -> BucketError {
+        BucketError::Live(e)
+    }
+}
+
+impl BucketError {
+    /// This error as core's ports report it.
+    pub fn port(&self) -> PortError {
+        let (kind, next) = match self {
+            BucketError::Config { .. } => {
+                (ErrorKind::Invalid, "fix the bucket's address or settings")
+            }
+            BucketError::Store { .. } | BucketError::SweepInProgress { .. } => (
+                ErrorKind::Unavailable,
+                "try again; if it persists, check that the bucket answers",
+            ),
+            BucketError::Missing(_) => {
+                (ErrorKind::NotFound, "refer to content some machine stored")
+            }
+            BucketError::Damaged { .. } => (
+                ErrorKind::Corrupt,
+                "stop and tell a human: an object in the bucket was damaged or replaced",
+            ),
+            BucketError::WindowClosed { .. } => (
+                ErrorKind::Unavailable,
+                "try the action again: its blobs are stored again in a new window",
+            ),
+            BucketError::Live(e) => return e.clone(),
+            BucketError::Cache(e) => (e.kind(), "check this machine's disk"),
+            BucketError::SweepTooSlow { .. } | BucketError::Untidy { .. } => {
+                (ErrorKind::Unavailable, "run the collection again later")
+            }
+        };
+        PortError::new(kind, self.to_string(), next)
+    }
 }
 
 impl BucketError {

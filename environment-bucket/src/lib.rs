@@ -7,6 +7,11 @@
 //! wrong content. The same code talks to S3, MinIO, R2 or any S3-compatible server through the
 //! `object_store` crate; `file://` and `memory://` buckets serve one machine and tests.
 //!
+//! An environment takes the bucket as the blob store its machines share through
+//! [`SharedBucket`] (core's `SharedBlobs` port, in `Options::shared_blobs`): an act shares its
+//! blobs before it commits and checks its window just before, a machine fetches what it lacks
+//! when it reads, and the environment's `gc` collects the bucket with the log's live set.
+//!
 //! Collecting unreferenced blobs is safe while other machines write (see `sweep`): a
 //! collection spares every blob younger than a grace period and announces itself with a
 //! marker object, stamped every beat while it runs; a writer commits within a quarter of the
@@ -30,6 +35,7 @@
 mod blobs;
 mod error;
 mod open;
+mod shared;
 mod sweep;
 mod window;
 
@@ -42,6 +48,7 @@ use object_store::path::Path;
 
 pub use error::BucketError;
 pub use open::{BucketOptions, DEFAULT_GRACE};
+pub use shared::SharedBucket;
 pub use sweep::SweepReport;
 pub use window::WriteWindow;
 

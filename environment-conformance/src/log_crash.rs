@@ -92,14 +92,15 @@ fn child(place: &dyn Place, scratch: &Path) {
                 _ => {}
             }
         }
-        if i % 25 == 0 {
+        if i % 25 == 24 {
             env.gc(&actor).unwrap();
         }
     }
 }
 
 /// Runs the child (the test `entry` of the calling test binary) on a new environment of
-/// `backend` and kills it `kills` times at random moments, checking every invariant after each.
+/// `backend` and kills it `kills` times at random moments once it has acknowledged its first
+/// act, checking every invariant after each.
 pub fn killed_at_random_moments(backend: &dyn Backend, entry: &str, kills: usize) {
     let place = backend.fresh();
     let scratch = tempfile::tempdir().unwrap();
@@ -113,20 +114,45 @@ pub fn killed_at_random_moments(backend: &dyn Backend, entry: &str, kills: usize
             .env(PLACE, place.describe())
             .env(SCRATCH, scratch.path())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // Kept for the failure message: why a child stopped early.
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(scratch.path().join("child.err"))
+                    .unwrap(),
+            )
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (lines, said) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .collect::<Vec<_>>()
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
         });
+        // Killed at a random moment of its work, not while it opens the stores: once it has
+        // acknowledged an act (the test harness speaks first).
+        let mut heard = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !heard.iter().any(|l: &String| l.starts_with("op ")) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match said.recv_timeout(left) {
+                Ok(line) => heard.push(line),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("the child acknowledged no act within a minute")
+                }
+            }
+        }
         std::thread::sleep(Duration::from_millis(rng.random_range(20..200)));
         child.kill().unwrap();
         child.wait().unwrap();
-        for line in reader.join().unwrap() {
+        reader.join().unwrap();
+        heard.extend(said.try_iter());
+        for line in heard {
             match line.split(' ').collect::<Vec<_>>().as_slice() {
                 ["op", id, key, hash] => {
                     acked_ops.push((id.parse().unwrap(), key.to_string(), hash.to_string()))
@@ -162,8 +188,11 @@ pub fn killed_at_random_moments(backend: &dyn Backend, entry: &str, kills: usize
             "an effect ran twice: {times:?}"
         );
     }
+    let said = std::fs::read_to_string(scratch.path().join("child.err")).unwrap_or_default();
     assert!(
         acked_ops.len() > kills,
-        "the child made too little progress to mean anything"
+        "the child made too little progress to mean anything ({} acts); it said: {}",
+        acked_ops.len(),
+        &said[said.len().saturating_sub(3000)..]
     );
 }

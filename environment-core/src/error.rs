@@ -39,6 +39,10 @@ pub enum BlobError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The blob store shared by the environment's machines (see
+    /// [`SharedBlobs`](crate::SharedBlobs)) failed or refused.
+    #[error("the shared blob store: {0}")]
+    Shared(PortError),
 }
 
 /// A failure reported through a port (the governance, the queue): its kind, what happened, and
@@ -320,6 +324,7 @@ impl BlobError {
         match self {
             BlobError::Missing(_) => ErrorKind::NotFound,
             BlobError::Corrupt { .. } | BlobError::BadManifest { .. } => ErrorKind::Corrupt,
+            BlobError::Shared(e) => e.kind,
             _ => ErrorKind::Internal,
         }
     }
@@ -488,6 +493,7 @@ impl ForAgent for BlobError {
             }
             BlobError::Missing(_) => "Store the content first, or refer to content that exists.",
             BlobError::Io { .. } => "Report the error to a human if it persists.",
+            BlobError::Shared(e) => e.next.as_str(),
         };
         format!("{NOT_DONE} Reason: {self}. Next: {next}")
     }

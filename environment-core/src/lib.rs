@@ -64,7 +64,7 @@ pub use authz::{
     AccessRequest, Action, ActorId, AllowAll, AttrValue, Authorizer, Context, Decision, Resource,
     Risk, Spend, Verdict, WitnessRule, witness,
 };
-pub use blob::{BlobLocation, BlobStore, BlobUsage};
+pub use blob::{BlobLocation, BlobStore, BlobUsage, ShareWindow, SharedBlobs};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use effect::{
     BeginOutcome, Begun, EffectChange, EffectRecord, EffectState, EffectStore, NewEffect,

@@ -18,6 +18,9 @@ pub struct GcReport {
     pub temp_removed: u64,
     /// Tree nodes that only dropped versions used, removed.
     pub nodes_removed: u64,
+    /// Blobs removed from the store the environment's machines share, if it has one.
+    #[serde(default)]
+    pub shared_removed: u64,
 }
 
 /// What an integrity check covered.

@@ -1,5 +1,5 @@
-//! PostgreSQL stores of an Environment, so that several machines share one: so far the queue
-//! ([`PgQueue`], core's [`Queue`](environment_core::Queue) port with the SQLite bus's
+//! PostgreSQL stores of an Environment, so that several machines share one: the operation log
+//! ([`PgLogStore`], core's log port, given to `Options::log_store`), the queue ([`PgQueue`], core's [`Queue`](environment_core::Queue) port with the SQLite bus's
 //! semantics), the policy's storage ([`PgPolicyStore`], core's
 //! [`PolicyStore`](environment_core::PolicyStore) port) and the effect log ([`PgEffectStore`],
 //! core's [`EffectStore`](environment_core::EffectStore) port), on versioned migrations

@@ -16,7 +16,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, Weak, mpsc};
 
 use environment_core::store::{
     AfterCommit, Answer, CommittedNodes, CommittedOps, LogRead, LogRow, LogStore, LogWrite, NodeId,
@@ -90,6 +90,44 @@ struct Shared {
     pool: Option<Pool>,
     nodes: NodeCache,
     after_commit: AfterCommit,
+    /// The queue of asynchronous callers' write jobs, to the threads that run them (started
+    /// on the first; they end when the store is dropped and the queue with it).
+    writers: OnceLock<mpsc::Sender<Submitted>>,
+}
+
+/// How many threads commit asynchronous callers' write jobs: more would mostly wait on the
+/// same branch head's row lock, and a burst of callers must not start a thread each.
+const WRITERS: usize = 4;
+
+/// A write job and where its answer goes.
+type Submitted = (WriteJob, tokio::sync::oneshot::Sender<LogResult<Answer>>);
+
+/// Starts the writer threads of the store `shared` and gives their queue. A thread holds the
+/// store only while it runs a job, so dropping the last handle drops the queue and ends them.
+fn start_writers(shared: Weak<Shared>) -> mpsc::Sender<Submitted> {
+    let (queue, jobs) = mpsc::channel::<Submitted>();
+    let jobs = Arc::new(Mutex::new(jobs));
+    for _ in 0..WRITERS {
+        let (jobs, shared) = (jobs.clone(), shared.clone());
+        // A thread that cannot start leaves the others; with none, callers are told the store
+        // closed (their replies are dropped).
+        let _ = std::thread::Builder::new()
+            .name("log-write".into())
+            .spawn(move || {
+                loop {
+                    let next = match jobs.lock() {
+                        Ok(jobs) => jobs.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok((job, reply)) = next else { return };
+                    let Some(shared) = shared.upgrade() else {
+                        return;
+                    };
+                    let _ = reply.send(PgLogStore { shared }.run_job(job));
+                }
+            });
+    }
+    queue
 }
 
 /// Closing a connection blocks on it: the pool's connections close off an async runtime, as
@@ -174,6 +212,7 @@ impl PgLogStore {
             pool: Some(pool),
             nodes: NodeCache::new(200_000),
             after_commit,
+            writers: OnceLock::new(),
         };
         blocking(|| {
             let mut session = shared.pool()?.get()?;
@@ -313,14 +352,13 @@ impl LogStore for PgLogStore {
 
     fn submit(&self, job: WriteJob) -> tokio::sync::oneshot::Receiver<LogResult<Answer>> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let store = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("log-write".into())
-            .spawn(move || {
-                let _ = reply.send(store.run_job(job));
-            });
-        // Without a thread the reply is dropped, and the caller is told the store closed.
-        drop(spawned);
+        let queue = self
+            .shared
+            .writers
+            .get_or_init(|| start_writers(Arc::downgrade(&self.shared)));
+        // With no writer thread left the reply is dropped, and the caller is told the store
+        // closed.
+        let _ = queue.send((job, reply));
         answer
     }
 }

@@ -16,17 +16,19 @@ use std::os::unix::fs::OpenOptionsExt;
 #[cfg(test)]
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::BlobError;
 use crate::hash::Hash;
 
 mod chunked;
 mod pack;
+mod shared;
 
 pub use chunked::{CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, ChunkedPut, Manifest, Piece};
 pub use pack::PACKED_MAX;
+pub use shared::{ShareWindow, SharedBlobs};
 
 /// The blob store of one environment.
 #[derive(Debug)]
@@ -39,6 +41,17 @@ pub struct BlobStore {
     packs: pack::Packs,
     /// Blob files stored or deduplicated against without an fsync since the last sync.
     loose_unsynced: Mutex<Vec<PathBuf>>,
+    /// The store shared by the environment's machines, of which this one is then a cache.
+    shared: Option<Shared>,
+}
+
+/// A shared store, named in `Debug` output only by its presence.
+struct Shared(Arc<dyn SharedBlobs>);
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedBlobs")
+    }
 }
 
 /// Where a blob's bytes are: a file of its own (offset 0), or a range of a pack.
@@ -122,6 +135,73 @@ impl BlobStore {
             fans: (0..256).map(|_| AtomicBool::new(false)).collect(),
             packs,
             loose_unsynced: Mutex::new(Vec::new()),
+            shared: None,
+        })
+    }
+
+    /// This store as the cache of `shared`, the store of every machine of the environment:
+    /// what is missing here is fetched from it when read (see [`BlobStore::get`]).
+    pub fn sharing(mut self, shared: Arc<dyn SharedBlobs>) -> BlobStore {
+        self.shared = Some(Shared(shared));
+        self
+    }
+
+    /// The store shared by the environment's machines, if this one caches one.
+    pub fn shared(&self) -> Option<&Arc<dyn SharedBlobs>> {
+        self.shared.as_ref().map(|s| &s.0)
+    }
+
+    /// Whether the blob is here, fetched from the shared store (and kept) when it is not.
+    pub fn obtain(&self, hash: &Hash) -> Result<bool, BlobError> {
+        if self.contains(hash) {
+            return Ok(true);
+        }
+        match self.fetch(hash) {
+            Ok(_) => Ok(true),
+            Err(BlobError::Missing(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Fetches a blob missing here from the shared store, checks it against its hash and
+    /// keeps it; [`BlobError::Missing`] when there is no shared store or it lacks the blob.
+    fn fetch(&self, hash: &Hash) -> Result<Vec<u8>, BlobError> {
+        let Some(Shared(shared)) = &self.shared else {
+            return Err(BlobError::Missing(*hash));
+        };
+        let bytes = shared
+            .fetch(hash)
+            .map_err(BlobError::Shared)?
+            .ok_or(BlobError::Missing(*hash))?;
+        // Whatever the adapter checked: content from elsewhere is never taken on trust.
+        let actual = Hash(*blake3::hash(&bytes).as_bytes());
+        if actual != *hash {
+            return Err(BlobError::Corrupt {
+                expected: *hash,
+                actual,
+            });
+        }
+        // A cache, not a record: no fsync (a copy lost in a crash is fetched again).
+        self.put_unsynced(&bytes)?;
+        Ok(bytes)
+    }
+
+    /// The blobs a value's content is kept in: its blob, or its manifest and every chunk.
+    pub fn blobs_of(&self, content: &crate::value::Content) -> Result<Vec<Hash>, BlobError> {
+        use crate::value::Content;
+        Ok(match content {
+            Content::Inline(_) => Vec::new(),
+            Content::Blob(h) => vec![*h],
+            Content::Chunks(m) => {
+                let mut all = vec![*m];
+                let mut seen = HashSet::new();
+                for p in self.manifest(m)?.pieces {
+                    if seen.insert(p.hash) {
+                        all.push(p.hash);
+                    }
+                }
+                all
+            }
         })
     }
 
@@ -389,8 +469,17 @@ impl BlobStore {
         })
     }
 
-    /// Reads a blob whole and checks that it still hashes to its name.
+    /// Reads a blob whole and checks that it still hashes to its name; one missing here is
+    /// fetched from the shared store, if there is one.
     pub fn get(&self, hash: &Hash) -> Result<Vec<u8>, BlobError> {
+        match self.get_here(hash) {
+            Err(BlobError::Missing(_)) if self.shared.is_some() => self.fetch(hash),
+            found => found,
+        }
+    }
+
+    /// [`BlobStore::get`] from this machine's store alone.
+    fn get_here(&self, hash: &Hash) -> Result<Vec<u8>, BlobError> {
         if let Some(bytes) = self.packs.get(hash)? {
             return Ok(bytes);
         }

@@ -1,13 +1,13 @@
 //! The action path: authorize, store content, apply, record, announce — one transaction.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use super::refused::Refused;
 use super::{Inner, LocalEnvironment, OpDraft, Permit};
 use crate::action::{ActRequest, Change, Observation, Refusal};
 use crate::authz::{Action, Decision};
-use crate::blob::WriteGuard;
+use crate::blob::{ShareWindow, WriteGuard};
 use crate::error::{EnvError, Result, StaleWrite};
 use crate::key::Key;
 use crate::op::{ChangeSummary, IntentKind, OpFlags, OpId};
@@ -25,6 +25,8 @@ pub(crate) struct Prepared {
     permit: Permit,
     refused: Vec<Refused>,
     _guard: Option<WriteGuard>,
+    /// Open while the blobs shared for this act are safe from the shared store's collection.
+    shared: Option<Box<dyn ShareWindow>>,
 }
 
 /// What is left of a prepared act once it is recorded: the caller drops it after the commit, so
@@ -153,13 +155,49 @@ impl LocalEnvironment {
                 self.store_content(&r.key, v, &mut guard, may_store)?;
             }
         }
+        let shared = self.share_content(&puts, &refused)?;
         Ok(Prepared {
             req,
             puts,
             permit,
             refused,
             _guard: guard,
+            shared,
         })
+    }
+
+    /// Shares the blobs of the act's values (recorded and refused) with the other machines of
+    /// the environment, when it has a shared blob store; the window that comes back is checked
+    /// right before the act commits.
+    fn share_content(
+        &self,
+        puts: &[Put],
+        refused: &[Refused],
+    ) -> Result<Option<Box<dyn ShareWindow>>> {
+        let blobs = &self.inner.blobs;
+        let Some(shared) = blobs.shared() else {
+            return Ok(None);
+        };
+        let values = puts
+            .iter()
+            .filter_map(|(_, v)| v.as_ref())
+            .chain(refused.iter().filter_map(|r| r.value.as_ref()));
+        let mut hashes = Vec::new();
+        let mut seen = HashSet::new();
+        for v in values {
+            for h in blobs.blobs_of(&v.content)? {
+                if seen.insert(h) {
+                    hashes.push(h);
+                }
+            }
+        }
+        if hashes.is_empty() {
+            return Ok(None);
+        }
+        let window = shared
+            .share(blobs, &hashes)
+            .map_err(crate::error::BlobError::Shared)?;
+        Ok(Some(window))
     }
 
     fn store_content(
@@ -198,7 +236,8 @@ impl LocalEnvironment {
                 if guard.is_none() && may_store {
                     *guard = Some(blobs.write_guard()?);
                 }
-                if !blobs.contains(h) {
+                // Content another machine stored is fetched from the shared store, if any.
+                if !blobs.obtain(h)? {
                     return Err(crate::error::BlobError::Missing(*h).into());
                 }
             }
@@ -264,7 +303,12 @@ impl Inner {
             permit,
             refused,
             _guard,
+            shared,
         } = p;
+        // The shared blobs must still be there when the operation that refers to them commits.
+        if let Some(window) = &shared {
+            window.check().map_err(crate::error::BlobError::Shared)?;
+        }
         let ActRequest {
             actor,
             branch,

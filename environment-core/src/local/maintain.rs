@@ -12,6 +12,15 @@ use crate::tree::{self, Node, NodeId, Ptr};
 use crate::upkeep::{GcReport, VerifyReport};
 use crate::value::Content;
 
+/// A failure of this environment as a port reports it (to the shared blob store's collection).
+fn as_port(e: EnvError) -> crate::error::PortError {
+    crate::error::PortError::new(
+        e.kind(),
+        e.to_string(),
+        "run verify on this machine; the collection removed nothing it could not read",
+    )
+}
+
 fn broken(at: String, detail: impl Into<String>) -> EnvError {
     EnvError::Integrity {
         at,
@@ -43,6 +52,20 @@ impl LocalEnvironment {
         };
         report.temp_removed = self.inner.blobs.clear_temp(&guard)?;
         report.nodes_removed = self.collect_nodes()?;
+        // Local writers need not wait for the shared store's collection.
+        drop(guard);
+        if let Some(shared) = self.inner.blobs.shared() {
+            // Read again once the collection has announced itself: what writers commit
+            // meanwhile is either in this set or spared by the collection.
+            let mut live = || {
+                self.inner
+                    .read_snapshot(|log| self.inner.live_blobs(log))
+                    .map_err(as_port)
+            };
+            report.shared_removed = shared
+                .collect(&mut live)
+                .map_err(crate::error::BlobError::Shared)?;
+        }
         Ok(report)
     }
 
@@ -89,8 +112,22 @@ impl LocalEnvironment {
 
     fn pin_change(&self, hash: &Hash, owner: &str, pinned: bool) -> Result<()> {
         let (h, owner) = (*hash, owner.to_owned());
-        self.inner
-            .write(false, move |_, tx| tx.pin_blob(&h, &owner, pinned))
+        // A pinned blob is kept for every machine: shared first, when the store is.
+        let blobs = &self.inner.blobs;
+        let window = match blobs.shared() {
+            Some(shared) if pinned => Some(
+                shared
+                    .share(blobs, &[h])
+                    .map_err(crate::error::BlobError::Shared)?,
+            ),
+            _ => None,
+        };
+        self.inner.write(false, move |_, tx| {
+            if let Some(window) = &window {
+                window.check().map_err(crate::error::BlobError::Shared)?;
+            }
+            tx.pin_blob(&h, &owner, pinned)
+        })
     }
 
     /// Re-hashes every operation and tree node, checks the hash chain, that every view is
@@ -125,12 +162,23 @@ impl LocalEnvironment {
         )?;
         let mut report = self.inner.read_snapshot(|log| self.inner.verify_in(log))?;
         let blobs = self.inner.read_snapshot(|log| self.inner.live_blobs(log))?;
+        let mut not_here = Vec::new();
         for h in &blobs {
             if deep {
                 self.inner.blobs.get(h)?;
             } else if !self.inner.blobs.contains(h) {
-                return Err(broken(format!("blob {h}"), "referenced but missing"));
+                not_here.push(*h);
             }
+        }
+        // What this machine has not cached must be in the store the machines share.
+        let missing = match self.inner.blobs.shared() {
+            Some(shared) if !not_here.is_empty() => shared
+                .missing(&not_here)
+                .map_err(crate::error::BlobError::Shared)?,
+            _ => not_here,
+        };
+        if let Some(h) = missing.first() {
+            return Err(broken(format!("blob {h}"), "referenced but missing"));
         }
         report.blobs = blobs.len() as u64;
         Ok(report)

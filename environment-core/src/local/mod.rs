@@ -75,6 +75,11 @@ pub struct Options {
     /// of every commit. Such an environment keeps its effect log in [`Options::effects`],
     /// which must then be set.
     pub log_store: Option<OpenLogStore>,
+    /// The blob store every machine of the environment shares (a bucket), of which the home's
+    /// blob store is then this machine's cache: what an act stores is shared before it
+    /// commits, and what this machine lacks is fetched when read. Set it with a shared
+    /// [`Options::log_store`], or other machines read operations whose content they cannot get.
+    pub shared_blobs: Option<Arc<dyn crate::blob::SharedBlobs>>,
 }
 
 /// Opens a store of the log, handed what must hear of every commit (see
@@ -94,6 +99,7 @@ impl Default for Options {
             checkpoint_every: Some(std::time::Duration::from_millis(100)),
             effects: None,
             log_store: None,
+            shared_blobs: None,
         }
     }
 }
@@ -106,6 +112,7 @@ impl std::fmt::Debug for Options {
             .field("max_changes", &self.max_changes)
             .field("effects", &self.effects.is_some())
             .field("log_store", &self.log_store.is_some())
+            .field("shared_blobs", &self.shared_blobs.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -170,7 +177,10 @@ impl LocalEnvironment {
             path: home.clone(),
             detail: e.to_string(),
         })?;
-        let blobs = BlobStore::open(home.join("blobs"))?;
+        let mut blobs = BlobStore::open(home.join("blobs"))?;
+        if let Some(shared) = &options.shared_blobs {
+            blobs = blobs.sharing(shared.clone());
+        }
         let nodes = Arc::new(NodeCache::new(options.node_cache));
         let ops = Arc::new(OpCache::new(100_000));
         let hub = Arc::new(events::Hub::new(options.publisher.is_some()));

@@ -1,0 +1,411 @@
+//! Machines of one environment: the log in PostgreSQL, the blobs in a bucket, each machine with
+//! a home of its own whose blob store caches the bucket. What one machine stores another reads
+//! (whole, in a blob, in chunks), checked against its hash; `verify` passes from a machine
+//! that has cached nothing; a collection run from any machine removes only what no version
+//! refers to; and the bodies every store of the log runs (`environment-conformance`) hold on
+//! these stores: machines acting at once lose no update, and a machine SIGKILLed at random
+//! moments (while it acts, and collects the bucket with a short grace period) loses nothing it
+//! acknowledged.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use environment_bucket::{BucketOptions, SharedBucket};
+use environment_conformance::log_crash;
+use environment_conformance::log_port::{self, Backend, Place};
+use environment_core::error::BlobError;
+use environment_core::{
+    ActRequest, ActorId, Content, EnvError, ErrorKind, Hash, Intent, Key, LocalEnvironment,
+    Options, Value,
+};
+use environment_postgres::{PgEffectStore, PgLogStore, PgStoreConfig};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// One environment's shared stores: a schema of the test server and a prefix of the bucket.
+struct Shared {
+    server: postgres::Config,
+    root: String,
+}
+
+/// A machine: its own home (whose blob store is its cache of the bucket) on the shared stores.
+struct Machine {
+    env: LocalEnvironment,
+    _home: tempfile::TempDir,
+}
+
+/// The schema and bucket prefix of a new environment.
+fn fresh_stores(name: &str) -> Option<(String, String)> {
+    let url = environment_conformance::prerequisite::postgres()?;
+    let base = environment_conformance::prerequisite::s3()?;
+    let schema = format!(
+        "m_{name}_{}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let server: postgres::Config = url.parse().unwrap();
+    server
+        .connect(postgres::NoTls)
+        .unwrap()
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .unwrap();
+    let root = format!(
+        "{}/m{:016x}",
+        base.trim_end_matches('/'),
+        rand::random::<u64>()
+    );
+    Some((schema, root))
+}
+
+fn in_schema(schema: &str) -> postgres::Config {
+    let url = environment_conformance::prerequisite::postgres().expect("the test server");
+    let mut server: postgres::Config = url.parse().unwrap();
+    server.options(&format!("-c search_path={schema}"));
+    server
+}
+
+fn shared(name: &str) -> Option<Shared> {
+    let (schema, root) = fresh_stores(name)?;
+    Some(Shared {
+        server: in_schema(&schema),
+        root,
+    })
+}
+
+/// Opens the environment of the machine whose home is `home` on the shared stores.
+fn open_machine(
+    server: &postgres::Config,
+    root: &str,
+    home: &std::path::Path,
+    grace: Duration,
+    options: Options,
+) -> LocalEnvironment {
+    let mut bucket = BucketOptions::new(home.join("blobs"));
+    bucket.grace = grace;
+    let config = PgStoreConfig::default();
+    LocalEnvironment::open(
+        home,
+        Options {
+            log_store: Some(PgLogStore::opener_on(server.clone(), &config)),
+            effects: Some(Arc::new(
+                PgEffectStore::open(server.clone(), config).unwrap(),
+            )),
+            shared_blobs: Some(Arc::new(SharedBucket::open(root, bucket).unwrap())),
+            ..options
+        },
+    )
+    .unwrap()
+}
+
+impl Shared {
+    fn machine(&self, grace: Duration) -> Machine {
+        let home = tempfile::tempdir().unwrap();
+        let env = open_machine(
+            &self.server,
+            &self.root,
+            home.path(),
+            grace,
+            Options::default(),
+        );
+        Machine { env, _home: home }
+    }
+
+    /// The bucket's objects as the test sees them, past the environment.
+    fn raw(&self) -> (Arc<dyn ObjectStore>, Path) {
+        let rest = self.root.strip_prefix("s3://").unwrap();
+        let (name, prefix) = rest.split_once('/').unwrap();
+        let s3 = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(name)
+            .build()
+            .unwrap();
+        (Arc::new(s3), Path::from(prefix))
+    }
+
+    fn blob_key(&self, hash: &Hash) -> Path {
+        self.raw().1.join("blobs").join(hash.to_hex())
+    }
+
+    /// Whether the bucket holds the blob.
+    fn holds(&self, hash: &Hash) -> bool {
+        let (store, _) = self.raw();
+        let key = self.blob_key(hash);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        match rt.block_on(store.head(&key)) {
+            Ok(_) => true,
+            Err(object_store::Error::NotFound { .. }) => false,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn overwrite(&self, hash: &Hash, bytes: &'static [u8]) {
+        let (store, _) = self.raw();
+        let key = self.blob_key(hash);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(store.put(&key, PutPayload::from_static(bytes)))
+            .unwrap();
+    }
+}
+
+const GRACE: Duration = Duration::from_secs(1);
+/// Long enough for a blob to be collectable: the grace period, and two seconds for the
+/// bucket's dating to the second.
+const AGED: Duration = Duration::from_millis(3200);
+
+fn actor() -> ActorId {
+    ActorId::new("agent:machines").unwrap()
+}
+
+fn put(env: &LocalEnvironment, path: &str, value: Value) -> environment_core::OpId {
+    env.act_blocking(
+        ActRequest::new(actor(), Intent::edit(format!("write {path}")))
+            .put(Key::fs(path).unwrap(), value),
+    )
+    .unwrap()
+    .version
+}
+
+fn read(env: &LocalEnvironment, path: &str) -> Value {
+    let head = env.head("main").unwrap();
+    env.read(&actor(), &Key::fs(path).unwrap(), &head)
+        .unwrap()
+        .expect(path)
+}
+
+/// Bytes that do not repeat, so chunking finds no duplicates; `seed` must be odd (distinct
+/// seeds give distinct bytes).
+fn varied(len: usize, seed: u64) -> Vec<u8> {
+    assert!(seed % 2 == 1);
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn what_one_machine_stores_another_reads_and_verifies() {
+    let Some(shared) = shared("read") else { return };
+    let (a, b) = (shared.machine(GRACE), shared.machine(GRACE));
+
+    let small = b"inline".to_vec();
+    let blob = varied(10_000, 1);
+    let large = varied(3 << 20, 3);
+    put(&a.env, "small.txt", Value::file(small.clone()));
+    put(&a.env, "data.bin", Value::file(blob.clone()));
+    let mut file = tempfile::tempfile().unwrap();
+    file.write_all(&large).unwrap();
+    let chunked = a.env.blobs().put_chunked(&file, true).unwrap();
+    let mut value = Value::file("");
+    value.content = Content::Chunks(chunked.manifest);
+    value.meta.size = chunked.size;
+    let last = put(&a.env, "large.bin", value);
+
+    // The other machine sees the same head, and has cached none of the content yet.
+    assert_eq!(b.env.head("main").unwrap(), last);
+    let data = read(&b.env, "data.bin");
+    let data_hash = data.blob().expect("10 KB is kept in a blob");
+    assert!(!b.env.blobs().contains(&data_hash));
+    // verify finds every referenced blob in the bucket without fetching it.
+    b.env.verify(&ActorId::system()).unwrap();
+    assert!(!b.env.blobs().contains(&data_hash));
+
+    assert_eq!(b.env.content(&read(&b.env, "small.txt")).unwrap(), small);
+    assert_eq!(b.env.content(&data).unwrap(), blob);
+    assert_eq!(b.env.content(&read(&b.env, "large.bin")).unwrap(), large);
+    assert!(
+        b.env.blobs().contains(&data_hash),
+        "fetched content is cached"
+    );
+    b.env.verify_deep(&ActorId::system()).unwrap();
+
+    // What the second machine stores, the first reads.
+    put(&b.env, "reply.bin", Value::file(varied(5_000, 13)));
+    assert_eq!(
+        a.env.content(&read(&a.env, "reply.bin")).unwrap(),
+        varied(5_000, 13)
+    );
+}
+
+#[test]
+fn content_damaged_in_the_bucket_is_an_error_never_wrong_content() {
+    let Some(shared) = shared("damaged") else {
+        return;
+    };
+    let (a, b) = (shared.machine(GRACE), shared.machine(GRACE));
+    put(&a.env, "data.bin", Value::file(varied(10_000, 15)));
+    let value = read(&b.env, "data.bin");
+    let hash = value.blob().unwrap();
+    shared.overwrite(&hash, b"replaced by someone");
+    for _ in 0..2 {
+        let err = b.env.content(&value).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+        assert!(
+            !b.env.blobs().contains(&hash),
+            "damaged bytes are not cached"
+        );
+    }
+    assert!(b.env.verify_deep(&ActorId::system()).is_err());
+    // The machine that stored it still has its own copy.
+    assert_eq!(a.env.content(&value).unwrap(), varied(10_000, 15));
+}
+
+#[test]
+fn content_no_machine_stored_is_refused_and_changes_nothing() {
+    let Some(shared) = shared("missing") else {
+        return;
+    };
+    let a = shared.machine(GRACE);
+    let before = a.env.head("main").unwrap();
+    let mut value = Value::file("");
+    value.content = Content::Blob(Hash([7; 32]));
+    let err = a
+        .env
+        .act_blocking(
+            ActRequest::new(actor(), Intent::edit("dangling")).put(Key::fs("x").unwrap(), value),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, EnvError::Blob(BlobError::Missing(h)) if h == Hash([7; 32])),
+        "{err}"
+    );
+    assert_eq!(a.env.head("main").unwrap(), before);
+}
+
+#[test]
+fn a_collection_from_any_machine_removes_only_what_no_version_refers_to() {
+    let Some(shared) = shared("gc") else { return };
+    let (a, b) = (shared.machine(GRACE), shared.machine(GRACE));
+    let (old, new) = (varied(4_000, 5), varied(4_000, 9));
+    put(&a.env, "data.bin", Value::file(old.clone()));
+    put(&a.env, "data.bin", Value::file(new.clone()));
+    // A blob shared and never committed on (a writer that died before its act committed).
+    let orphan = varied(4_000, 11);
+    let orphan_hash = a.env.blobs().put(&orphan).unwrap();
+    a.env
+        .blobs()
+        .shared()
+        .unwrap()
+        .share(a.env.blobs(), &[orphan_hash])
+        .unwrap();
+    assert!(shared.holds(&orphan_hash));
+    std::thread::sleep(AGED);
+
+    let report = b.env.gc(&ActorId::system()).unwrap();
+    assert_eq!(report.shared_removed, 1, "{report:?}");
+    assert!(!shared.holds(&orphan_hash));
+    // Both versions of the file still read on a machine that has cached nothing.
+    let c = shared.machine(GRACE);
+    assert_eq!(c.env.content(&read(&c.env, "data.bin")).unwrap(), new);
+    let first_write = c.env.resolve("main~1").unwrap();
+    let old_value = c
+        .env
+        .read(&actor(), &Key::fs("data.bin").unwrap(), &first_write)
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.env.content(&old_value).unwrap(), old);
+    c.env.verify_deep(&ActorId::system()).unwrap();
+}
+
+/// Environments on a schema of the test server and a prefix of the bucket; each place is one
+/// machine's home (opened again, the same machine; the bodies' several handles on one place
+/// are several processes of it).
+struct Fleet;
+
+/// A grace period short enough that the crash test's collections remove what killed acts
+/// shared and never committed on, while the machine writes.
+const FLEET_GRACE: Duration = Duration::from_secs(2);
+
+struct FleetPlace {
+    schema: String,
+    root: String,
+    home: std::path::PathBuf,
+    _made: Option<tempfile::TempDir>,
+}
+
+impl Backend for Fleet {
+    fn fresh(&self) -> Box<dyn Place> {
+        // The helper's client blocks: off the async test's runtime.
+        let (schema, root) = std::thread::scope(|s| s.spawn(|| fresh_stores("fleet")).join())
+            .unwrap()
+            .expect("the test server and bucket");
+        let made = tempfile::tempdir().unwrap();
+        Box::new(FleetPlace {
+            schema,
+            root,
+            home: made.path().to_owned(),
+            _made: Some(made),
+        })
+    }
+
+    fn at(&self, described: &str) -> Box<dyn Place> {
+        let mut parts = described.splitn(3, ' ');
+        let (schema, root, home) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        Box::new(FleetPlace {
+            schema: schema.to_owned(),
+            root: root.to_owned(),
+            home: home.into(),
+            _made: None,
+        })
+    }
+}
+
+impl Place for FleetPlace {
+    fn open(&self, options: Options) -> LocalEnvironment {
+        open_machine(
+            &in_schema(&self.schema),
+            &self.root,
+            &self.home,
+            FLEET_GRACE,
+            options,
+        )
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} {} {}",
+            self.schema,
+            self.root,
+            self.home.to_str().unwrap()
+        )
+    }
+}
+
+fn servers() -> bool {
+    environment_conformance::prerequisite::postgres().is_some()
+        && environment_conformance::prerequisite::s3().is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_machines_acting_at_once_lose_no_update() {
+    if servers() {
+        log_port::no_lost_update_and_exact_conflicts(&Fleet, 2).await;
+    }
+}
+
+#[test]
+fn crash_child_entry() {
+    log_crash::child_entry(&Fleet);
+}
+
+#[test]
+fn a_machine_killed_at_random_moments_loses_nothing_it_acknowledged() {
+    if servers() {
+        log_crash::killed_at_random_moments(&Fleet, "crash_child_entry", 15);
+    }
+}
