@@ -130,12 +130,7 @@ impl Shared {
     /// Whether the bucket holds the blob.
     fn holds(&self, hash: &Hash) -> bool {
         let (store, _) = self.raw();
-        let key = self.blob_key(hash);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        match rt.block_on(store.head(&key)) {
+        match block_on(store.head(&self.blob_key(hash))) {
             Ok(_) => true,
             Err(object_store::Error::NotFound { .. }) => false,
             Err(e) => panic!("{e}"),
@@ -144,14 +139,17 @@ impl Shared {
 
     fn overwrite(&self, hash: &Hash, bytes: &'static [u8]) {
         let (store, _) = self.raw();
-        let key = self.blob_key(hash);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(store.put(&key, PutPayload::from_static(bytes)))
-            .unwrap();
+        block_on(store.put(&self.blob_key(hash), PutPayload::from_static(bytes))).unwrap();
     }
+}
+
+/// Runs `work` to its end on a runtime of its own (the tests are not async).
+fn block_on<T>(work: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(work)
 }
 
 const GRACE: Duration = Duration::from_secs(1);
@@ -408,4 +406,32 @@ fn a_machine_killed_at_random_moments_loses_nothing_it_acknowledged() {
     if servers() {
         log_crash::killed_at_random_moments(&Fleet, "crash_child_entry", 15);
     }
+}
+
+/// The port blocks, and an environment's async methods may call it from a runtime's worker
+/// threads: an act with a blob and a read that fetches one, both through the async trait, and
+/// the environments dropped inside the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_trait_shares_and_fetches_from_inside_a_runtime() {
+    use environment_core::Environment;
+    let Some(shared) = std::thread::scope(|s| s.spawn(|| shared("async")).join()).unwrap() else {
+        return;
+    };
+    let (a, b) = (shared.machine(GRACE), shared.machine(GRACE));
+    let bytes = varied(20_000, 17);
+    let key = Key::fs("async.bin").unwrap();
+    let obs = Environment::act(
+        &a.env,
+        ActRequest::new(actor(), Intent::edit("async"))
+            .put(key.clone(), Value::file(bytes.clone())),
+    )
+    .await
+    .unwrap();
+    let value = Environment::read(&b.env, &actor(), &key, &obs.version)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!b.env.blobs().contains(&value.blob().unwrap()));
+    assert_eq!(Environment::content(&b.env, &value).await.unwrap(), bytes);
+    drop((a, b));
 }
