@@ -208,3 +208,45 @@ pub async fn two_handles_taking_turns_build_on_each_other(backend: &dyn Backend)
         env.verify(&environment_core::ActorId::system()).unwrap();
     }
 }
+
+/// A version dropped by retention through one handle (and its tree collected) is dropped for
+/// every other handle too: a read of it there is refused with [`EnvError::VersionDropped`],
+/// never a storage error, and the versions around it still read. (A handle that read the
+/// version before it was dropped may still answer from its cache of the tree.)
+pub fn a_version_dropped_on_one_handle_is_dropped_on_every_other(backend: &dyn Backend) {
+    let place = backend.fresh();
+    let (a, b) = (
+        place.open(Options::default()),
+        place.open(Options::default()),
+    );
+    let actor = ActorId::new("agent:retention").unwrap();
+    let key = Key::fs("notes.txt").unwrap();
+    let versions: Vec<_> = (0..3)
+        .map(|i| {
+            a.act_blocking(
+                ActRequest::new(actor.clone(), Intent::edit(format!("version {i}")))
+                    .put(key.clone(), Value::file(format!("version {i}"))),
+            )
+            .unwrap()
+            .version
+        })
+        .collect();
+    let dropped = versions[1];
+    assert_eq!(a.drop_versions(&actor, &[dropped]).unwrap(), 1);
+    a.gc(&ActorId::system()).unwrap();
+    for env in [&a, &b] {
+        assert!(
+            matches!(env.read(&actor, &key, &dropped), Err(EnvError::VersionDropped(v)) if v == dropped),
+            "{:?}",
+            env.read(&actor, &key, &dropped)
+        );
+        assert!(env.is_dropped(&dropped).unwrap());
+        for (i, v) in [(0, versions[0]), (2, versions[2])] {
+            assert_eq!(
+                env.read(&actor, &key, &v).unwrap(),
+                Some(Value::file(format!("version {i}")))
+            );
+        }
+        env.verify(&ActorId::system()).unwrap();
+    }
+}

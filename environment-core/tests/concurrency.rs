@@ -18,3 +18,8 @@ async fn two_handles_acting_at_once_lose_no_update() {
 async fn two_handles_taking_turns_build_on_each_other() {
     log_port::two_handles_taking_turns_build_on_each_other(&Embedded).await;
 }
+
+#[test]
+fn a_version_dropped_on_one_handle_is_dropped_on_every_other() {
+    log_port::a_version_dropped_on_one_handle_is_dropped_on_every_other(&Embedded);
+}

@@ -216,3 +216,10 @@ fn a_log_tampered_with_in_the_database_is_caught_by_verify() {
         }
     }
 }
+
+#[test]
+fn a_version_dropped_on_one_machine_is_dropped_on_every_other() {
+    if server() {
+        log_port::a_version_dropped_on_one_handle_is_dropped_on_every_other(&Postgres);
+    }
+}

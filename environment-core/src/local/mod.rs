@@ -354,7 +354,9 @@ impl LocalEnvironment {
     /// Reads without asking the authorizer: for the environment's own machinery.
     pub fn read_unchecked(&self, key: &Key, version: &OpId) -> Result<Option<Value>> {
         let view = self.view(version)?;
-        self.inner.read(|log| tree::get(&Nodes(log), &view, key))
+        self.inner
+            .read(|log| tree::get(&Nodes(log), &view, key))
+            .map_err(|e| self.dropped_or(e, &[version]))
     }
 
     /// The bytes of a value, whole: inline content, or its blob or chunks (each checked
@@ -385,6 +387,7 @@ impl LocalEnvironment {
         let view = self.view(version)?;
         self.inner
             .read(|log| tree::list(&Nodes(log), &view, prefix))
+            .map_err(|e| self.dropped_or(e, &[version]))
     }
 
     /// The keys (under `prefix`, or all) whose values differ from `from` to `to`. Cost follows
@@ -404,6 +407,7 @@ impl LocalEnvironment {
         let (a, b) = (self.view(from)?, self.view(to)?);
         self.inner
             .read(|log| tree::diff(&Nodes(log), &a, &b, prefix))
+            .map_err(|e| self.dropped_or(e, &[from, to]))
     }
 
     /// Subscribes to committed operations' events that pass `filter`.

@@ -68,6 +68,24 @@ impl LocalEnvironment {
         self.inner.read(|log| log.is_dropped(op.seq))
     }
 
+    /// `e`, or [`EnvError::VersionDropped`] when the read of `versions` that failed with it
+    /// failed because one of them was dropped by another process or machine (which this one
+    /// had not heard of, and whose collection may have removed its tree already).
+    pub(crate) fn dropped_or(&self, e: EnvError, versions: &[&OpId]) -> EnvError {
+        if !matches!(e, EnvError::Integrity { .. }) {
+            return e;
+        }
+        for version in versions {
+            if let Ok(true) = self.is_dropped(version) {
+                if let Ok(mut set) = self.inner.dropped.write() {
+                    set.insert(**version);
+                }
+                return EnvError::VersionDropped(**version);
+            }
+        }
+        e
+    }
+
     /// Fails with [`EnvError::VersionDropped`] if `version`'s content is no longer kept.
     pub(crate) fn check_kept(&self, version: &OpId) -> Result<()> {
         if self
