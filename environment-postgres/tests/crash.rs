@@ -63,7 +63,9 @@ fn crash_child() {
                     .dedup_window(Duration::from_secs(24 * 3600));
                 let m = NewMessage::new("work", next.to_le_bytes().to_vec()).with(o);
                 queue.publish_message(&m).unwrap();
-                writeln!(record, "{next}").unwrap();
+                // One write call: `writeln!` writes the number and the newline separately, and
+                // a kill between them joined two numbers into one line for the next run.
+                record.write_all(format!("{next}\n").as_bytes()).unwrap();
                 next += 1;
             }
         }
