@@ -152,10 +152,15 @@ fn block_on<T>(work: impl Future<Output = T>) -> T {
         .block_on(work)
 }
 
-const GRACE: Duration = Duration::from_secs(1);
+/// The grace period of the tests that collect nothing: a writer's window (a quarter of it)
+/// stays open on a loaded machine.
+const GRACE: Duration = Duration::from_secs(60);
+/// The grace period of the collection test: short enough to wait out, long enough that its
+/// writers' windows (a second) stay open on a loaded machine.
+const COLLECT_GRACE: Duration = Duration::from_secs(4);
 /// Long enough for a blob to be collectable: the grace period, and two seconds for the
 /// bucket's dating to the second.
-const AGED: Duration = Duration::from_millis(3200);
+const AGED: Duration = Duration::from_millis(6200);
 
 fn actor() -> ActorId {
     ActorId::new("agent:machines").unwrap()
@@ -284,7 +289,7 @@ fn content_no_machine_stored_is_refused_and_changes_nothing() {
 #[test]
 fn a_collection_from_any_machine_removes_only_what_no_version_refers_to() {
     let Some(shared) = shared("gc") else { return };
-    let (a, b) = (shared.machine(GRACE), shared.machine(GRACE));
+    let (a, b) = (shared.machine(COLLECT_GRACE), shared.machine(COLLECT_GRACE));
     let (old, new) = (varied(4_000, 5), varied(4_000, 9));
     put(&a.env, "data.bin", Value::file(old.clone()));
     put(&a.env, "data.bin", Value::file(new.clone()));
@@ -304,7 +309,7 @@ fn a_collection_from_any_machine_removes_only_what_no_version_refers_to() {
     assert_eq!(report.shared_removed, 1, "{report:?}");
     assert!(!shared.holds(&orphan_hash));
     // Both versions of the file still read on a machine that has cached nothing.
-    let c = shared.machine(GRACE);
+    let c = shared.machine(COLLECT_GRACE);
     assert_eq!(c.env.content(&read(&c.env, "data.bin")).unwrap(), new);
     let first_write = c.env.resolve("main~1").unwrap();
     let old_value = c
@@ -322,8 +327,9 @@ fn a_collection_from_any_machine_removes_only_what_no_version_refers_to() {
 struct Fleet;
 
 /// A grace period short enough that the crash test's collections remove what killed acts
-/// shared and never committed on, while the machine writes.
-const FLEET_GRACE: Duration = Duration::from_secs(2);
+/// shared and never committed on while the machine writes, long enough that a writer's window
+/// (1.5 s) stays open on a loaded machine.
+const FLEET_GRACE: Duration = Duration::from_secs(6);
 
 struct FleetPlace {
     schema: String,

@@ -143,7 +143,12 @@ pub fn killed_at_random_moments(backend: &dyn Backend, entry: &str, kills: usize
                 Ok(line) => heard.push(line),
                 Err(_) => {
                     let _ = child.kill();
-                    panic!("the child acknowledged no act within a minute")
+                    let said = std::fs::read_to_string(scratch.path().join("child.err"))
+                        .unwrap_or_default();
+                    panic!(
+                        "the child acknowledged no act (it ended, or a minute passed); it said: {}",
+                        &said[said.len().saturating_sub(3000)..]
+                    )
                 }
             }
         }

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use crate::error::PortError;
+use crate::error::{BlobError, PortError};
 use crate::hash::Hash;
 
 use super::BlobStore;
@@ -41,4 +41,31 @@ pub trait ShareWindow: Send + Sync {
     /// Fails once the blobs may have been collected: the operation must not commit (it is
     /// refused, and the caller may try it again).
     fn check(&self) -> Result<(), PortError>;
+}
+
+/// How many times blobs are shared again when sharing itself outlasted the window (it waited
+/// out another machine's collection): no collection runs then, so the next share is quick.
+const SHARE_ATTEMPTS: usize = 3;
+
+impl BlobStore {
+    /// Shares `hashes` (held here) with the other machines, through the shared store if this
+    /// store caches one, and gives the window still open on them; `None` without a shared
+    /// store or blobs.
+    pub(crate) fn share(&self, hashes: &[Hash]) -> Result<Option<Box<dyn ShareWindow>>, BlobError> {
+        let Some(shared) = self.shared() else {
+            return Ok(None);
+        };
+        if hashes.is_empty() {
+            return Ok(None);
+        }
+        let mut attempt = 1;
+        loop {
+            let window = shared.share(self, hashes).map_err(BlobError::Shared)?;
+            match window.check() {
+                Ok(()) => return Ok(Some(window)),
+                Err(e) if attempt == SHARE_ATTEMPTS => return Err(BlobError::Shared(e)),
+                Err(_) => attempt += 1,
+            }
+        }
+    }
 }

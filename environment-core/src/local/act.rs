@@ -175,9 +175,9 @@ impl LocalEnvironment {
         refused: &[Refused],
     ) -> Result<Option<Box<dyn ShareWindow>>> {
         let blobs = &self.inner.blobs;
-        let Some(shared) = blobs.shared() else {
+        if blobs.shared().is_none() {
             return Ok(None);
-        };
+        }
         let values = puts
             .iter()
             .filter_map(|(_, v)| v.as_ref())
@@ -191,13 +191,7 @@ impl LocalEnvironment {
                 }
             }
         }
-        if hashes.is_empty() {
-            return Ok(None);
-        }
-        let window = shared
-            .share(blobs, &hashes)
-            .map_err(crate::error::BlobError::Shared)?;
-        Ok(Some(window))
+        Ok(blobs.share(&hashes)?)
     }
 
     fn store_content(

@@ -113,14 +113,10 @@ impl LocalEnvironment {
     fn pin_change(&self, hash: &Hash, owner: &str, pinned: bool) -> Result<()> {
         let (h, owner) = (*hash, owner.to_owned());
         // A pinned blob is kept for every machine: shared first, when the store is.
-        let blobs = &self.inner.blobs;
-        let window = match blobs.shared() {
-            Some(shared) if pinned => Some(
-                shared
-                    .share(blobs, &[h])
-                    .map_err(crate::error::BlobError::Shared)?,
-            ),
-            _ => None,
+        let window = if pinned {
+            self.inner.blobs.share(&[h])?
+        } else {
+            None
         };
         self.inner.write(false, move |_, tx| {
             if let Some(window) = &window {
