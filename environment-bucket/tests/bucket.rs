@@ -3,10 +3,13 @@
 //! other machines write without losing a blob that committed state refers to.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{blob_key, raw};
 use environment_bucket::{Bucket, BucketError, BucketOptions};
 use environment_core::Hash;
 use object_store::path::Path;
@@ -37,21 +40,6 @@ fn root() -> Option<String> {
         base.trim_end_matches('/'),
         rand::random::<u64>()
     ))
-}
-
-/// The bucket's objects as the test sees them, past the store.
-fn raw(root: &str) -> (Arc<dyn ObjectStore>, Path) {
-    let rest = root.strip_prefix("s3://").unwrap();
-    let (name, prefix) = rest.split_once('/').unwrap();
-    let s3 = object_store::aws::AmazonS3Builder::from_env()
-        .with_bucket_name(name)
-        .build()
-        .unwrap();
-    (Arc::new(s3), Path::from(prefix))
-}
-
-fn blob_key(prefix: &Path, hash: &Hash) -> Path {
-    prefix.clone().join("blobs").join(hash.to_hex())
 }
 
 const GRACE: Duration = Duration::from_secs(1);

@@ -8,6 +8,8 @@
 //! acknowledged.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,25 +114,16 @@ impl Shared {
         Machine { env, _home: home }
     }
 
-    /// The bucket's objects as the test sees them, past the environment.
-    fn raw(&self) -> (Arc<dyn ObjectStore>, Path) {
-        let rest = self.root.strip_prefix("s3://").unwrap();
-        let (name, prefix) = rest.split_once('/').unwrap();
-        let s3 = object_store::aws::AmazonS3Builder::from_env()
-            .with_bucket_name(name)
-            .build()
-            .unwrap();
-        (Arc::new(s3), Path::from(prefix))
-    }
-
-    fn blob_key(&self, hash: &Hash) -> Path {
-        self.raw().1.join("blobs").join(hash.to_hex())
+    /// Where the blob named `hash` is kept, seen past the environment.
+    fn object(&self, hash: &Hash) -> (Arc<dyn ObjectStore>, Path) {
+        let (store, prefix) = common::raw(&self.root);
+        (store, common::blob_key(&prefix, hash))
     }
 
     /// Whether the bucket holds the blob.
     fn holds(&self, hash: &Hash) -> bool {
-        let (store, _) = self.raw();
-        match block_on(store.head(&self.blob_key(hash))) {
+        let (store, key) = self.object(hash);
+        match block_on(store.head(&key)) {
             Ok(_) => true,
             Err(object_store::Error::NotFound { .. }) => false,
             Err(e) => panic!("{e}"),
@@ -138,8 +131,8 @@ impl Shared {
     }
 
     fn overwrite(&self, hash: &Hash, bytes: &'static [u8]) {
-        let (store, _) = self.raw();
-        block_on(store.put(&self.blob_key(hash), PutPayload::from_static(bytes))).unwrap();
+        let (store, key) = self.object(hash);
+        block_on(store.put(&key, PutPayload::from_static(bytes))).unwrap();
     }
 }
 
@@ -182,19 +175,12 @@ fn read(env: &LocalEnvironment, path: &str) -> Value {
         .expect(path)
 }
 
-/// Bytes that do not repeat, so chunking finds no duplicates; `seed` must be odd (distinct
-/// seeds give distinct bytes).
+/// Bytes that do not repeat (so chunking finds no duplicates), the same for the same seed.
 fn varied(len: usize, seed: u64) -> Vec<u8> {
-    assert!(seed % 2 == 1);
-    let mut x = seed;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    use rand::{RngCore, SeedableRng};
+    let mut bytes = vec![0; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut bytes);
+    bytes
 }
 
 #[test]

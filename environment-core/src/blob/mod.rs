@@ -16,8 +16,8 @@ use std::os::unix::fs::OpenOptionsExt;
 #[cfg(test)]
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use crate::error::BlobError;
 use crate::hash::Hash;
@@ -42,16 +42,7 @@ pub struct BlobStore {
     /// Blob files stored or deduplicated against without an fsync since the last sync.
     loose_unsynced: Mutex<Vec<PathBuf>>,
     /// The store shared by the environment's machines, of which this one is then a cache.
-    shared: Option<Shared>,
-}
-
-/// A shared store, named in `Debug` output only by its presence.
-struct Shared(Arc<dyn SharedBlobs>);
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SharedBlobs")
-    }
+    shared: Option<shared::Shared>,
 }
 
 /// Where a blob's bytes are: a file of its own (offset 0), or a range of a pack.
@@ -136,72 +127,6 @@ impl BlobStore {
             packs,
             loose_unsynced: Mutex::new(Vec::new()),
             shared: None,
-        })
-    }
-
-    /// This store as the cache of `shared`, the store of every machine of the environment:
-    /// what is missing here is fetched from it when read (see [`BlobStore::get`]).
-    pub fn sharing(mut self, shared: Arc<dyn SharedBlobs>) -> BlobStore {
-        self.shared = Some(Shared(shared));
-        self
-    }
-
-    /// The store shared by the environment's machines, if this one caches one.
-    pub fn shared(&self) -> Option<&Arc<dyn SharedBlobs>> {
-        self.shared.as_ref().map(|s| &s.0)
-    }
-
-    /// Whether the blob is here, fetched from the shared store (and kept) when it is not.
-    pub fn obtain(&self, hash: &Hash) -> Result<bool, BlobError> {
-        if self.contains(hash) {
-            return Ok(true);
-        }
-        match self.fetch(hash) {
-            Ok(_) => Ok(true),
-            Err(BlobError::Missing(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Fetches a blob missing here from the shared store, checks it against its hash and
-    /// keeps it; [`BlobError::Missing`] when there is no shared store or it lacks the blob.
-    fn fetch(&self, hash: &Hash) -> Result<Vec<u8>, BlobError> {
-        let Some(Shared(shared)) = &self.shared else {
-            return Err(BlobError::Missing(*hash));
-        };
-        let bytes = shared
-            .fetch(hash)
-            .map_err(BlobError::Shared)?
-            .ok_or(BlobError::Missing(*hash))?;
-        // Whatever the adapter checked: content from elsewhere is never taken on trust.
-        let actual = Hash(*blake3::hash(&bytes).as_bytes());
-        if actual != *hash {
-            return Err(BlobError::Corrupt {
-                expected: *hash,
-                actual,
-            });
-        }
-        // A cache, not a record: no fsync (a copy lost in a crash is fetched again).
-        self.put_unsynced(&bytes)?;
-        Ok(bytes)
-    }
-
-    /// The blobs a value's content is kept in: its blob, or its manifest and every chunk.
-    pub fn blobs_of(&self, content: &crate::value::Content) -> Result<Vec<Hash>, BlobError> {
-        use crate::value::Content;
-        Ok(match content {
-            Content::Inline(_) => Vec::new(),
-            Content::Blob(h) => vec![*h],
-            Content::Chunks(m) => {
-                let mut all = vec![*m];
-                let mut seen = HashSet::new();
-                for p in self.manifest(m)?.pieces {
-                    if seen.insert(p.hash) {
-                        all.push(p.hash);
-                    }
-                }
-                all
-            }
         })
     }
 

@@ -4,6 +4,7 @@
 //! fetched when read, checked against its hash.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use crate::error::{BlobError, PortError};
 use crate::hash::Hash;
@@ -43,11 +44,86 @@ pub trait ShareWindow: Send + Sync {
     fn check(&self) -> Result<(), PortError>;
 }
 
+/// A shared store, named in `Debug` output only by its presence.
+pub(super) struct Shared(Arc<dyn SharedBlobs>);
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedBlobs")
+    }
+}
+
 /// How many times blobs are shared again when sharing itself outlasted the window (it waited
 /// out another machine's collection): no collection runs then, so the next share is quick.
 const SHARE_ATTEMPTS: usize = 3;
 
 impl BlobStore {
+    /// This store as the cache of `shared`, the store of every machine of the environment:
+    /// what is missing here is fetched from it when read (see [`BlobStore::get`]).
+    pub fn sharing(mut self, shared: Arc<dyn SharedBlobs>) -> BlobStore {
+        self.shared = Some(Shared(shared));
+        self
+    }
+
+    /// The store shared by the environment's machines, if this one caches one.
+    pub fn shared(&self) -> Option<&Arc<dyn SharedBlobs>> {
+        self.shared.as_ref().map(|s| &s.0)
+    }
+
+    /// Whether the blob is here, fetched from the shared store (and kept) when it is not.
+    pub fn obtain(&self, hash: &Hash) -> Result<bool, BlobError> {
+        if self.contains(hash) {
+            return Ok(true);
+        }
+        match self.fetch(hash) {
+            Ok(_) => Ok(true),
+            Err(BlobError::Missing(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Fetches a blob missing here from the shared store, checks it against its hash and
+    /// keeps it; [`BlobError::Missing`] when there is no shared store or it lacks the blob.
+    pub(super) fn fetch(&self, hash: &Hash) -> Result<Vec<u8>, BlobError> {
+        let Some(Shared(shared)) = &self.shared else {
+            return Err(BlobError::Missing(*hash));
+        };
+        let bytes = shared
+            .fetch(hash)
+            .map_err(BlobError::Shared)?
+            .ok_or(BlobError::Missing(*hash))?;
+        // Whatever the adapter checked: content from elsewhere is never taken on trust.
+        let actual = Hash(*blake3::hash(&bytes).as_bytes());
+        if actual != *hash {
+            return Err(BlobError::Corrupt {
+                expected: *hash,
+                actual,
+            });
+        }
+        // A cache, not a record: no fsync (a copy lost in a crash is fetched again).
+        self.put_unsynced(&bytes)?;
+        Ok(bytes)
+    }
+
+    /// The blobs a value's content is kept in: its blob, or its manifest and every chunk.
+    pub fn blobs_of(&self, content: &crate::value::Content) -> Result<Vec<Hash>, BlobError> {
+        use crate::value::Content;
+        Ok(match content {
+            Content::Inline(_) => Vec::new(),
+            Content::Blob(h) => vec![*h],
+            Content::Chunks(m) => {
+                let mut all = vec![*m];
+                let mut seen = HashSet::new();
+                for p in self.manifest(m)?.pieces {
+                    if seen.insert(p.hash) {
+                        all.push(p.hash);
+                    }
+                }
+                all
+            }
+        })
+    }
+
     /// Shares `hashes` (held here) with the other machines, through the shared store if this
     /// store caches one, and gives the window still open on them; `None` without a shared
     /// store or blobs.
