@@ -91,6 +91,31 @@ pub enum Command {
         /// an effect begun on one machine is found, not begun again, on every other.
         #[arg(long, value_name = "POSTGRES")]
         shared_effects: Option<String>,
+        /// Keep the history (operations, branches, tree nodes) in this PostgreSQL database,
+        /// so that other machines attach working copies of this environment (`envctl
+        /// attach`). Needs --shared-blobs; the effect log goes with it unless
+        /// --shared-effects names another database. The log must be new.
+        #[arg(long, value_name = "POSTGRES", requires = "shared_blobs")]
+        shared_log: Option<String>,
+        /// Keep the file contents in this bucket (s3://BUCKET/PREFIX; credentials, region and
+        /// endpoint from the AWS_* variables), shared by every working copy.
+        #[arg(long, value_name = "URL")]
+        shared_blobs: Option<String>,
+    },
+    /// Make DIR (empty or missing) a new working copy of an environment whose history and
+    /// blobs are shared (made with `envctl init --shared-log --shared-blobs` on another
+    /// machine): the branch's head is written into it, and from then on its changes are
+    /// committed into the shared history and the others' written into it.
+    Attach {
+        /// The stores file naming the shared log and blobs (a copy of stores.toml from the
+        /// home of a working copy; it holds no password).
+        #[arg(long, value_name = "FILE")]
+        stores: PathBuf,
+        /// The new working copy.
+        dir: PathBuf,
+        /// Keep its home here instead of DIR/.environment.
+        #[arg(long)]
+        home: Option<PathBuf>,
     },
     /// Run an agent under a supervisor: in a sandbox, its changes captured as it works, the
     /// control socket answering; a final capture and a summary at its exit (or at SIGTERM or

@@ -11,20 +11,35 @@
 //!
 //! [effects]
 //! postgres = "host=db.internal user=env dbname=env"
+//!
+//! [log]
+//! postgres = "host=db.internal user=env dbname=env"
+//!
+//! [blobs]
+//! # Credentials, region and endpoint come from the AWS_* variables of envctl's environment.
+//! bucket = "s3://env-blobs/team"
 //! ```
 //!
 //! Without the file (or without a section) the part is embedded in the home, as it always was.
-//! So far the queue, the policy and the effect log can be shared: every workspace whose stores
-//! name the same database sees one queue, is governed by one policy (rules, relations,
-//! approvals, and the quota and token uses they spend), and begins an external effect once
-//! whichever machine retries it.
+//! Every workspace whose stores name the same database sees one queue, is governed by one
+//! policy (rules, relations, approvals, and the quota and token uses they spend), and begins
+//! an external effect once whichever machine retries it. With the log and the blobs shared,
+//! the workspaces are working copies of one environment (one history, one set of branches):
+//! the first is made with `envctl init`, the others with `envctl attach`. A shared log needs
+//! shared blobs (another machine could not read what a value names), and the effect log then
+//! goes with the log unless it names its own.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use environment_core::{EffectStore, ErrorKind, PolicyStore, Queue};
+use environment_bucket::{BucketOptions, SharedBucket};
+use environment_core::local::OpenLogStore;
+use environment_core::{
+    EffectStore, ErrorKind, PolicyStore, Queue, SharedBlobs as SharedBlobsPort,
+};
 use environment_postgres::{
-    PgEffectStore, PgError, PgPolicyStore, PgQueue, PgQueueConfig, PgStoreConfig, ServerAddress,
+    PgEffectStore, PgError, PgLogStore, PgPolicyStore, PgQueue, PgQueueConfig, PgStoreConfig,
+    ServerAddress,
 };
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +61,20 @@ pub struct Stores {
     /// The effect log, when it is shared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effects: Option<Shared>,
+    /// The operation log (history, branches, tree nodes), when it is shared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<Shared>,
+    /// The blobs (file contents), when they are shared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blobs: Option<SharedBlobs>,
+}
+
+/// Blobs shared through an object store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedBlobs {
+    /// `s3://BUCKET/PREFIX` (or `file:///DIR`), without credentials.
+    pub bucket: String,
 }
 
 /// A part shared through a PostgreSQL database.
@@ -87,11 +116,15 @@ impl Stores {
     /// The stores of the environment at `home` (none shared when the file is absent).
     pub fn read(home: &Path) -> Outcome<Stores> {
         let path = home.join(STORES_FILE);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Stores::default()),
-            Err(e) => return Err(Failure::io("read", &path, e)),
-        };
+        if !path.exists() {
+            return Ok(Stores::default());
+        }
+        Stores::parse(&path)
+    }
+
+    /// The stores a file names (a home's stores.toml, or a copy of it).
+    pub fn parse(path: &Path) -> Outcome<Stores> {
+        let text = std::fs::read_to_string(path).map_err(|e| Failure::io("read", path, e))?;
         let stores: Stores = toml::from_str(&text).map_err(|e| {
             Failure::usage(format!(
                 "{} is not a stores file: {}",
@@ -99,19 +132,40 @@ impl Stores {
                 e.message()
             ))
             .hint(
-                "it has [queue], [policy] and [effects] sections with `postgres = \"CONNECTION\"`, or nothing",
+                "it has [queue], [policy], [effects] and [log] sections with `postgres = \"CONNECTION\"`, a [blobs] section with `bucket = \"URL\"`, or nothing",
             )
         })?;
         stores.check()?;
         Ok(stores)
     }
 
-    /// Refuses a connection string that does not parse or holds a password, in any part.
+    /// Refuses a connection string that does not parse or holds a password, in any part, and
+    /// a shared log without shared blobs.
     pub fn check(&self) -> Outcome<()> {
         for (_, shared) in self.parts() {
             postgres_config(&shared.postgres)?;
         }
+        if self.log.is_some() && self.blobs.is_none() {
+            return Err(Failure::usage(
+                "a shared log needs shared blobs: the other machines could not read the files it names",
+            )
+            .hint("add --shared-blobs s3://BUCKET/PREFIX (a [blobs] section with `bucket = ...`)"));
+        }
+        if let Some(b) = &self.blobs
+            && b.bucket.contains('@')
+        {
+            return Err(Failure::usage(
+                "the bucket's address holds credentials, which a file or a command line shows to whoever reads it",
+            )
+            .hint("leave them out and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in envctl's environment"));
+        }
         Ok(())
+    }
+
+    /// Whether the history itself is shared (the log and the blobs): the workspaces naming
+    /// them are working copies of one environment.
+    pub fn shares_history(&self) -> bool {
+        self.log.is_some()
     }
 
     /// The parts that are shared, by name (`queue`, `policy`, `effects`).
@@ -124,6 +178,7 @@ impl Stores {
             ("queue", &self.queue),
             ("policy", &self.policy),
             ("effects", &self.effects),
+            ("log", &self.log),
         ]
         .into_iter()
         .filter_map(|(name, part)| part.as_ref().map(|p| (name, p)))
@@ -158,9 +213,38 @@ impl Stores {
         })
     }
 
-    /// Opens the shared effect log, if there is one.
+    /// What opens the shared log, if there is one (reached when the environment opens).
+    pub fn open_log(&self) -> Outcome<Option<OpenLogStore>> {
+        opened(&self.log, "log", |address| {
+            let config = store_config("envctl-log").reading(address.ca_file);
+            Ok(PgLogStore::opener_on(address.config, &config))
+        })
+    }
+
+    /// Opens the shared blobs, if there are some, with the home's blob directory as this
+    /// machine's cache.
+    pub fn open_blobs(&self, home: &Path) -> Outcome<Option<Arc<dyn SharedBlobsPort>>> {
+        let Some(blobs) = &self.blobs else {
+            return Ok(None);
+        };
+        let bucket = SharedBucket::open(&blobs.bucket, BucketOptions::new(home.join("blobs")))
+            .map_err(|e| match e.port().kind {
+                ErrorKind::Invalid => Failure::usage(format!("the shared blobs: {e}"))
+                    .hint("use s3://BUCKET/PREFIX, with credentials in the AWS_* variables"),
+                _ => Failure::new(
+                    ExitCode::Unavailable,
+                    format!("the shared blobs are not reachable: {e}"),
+                )
+                .hint("check the bucket, the AWS_* variables and the address in the home's stores.toml"),
+            })?;
+        Ok(Some(Arc::new(bucket)))
+    }
+
+    /// Opens the shared effect log, if there is one; with a shared log and no effect log of
+    /// its own, the log's database keeps it.
     pub fn open_effects(&self) -> Outcome<Option<Arc<dyn EffectStore>>> {
-        opened(&self.effects, "effect log", |address| {
+        let effects = self.effects.clone().or_else(|| self.log.clone());
+        opened(&effects, "effect log", |address| {
             let config = store_config("envctl-effects").reading(address.ca_file);
             let store = PgEffectStore::open(address.config, config)?;
             Ok(Arc::new(store) as Arc<dyn EffectStore>)

@@ -129,9 +129,12 @@ impl Workspace {
     /// Opens the environment, decided by `authorizer`, with its effect log where the home's
     /// `stores.toml` says (its own database by default).
     pub fn open_environment(&self, authorizer: Arc<dyn Authorizer>) -> Outcome<LocalEnvironment> {
+        let stores = Stores::read(&self.home)?;
         let options = Options {
             authorizer,
-            effects: Stores::read(&self.home)?.open_effects()?,
+            effects: stores.open_effects()?,
+            log_store: stores.open_log()?,
+            shared_blobs: stores.open_blobs(&self.home)?,
             ..Options::default()
         };
         Ok(LocalEnvironment::open(&self.home, options)?)
@@ -368,7 +371,7 @@ impl Session {
 
     /// How the workspace is tracked: its noise rules, and its monitor (which tells what changed
     /// since the last capture, so the tracker need not rescan) when one runs.
-    fn tracker_config(&self, actor: ActorId, auto: bool) -> TrackerConfig {
+    pub(crate) fn tracker_config(&self, actor: ActorId, auto: bool) -> TrackerConfig {
         let mut config = TrackerConfig::new(&self.ws.dir, actor);
         config.auto = auto;
         config.noise = self.noise_rules();

@@ -1,7 +1,9 @@
 //! Two workspaces, as on two machines, sharing one queue and one policy through PostgreSQL: a
 //! task published in one is claimed and acknowledged in the other; rules loaded in one govern
 //! the other, whose approval requests are decided in the first; a shared store named badly is
-//! refused and nothing is made.
+//! refused and nothing is made. With the log and the blobs shared (PostgreSQL and an S3
+//! bucket), the second is a working copy attached to the first's history: each one's changes
+//! reach the other, a file changed in both keeps the first and the second as refused.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -263,4 +265,123 @@ fn a_shared_store_over_tls_checks_the_ca_its_string_names() {
         assert_eq!(dir.join(".environment").exists(), expected == 0, "{name}");
     }
     common::also_unprivileged("a_shared_store_over_tls_checks_the_ca_its_string_names");
+}
+
+/// A new prefix in the test bucket, or `None` (a failure under `CI=true`) without one.
+fn fresh_bucket() -> Option<String> {
+    let url = environment_conformance::prerequisite::s3()?;
+    Some(format!(
+        "{}/envctl-{}-{:08x}",
+        url.trim_end_matches('/'),
+        std::process::id(),
+        rand::random::<u32>()
+    ))
+}
+
+#[test]
+fn working_copies_on_two_machines_share_one_history() {
+    let Some(conn) = fresh_schema() else { return };
+    let Some(bucket) = fresh_bucket() else { return };
+    let shared = [
+        "--shared-log",
+        conn.as_str(),
+        "--shared-blobs",
+        bucket.as_str(),
+    ];
+    let one = Ws::made_with(Some("human:alice"), &shared);
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(one.path("data.bin"), &big).unwrap();
+    one.ok(&["status"]);
+    let stores = one.home().join("stores.toml");
+    assert!(
+        !one.home().join("env.db").exists(),
+        "no embedded log beside the shared one"
+    );
+
+    // The second machine: a new working copy, the head written into it.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("copy");
+    let out = envctl_in(
+        tmp.path(),
+        &[
+            "--json",
+            "attach",
+            "--stores",
+            stores.to_str().unwrap(),
+            dir.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let two = Ws {
+        _tmp: tmp,
+        dir,
+        actor: Some("agent:bob"),
+    };
+    assert_eq!(two.read("README.md").as_deref(), Some("# demo\n"));
+    assert_eq!(std::fs::read(two.path("data.bin")).unwrap(), big);
+    let head = |ws: &Ws| {
+        let id = ws.json(&["log", "--all", "--limit", "1"])["entries"][0]["id"].clone();
+        assert!(id.is_string(), "{id}");
+        id
+    };
+    assert_eq!(head(&one), head(&two));
+
+    // Each one's changes reach the other; neither records deleting what it had not seen.
+    std::fs::write(two.path("src/lib.rs"), "pub fn two() {}\n").unwrap();
+    two.ok(&["status"]);
+    std::fs::write(one.path("notes.txt"), "from one\n").unwrap();
+    one.ok(&["status"]);
+    assert_eq!(one.read("src/lib.rs").as_deref(), Some("pub fn two() {}\n"));
+    two.ok(&["status"]);
+    assert_eq!(two.read("notes.txt").as_deref(), Some("from one\n"));
+    assert_eq!(one.read("README.md").as_deref(), Some("# demo\n"));
+
+    // A file changed in both: the first commit stays, the second change is kept as refused and
+    // its tree put back.
+    std::fs::write(one.path("README.md"), "# one's\n").unwrap();
+    std::fs::write(two.path("README.md"), "# two's\n").unwrap();
+    one.ok(&["status"]);
+    two.ok(&["status"]);
+    assert_eq!(two.read("README.md").as_deref(), Some("# one's\n"));
+    let refused = two.json(&["refused"]);
+    assert_eq!(
+        refused["refused"].as_array().map(Vec::len),
+        Some(1),
+        "{refused}"
+    );
+    assert_eq!(refused["refused"][0]["path"], "README.md", "{refused}");
+    assert_eq!(head(&one), head(&two));
+    one.ok(&["verify"]);
+    two.ok(&["verify"]);
+
+    // A second `init` on the shared log, or an attach to a directory with files, is refused
+    // and makes nothing.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("mine.txt"), "keep\n").unwrap();
+    let out = envctl_in(
+        other.path(),
+        &["init", "--shared-log", &conn, "--shared-blobs", &bucket],
+    );
+    assert_eq!(code(&out), 5, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!other.path().join(".environment").exists());
+    let out = envctl_in(
+        other.path(),
+        &[
+            "attach",
+            "--stores",
+            stores.to_str().unwrap(),
+            other.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code(&out), 5, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!other.path().join(".environment").exists());
+    assert_eq!(
+        std::fs::read_to_string(other.path().join("mine.txt")).unwrap(),
+        "keep\n"
+    );
+    // A shared log without shared blobs is a usage error.
+    let out = envctl_in(other.path(), &["init", "--shared-log", &conn]);
+    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!other.path().join(".environment").exists());
+    common::also_unprivileged("working_copies_on_two_machines_share_one_history");
 }

@@ -213,6 +213,80 @@ pub fn denied_actions_change_nothing(backend: &dyn Backend) {
     );
 }
 
+/// A write based on a version older than the head, to a key the head changed since: refused
+/// whole with `Conflict` when asked for, kept as a refused change when it was already made in
+/// a tree (`recording_refusals`), while the rest of the act is rebased onto the head; a stale
+/// write of what the head holds already is neither recorded nor refused. The first version is
+/// the empty one every later version descends from.
+pub fn stale_writes(backend: &dyn Backend) {
+    let place = backend.fresh();
+    let env = place.open(Options::default());
+    let actor = actor();
+    let key = |k: &str| Key::fs(k).unwrap();
+    let first = env.first_version().unwrap();
+    assert!(env.op(&first).unwrap().parents.is_empty());
+    assert!(
+        env.list(
+            &actor,
+            &environment_core::KeyPrefix::all(environment_core::Namespace::Fs),
+            &first
+        )
+        .unwrap()
+        .is_empty()
+    );
+    let base = env
+        .act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("first"))
+                .put(key("a"), Value::file("1"))
+                .put(key("b"), Value::file("1")),
+        )
+        .unwrap()
+        .version;
+    let theirs = env
+        .act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("theirs")).put(key("a"), Value::file("2")),
+        )
+        .unwrap()
+        .version;
+    assert_eq!(env.first_version().unwrap(), first);
+    let stale = |v: &str| {
+        ActRequest::new(actor.clone(), Intent::edit("stale"))
+            .base(base)
+            .put(key("a"), Value::file(v))
+            .put(key("b"), Value::file("3"))
+    };
+    let err = refused(&env, || env.act_blocking(stale("3")).map(drop));
+    assert_eq!(err.kind(), environment_core::ErrorKind::Conflict);
+
+    let obs = env.act_blocking(stale("3").recording_refusals()).unwrap();
+    assert!(obs.rebased && !obs.noop);
+    assert_eq!(env.op(&obs.version).unwrap().parents, vec![theirs]);
+    let at = |k: &str| env.read(&actor, &key(k), &obs.version).unwrap();
+    assert_eq!(at("a"), Some(Value::file("2")), "the newer write stays");
+    assert_eq!(at("b"), Some(Value::file("3")), "the rest is rebased");
+    assert_eq!(obs.refused.len(), 1);
+    let r = &obs.refused[0];
+    assert_eq!(
+        (&r.key, &r.value, r.head),
+        (&key("a"), &Some(Value::file("3")), theirs)
+    );
+    assert_eq!(r.decision.verdict, Verdict::Deny);
+    assert_eq!(env.refused(&actor, "main", 10).unwrap(), obs.refused);
+
+    let again = env
+        .act_blocking(
+            ActRequest::new(actor.clone(), Intent::edit("stale, as the head"))
+                .base(base)
+                .put(key("a"), Value::file("2"))
+                .recording_refusals(),
+        )
+        .unwrap();
+    assert!(again.noop && again.refused.is_empty());
+    assert_eq!(env.head("main").unwrap(), obs.version);
+    assert_eq!(env.refused(&actor, "main", 10).unwrap().len(), 1);
+    env.verify(&ActorId::system()).unwrap();
+}
+
 /// A reused idempotency key, a transition the effect's state does not allow, an unknown effect
 /// and an empty key are refused; the effect keeps its result.
 pub fn effect_misuse(backend: &dyn Backend) {

@@ -61,7 +61,10 @@ pub enum Refusal {
     /// Records the changes the actor may make as its operation and, in the same transaction,
     /// each other one as a [`RefusedChange`] with its decision, listed in
     /// [`Observation::refused`]. For changes already made in a tree (a command's files), which
-    /// the caller then puts back to their value at the head.
+    /// the caller then puts back to their value at the head. A change to a key that moved on
+    /// the branch since the request's [`base`](ActRequest::base) is refused the same way (a
+    /// stale write, denied by no rule) rather than failing the act, unless it puts what the
+    /// head holds already: then it is simply not recorded.
     Record,
 }
 
@@ -139,7 +142,8 @@ pub struct Observation {
     pub refused: Vec<RefusedChange>,
 }
 
-/// One change an actor made that the policy refused to record.
+/// One change an actor made that was not recorded: the policy refused it, or the key had
+/// changed on the branch since the version the change was made on (see [`Refusal::Record`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefusedChange {
     /// Its position among the refused changes (increasing).

@@ -121,6 +121,8 @@ pub trait LogRead {
     fn op_ids_between(&self, lo: &[u8], hi: &[u8]) -> Result<Vec<OpId>>;
     /// Whether any operation is recorded.
     fn has_ops(&self) -> Result<bool>;
+    /// The first operation recorded (the environment's creation, whose view is empty).
+    fn first_op(&self) -> Result<Option<OpId>>;
     /// The summary of the capture run recorded with operation `seq` (see
     /// `local::history::CaptureRun`), if any.
     fn capture_run(&self, seq: u64) -> Result<Option<Vec<u8>>>;

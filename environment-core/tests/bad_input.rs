@@ -180,6 +180,11 @@ fn denied_actions_change_nothing_and_allowed_ones_record_the_decision() {
 }
 
 #[test]
+fn stale_writes_conflict_or_are_kept_as_refused() {
+    log_refusals::stale_writes(&Embedded);
+}
+
+#[test]
 fn effect_misuse() {
     log_refusals::effect_misuse(&Embedded);
 }

@@ -508,6 +508,16 @@ impl LogRead for Reading<'_> {
             .is_some())
     }
 
+    fn first_op(&self) -> LogResult<Option<OpId>> {
+        self.query_opt(
+            "SELECT id FROM log_ops ORDER BY seq LIMIT 1",
+            &[],
+            "reading the first operation",
+        )?
+        .map(|r| op_id(r.get(0)))
+        .transpose()
+    }
+
     fn capture_run(&self, seq: u64) -> LogResult<Option<Vec<u8>>> {
         Ok(self
             .query_opt(
@@ -774,6 +784,9 @@ impl LogRead for Writing<'_> {
     }
     fn op_ids_between(&self, lo: &[u8], hi: &[u8]) -> LogResult<Vec<OpId>> {
         self.read.op_ids_between(lo, hi)
+    }
+    fn first_op(&self) -> LogResult<Option<OpId>> {
+        self.read.first_op()
     }
     fn capture_run(&self, seq: u64) -> LogResult<Option<Vec<u8>>> {
         self.read.capture_run(seq)

@@ -133,6 +133,13 @@ fn denied_actions_change_nothing() {
 }
 
 #[test]
+fn stale_writes_conflict_or_are_kept_as_refused() {
+    if server() {
+        log_refusals::stale_writes(&Postgres);
+    }
+}
+
+#[test]
 fn effect_misuse_is_refused() {
     if server() {
         log_refusals::effect_misuse(&Postgres);

@@ -258,9 +258,16 @@ pub struct Captured {
     /// The paths that stayed unreadable past the tracker's bound, and why: recorded with their
     /// metadata and the [`UNREADABLE`] marker instead of their content.
     pub without_content: Vec<(Vec<u8>, String)>,
-    /// The changes the actor may not make: recorded as refused with the decision (not in the
+    /// The changes the actor may not make, or that were stale (the path changed on the branch
+    /// since the version the tree held): recorded as refused with the decision (not in the
     /// branch), and put back in the tree to their value at the head.
     pub disallowed: Vec<RefusedChange>,
+    /// What others committed on the branch since the version the tree held (another working
+    /// copy, or the environment's API), written into the tree after the capture; `None` when
+    /// the branch had not moved.
+    pub synced: Option<crate::restore::RestorePlan>,
+    /// The stat-cache entries of the paths `synced` wrote: their events are the capture's own.
+    pub(crate) written: Vec<(Vec<u8>, Option<StatEntry>)>,
 }
 
 /// The attribute of a file that is one of several hard links to one inode in the tree: the
@@ -417,6 +424,26 @@ impl Capturer {
         Ok(self.env.head(&self.branch)?)
     }
 
+    /// The version the tree holds (see [`StatCache::holds`]): what captures compare the disk
+    /// with and are based on. The head when none is recorded (a tree tracked before the
+    /// version it holds was kept), which is then recorded.
+    pub(crate) fn held(&self) -> Result<OpId> {
+        if let Some(v) = self.cache.holds()?
+            && let Ok(id) = v.parse::<OpId>()
+        {
+            return Ok(id);
+        }
+        let head = self.head()?;
+        self.cache.set_holds(&head.to_string())?;
+        Ok(head)
+    }
+
+    /// Whether the branch moved past the version the tree holds (another working copy, or the
+    /// environment's API, committed): a capture then writes those changes into the tree.
+    pub(crate) fn behind(&self) -> Result<bool> {
+        Ok(self.held()? != self.head()?)
+    }
+
     /// Captures the given paths (relative to the root; anything under a path that is gone is
     /// removed too), attributed to `actor` (default: the tracker's), with `extra` changes (e.g.
     /// a command's output objects) in the same operation. Commits one operation if anything
@@ -430,7 +457,30 @@ impl Capturer {
         flags: OpFlags,
         extra: Vec<Change>,
     ) -> Result<Captured> {
-        let head = self.head()?;
+        let held = self.held()?;
+        // What others committed since the tree's version: those paths are looked at too, so a
+        // change made here to one of them is found (and refused as stale) before the newer
+        // value is written over it.
+        let now = self.head()?;
+        let (theirs_plan, theirs) = if now == held {
+            (None, Vec::new())
+        } else {
+            let (plan, changes) = self.plan_between(held, &now)?;
+            (Some(plan), changes)
+        };
+        let mut with_theirs;
+        let dirty = if theirs.is_empty() {
+            dirty
+        } else {
+            with_theirs = dirty.clone();
+            with_theirs.extend(
+                theirs
+                    .iter()
+                    .filter_map(|c| self.keys.rel(&c.key).map(<[u8]>::to_vec)),
+            );
+            &with_theirs
+        };
+        let head = held;
         let bulk = dirty.len() > BULK;
         let guard = self
             .env
@@ -553,8 +603,11 @@ impl Capturer {
             }
             // What the actor may not record is kept as refused and put back below, never left
             // in the tree for a later capture to record under another actor.
+            // Based on the tree's version: a branch that moved since is rebased onto, and a
+            // path changed on both sides is kept as refused (put back below).
             let mut req = ActRequest::new(actor.unwrap_or(&self.actor).clone(), intent)
                 .on(self.branch.clone())
+                .base(head)
                 .flags(flags)
                 .recording_refusals();
             req.changes = changes;
@@ -606,6 +659,42 @@ impl Capturer {
             self.cache.update_after(cache, None)?;
             self.put_back(&disallowed)?;
         }
+        // The version the branch stood at when this capture committed (or at its start, when
+        // it committed nothing): what it has beyond the tree's version, others' changes, is
+        // written into the tree, which then holds the capture's version.
+        let (under, holds) = match &observation {
+            Some(o) if !o.noop => (
+                self.env
+                    .op(&o.version)?
+                    .parents
+                    .first()
+                    .copied()
+                    .unwrap_or(head),
+                o.version,
+            ),
+            Some(o) => (o.version, o.version),
+            None => (now, now),
+        };
+        let (synced, written) = if under == head {
+            (None, Vec::new())
+        } else {
+            let put_back: HashSet<&Key> = disallowed.iter().map(|r| &r.key).collect();
+            let (plan, changes) = match theirs_plan {
+                Some(plan) if under == now => (plan, theirs),
+                _ => self.plan_between(head, &under)?,
+            };
+            let changes: Vec<KeyChange> = changes
+                .into_iter()
+                .filter(|c| !put_back.contains(&c.key))
+                .collect();
+            let applied = self.write_theirs(head, under, holds, &changes)?;
+            let plan = crate::restore::RestorePlan {
+                not_restored: applied.not_restored,
+                ..plan
+            };
+            (Some(plan), applied.cache)
+        };
+        self.cache.set_holds(&holds.to_string())?;
         Ok(Captured {
             observation: observation.filter(|o| !o.noop),
             files,
@@ -613,7 +702,47 @@ impl Capturer {
             refused,
             without_content: marked,
             disallowed,
+            synced,
+            written,
         })
+    }
+
+    /// Writes into the tree the changes others committed between `from` (the version it
+    /// holds) and `to`, under a sync record that finishes them if this process dies mid-way;
+    /// the tree then holds `holds` (`to`, or the capture's operation on it). A path that
+    /// changed on disk since this capture looked at it is left alone, for the next capture.
+    fn write_theirs(
+        &mut self,
+        from: OpId,
+        to: OpId,
+        holds: OpId,
+        changes: &[KeyChange],
+    ) -> Result<crate::restore::Applied> {
+        let mut untouched = Vec::with_capacity(changes.len());
+        for c in changes {
+            let Some(rel) = self.keys.rel(&c.key) else {
+                continue;
+            };
+            let now = match self.root.lstat(rel_path(rel)) {
+                Ok(st) => Some(StatEntry::of(&st)),
+                Err(_) => None,
+            };
+            if now == self.cache.lookup(rel)? {
+                untouched.push(c.clone());
+            }
+        }
+        let record = crate::statcache::RestoreIntent {
+            target: to.to_string(),
+            from: Some(from.to_string()),
+            actor: None,
+            intent: None,
+        };
+        self.cache
+            .begin_restore(&record, crate::tracker::now_ms())?;
+        let applied = self.apply(&untouched)?;
+        self.cache.update(applied.cache.clone())?;
+        self.cache.end_restore_holding(&holds.to_string())?;
+        Ok(applied)
     }
 
     /// Puts the paths of `refused` back to their value at the head they were refused against:
@@ -745,9 +874,9 @@ impl Capturer {
                     .cloned(),
             );
         }
-        // A recorded path neither on disk nor in the cache is gone too: the head is listed for
-        // them, unless the cache is known to hold every key of the head.
-        let version = self.head()?;
+        // A recorded path neither on disk nor in the cache is gone too: the tree's version is
+        // listed for them, unless the cache is known to hold every key of it.
+        let version = self.held()?;
         let head = version.to_string();
         if !self.cache.covers(&head) {
             let mut covered = true;

@@ -105,6 +105,15 @@ pub enum SandboxError {
         /// The path, relative to the root.
         path: String,
     },
+    /// A working copy is attached only to an empty directory that no tracker knows; nothing
+    /// was written.
+    #[error("{path}: {reason}; nothing was written")]
+    NotAttachable {
+        /// The directory.
+        path: PathBuf,
+        /// Why it cannot take a new working copy.
+        reason: &'static str,
+    },
     /// The stat cache failed.
     #[error("stat cache: {0}")]
     Cache(#[from] rusqlite::Error),
@@ -119,7 +128,8 @@ impl SandboxError {
             | SandboxError::Rule { .. }
             | SandboxError::InvalidSpec { .. }
             | SandboxError::SeedEntry { .. }
-            | SandboxError::NotWritable { .. } => ErrorKind::Invalid,
+            | SandboxError::NotWritable { .. }
+            | SandboxError::NotAttachable { .. } => ErrorKind::Invalid,
             SandboxError::Io { source, .. }
                 if source.kind() == std::io::ErrorKind::PermissionDenied =>
             {

@@ -93,10 +93,10 @@ fn errno(e: rustix::io::Errno) -> std::io::Error {
 }
 
 impl Capturer {
-    /// The restore steps from the head to `target`, for the paths of this root that are not
-    /// ignored.
+    /// The restore steps from the version the tree holds to `target`, for the paths of this
+    /// root that are not ignored.
     pub(crate) fn plan(&self, target: &OpId) -> Result<(RestorePlan, Vec<KeyChange>)> {
-        self.plan_between(self.head()?, target)
+        self.plan_between(self.held()?, target)
     }
 
     /// The steps that take a tree holding `from` to `target`.

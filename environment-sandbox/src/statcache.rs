@@ -80,7 +80,8 @@ impl StatCache {
                  mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, ino INTEGER NOT NULL, mode INTEGER NOT NULL,
                  PRIMARY KEY(scope, path)) WITHOUT ROWID;
              CREATE TABLE IF NOT EXISTS restore_intent(scope TEXT PRIMARY KEY, target TEXT NOT NULL, started_ms INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS stat_cache_covers(scope TEXT PRIMARY KEY, version TEXT NOT NULL);",
+             CREATE TABLE IF NOT EXISTS stat_cache_covers(scope TEXT PRIMARY KEY, version TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS tree_holds(scope TEXT PRIMARY KEY, version TEXT NOT NULL);",
         )?;
         // Added later, so older caches get them: link counts (every entry counting one link),
         // with an index of the hard-linked entries only (one of every entry would double the
@@ -212,6 +213,29 @@ impl StatCache {
         self.update_after(changes, None)
     }
 
+    /// The version the tree holds: the one its last capture, restore or sync left it at (the
+    /// branch's head, unless others moved it since). `None` before the first is recorded.
+    pub fn holds(&self) -> Result<Option<String>> {
+        use rusqlite::OptionalExtension;
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT version FROM tree_holds WHERE scope = ?1",
+                [&self.scope],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    /// Records that the tree holds `version`.
+    pub fn set_holds(&self, version: &str) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO tree_holds(scope, version) VALUES (?1, ?2)",
+            params![self.scope, version],
+        )?;
+        Ok(())
+    }
+
     /// Records new entries (`None` removes), in one transaction. `moved`: the entries are those
     /// of every key an operation from the first version to the second changed (or the two are
     /// one version, nothing recorded), so a cache that covered the first covers the second;
@@ -283,6 +307,19 @@ impl StatCache {
                 intent.intent
             ],
         )?;
+        Ok(())
+    }
+
+    /// Clears the restore intent and records that the tree holds `version`, at once: a crash
+    /// leaves either the intent (which is finished again) or the version.
+    pub fn end_restore_holding(&mut self, version: &str) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute("DELETE FROM restore_intent WHERE scope = ?1", [&self.scope])?;
+        tx.execute(
+            "INSERT OR REPLACE INTO tree_holds(scope, version) VALUES (?1, ?2)",
+            params![self.scope, version],
+        )?;
+        tx.commit()?;
         Ok(())
     }
 

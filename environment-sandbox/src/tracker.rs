@@ -169,11 +169,16 @@ fn listed(set: &Mutex<BTreeMap<Vec<u8>, String>>) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// The stat cache's scope of a tracked root (canonical) on a branch.
+fn scope(root: &std::path::Path, branch: &str) -> String {
+    format!("{}\u{0}{}", root.display(), branch)
 }
 
 /// Finishes a restore (or a sync of the head into the tree) that a crash interrupted, from its
@@ -205,9 +210,10 @@ fn finish(capturer: &mut Capturer, record: &RestoreIntent) -> Result<()> {
     match (&record.actor, &record.from) {
         (Some(actor), _) => {
             // Not recorded yet if the head still differs from the target.
-            let (_, changes) = capturer.plan(&target)?;
+            let head = capturer.head()?;
+            let (_, changes) = capturer.plan_between(head, &target)?;
             if changes.is_empty() {
-                return Ok(());
+                return capturer.cache.set_holds(&head.to_string());
             }
             let Ok(actor) = ActorId::new(actor.as_str()) else {
                 return Ok(());
@@ -221,19 +227,24 @@ fn finish(capturer: &mut Capturer, record: &RestoreIntent) -> Result<()> {
             );
             let (env, branch) = (capturer.env.clone(), capturer.branch.clone());
             let mut written = Vec::new();
-            env.restore_applying(&actor, &branch, &target, intent, || -> Result<()> {
-                written = capturer.apply(&changes)?.cache;
-                Ok(())
-            })?;
-            capturer.cache.update(written)
+            let rollback =
+                env.restore_applying(&actor, &branch, &target, intent, || -> Result<()> {
+                    written = capturer.apply(&changes)?.cache;
+                    Ok(())
+                })?;
+            capturer.cache.update(written)?;
+            capturer.cache.set_holds(&rollback.to_string())
         }
         (None, Some(from)) => {
             let Some(from) = parse(from) else {
                 return Ok(());
             };
+            // A sync: the tree holds the target once it is written (and its own captures, which
+            // the next capture finds again and drops, the head holding them already).
             let (_, changes) = capturer.plan_between(from, &target)?;
             let applied = capturer.apply(&changes)?;
-            capturer.cache.update(applied.cache)
+            capturer.cache.update(applied.cache)?;
+            capturer.cache.set_holds(&target.to_string())
         }
         (None, None) => Ok(()),
     }
@@ -302,8 +313,10 @@ impl Tracker {
             .map_err(SandboxError::io("open root", &config.root))?;
         let root = Root::open(&root_path).map_err(SandboxError::io("open root", &root_path))?;
         let noise = Noise::new(&root_path, &config.noise)?;
-        let scope = format!("{}\u{0}{}", root_path.display(), config.branch);
-        let cache = StatCache::open(&env.home().join("sandbox.db"), &scope)?;
+        let cache = StatCache::open(
+            &env.home().join("sandbox.db"),
+            &scope(&root_path, &config.branch),
+        )?;
         // Watch first, then look: a change in between is seen by one or the other. A monitor
         // was watching already; this process watches itself only if it captures in the
         // background or has no monitor.
@@ -425,6 +438,70 @@ impl Tracker {
             }
         }
         Ok(Tracker { shared, threads })
+    }
+
+    /// Makes a new working copy of the branch in `config.root` (an empty directory, made if
+    /// missing) and tracks it: the tree starts as the environment's first, empty version, and
+    /// the branch's head is written into it before this returns. For an environment whose log
+    /// and blobs are shared by several machines ([`Options::shared_blobs`] and a shared log
+    /// store), each machine attaches its own working copy; from then on, each capture commits
+    /// its changes based on the version its tree holds (rebased onto what the others
+    /// committed, a path changed on both sides kept as refused) and writes the others' changes
+    /// in, as [`Tracker::sync`] does.
+    ///
+    /// [`Options::shared_blobs`]: environment_core::Options::shared_blobs
+    ///
+    /// ```no_run
+    /// # use environment_core::{ActorId, LocalEnvironment, Options};
+    /// # use environment_sandbox::{Tracker, TrackerConfig};
+    /// let env = LocalEnvironment::open("/var/lib/agent/env", Options::default())?;
+    /// let config = TrackerConfig::new("/work/copy", ActorId::new("agent:coder")?);
+    /// let tracker = Tracker::attach(env, config)?;
+    /// assert_eq!(tracker.holds()?, tracker.environment().head("main")?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn attach(env: LocalEnvironment, config: TrackerConfig) -> Result<Tracker> {
+        let refuse = |reason| SandboxError::NotAttachable {
+            path: config.root.clone(),
+            reason,
+        };
+        match std::fs::read_dir(&config.root) {
+            Ok(entries) => {
+                // What the noise rules ignore (the environment's own home, say) may be there.
+                let noise = Noise::new(&config.root, &config.noise)?;
+                for e in entries {
+                    let e = e.map_err(SandboxError::io("read", &config.root))?;
+                    let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+                    if !noise.is_ignored(std::path::Path::new(&e.file_name()), is_dir) {
+                        return Err(refuse("the directory is not empty"));
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(&config.root)
+                    .map_err(SandboxError::io("create", &config.root))?;
+            }
+            Err(e) => return Err(SandboxError::io("read", &config.root)(e)),
+        }
+        let root = config
+            .root
+            .canonicalize()
+            .map_err(SandboxError::io("open root", &config.root))?;
+        let cache = StatCache::open(
+            &env.home().join("sandbox.db"),
+            &scope(&root, &config.branch),
+        )?;
+        if cache.holds()?.is_some() || !cache.is_empty()? {
+            return Err(refuse(
+                "a tracker of this environment already knows this directory",
+            ));
+        }
+        cache.set_holds(&env.first_version()?.to_string())?;
+        drop(cache);
+        let tracker = Tracker::open(env, config)?;
+        // The opening capture wrote the head in; a commit since then is written in too.
+        tracker.sync()?;
+        Ok(tracker)
     }
 
     /// A restore that was interrupted (its target), if any.
@@ -552,7 +629,7 @@ impl Tracker {
             ));
         }
         let env = presenting(&capturer.env, presented);
-        let before = capturer.head()?;
+        let before = capturer.held()?;
         drop(capturer);
         let now = env.read_unchecked(&key, &before)?;
         let req = ActRequest::new(actor.clone(), intent_)
@@ -584,7 +661,7 @@ impl Tracker {
             }
         };
         let obs = env.act_blocking(req)?;
-        self.sync_from(&before)?;
+        self.sync()?;
         Ok(obs)
     }
 
@@ -711,14 +788,16 @@ impl Tracker {
             intent: Some(intent_.text.clone()),
         };
         // Authorized before a single file is written: a refused restore leaves the tree as is.
-        env.restore_applying(actor, &branch, target, intent_, || -> Result<()> {
-            capturer.cache.begin_restore(&record, now)?;
-            let applied = capturer.apply(&changes)?;
-            written = applied.cache;
-            not_restored = applied.not_restored;
-            Ok(())
-        })?;
+        let rollback =
+            env.restore_applying(actor, &branch, target, intent_, || -> Result<()> {
+                capturer.cache.begin_restore(&record, now)?;
+                let applied = capturer.apply(&changes)?;
+                written = applied.cache;
+                not_restored = applied.not_restored;
+                Ok(())
+            })?;
         capturer.cache.update(written.clone())?;
+        capturer.cache.set_holds(&rollback.to_string())?;
         capturer.cache.end_restore()?;
         // The restore's own events: a path still exactly as the restore left it needs no
         // reading (the head holds it already); anything else is captured as usual.
@@ -773,39 +852,41 @@ impl Tracker {
         }
         let mut plan = self.restore_as(actor, target, intent_, presented)?;
         for t in others {
-            let other = t.sync_from(&plan.from)?;
+            let other = t.sync()?;
             plan.absorb(other);
         }
         Ok(plan)
     }
 
-    /// Writes into the live tree what changed on the branch from `from` to its head, when the
-    /// head moved through the environment's API (a merge, an act) while the tree still held
-    /// `from`. Records no operation: the head holds it already. Paths changed in the tree since
-    /// the last capture are captured first.
-    pub fn sync_from(&self, from: &OpId) -> Result<RestorePlan> {
-        let mut capturer = self.captured("capture before writing the head into the tree")?;
-        let head = capturer.head()?;
-        let (plan, changes) = capturer.plan_between(*from, &head)?;
-        if changes.is_empty() {
-            return Ok(plan);
-        }
-        let record = RestoreIntent {
-            target: head.to_string(),
-            from: Some(from.to_string()),
-            actor: None,
-            intent: None,
-        };
-        capturer.cache.begin_restore(&record, now_ms())?;
-        let applied = capturer.apply(&changes)?;
-        capturer.cache.update(applied.cache.clone())?;
-        capturer.cache.end_restore()?;
-        drop(capturer);
-        drop(self.forget_written(&applied.cache));
-        Ok(RestorePlan {
-            not_restored: applied.not_restored,
-            ..plan
-        })
+    /// Brings the live tree to the branch's head: what changed in the tree is captured first
+    /// (a change to a path the branch also changed is kept as refused and put back), then what
+    /// others committed since the version the tree holds (another working copy on another
+    /// machine, a merge or an act through the environment's API) is written into it. Records
+    /// no operation of its own. A path changed in the tree while it is written is left alone
+    /// and captured next. Returns what was written (nothing when the branch had not moved).
+    pub fn sync(&self) -> Result<RestorePlan> {
+        drain(&self.shared);
+        let mut capturer = lock(&self.shared.capturer);
+        let held = capturer.held()?;
+        let captured = capture_pending_all(
+            &self.shared,
+            &mut capturer,
+            intent("capture before writing the head into the tree"),
+            OpFlags::AUTO_CAPTURE,
+        )?;
+        Ok(captured.and_then(|c| c.synced).unwrap_or(RestorePlan {
+            from: held,
+            to: held,
+            steps: Vec::new(),
+            not_restored: Vec::new(),
+            ignored_removed: 0,
+        }))
+    }
+
+    /// The version the tree holds: the branch's head, unless others committed since the last
+    /// capture or [`Tracker::sync`].
+    pub fn holds(&self) -> Result<OpId> {
+        lock(&self.shared.capturer).held()
     }
 
     /// How many captures the background thread made.
@@ -894,8 +975,19 @@ fn capture_pending(
     intent: Intent,
     flags: OpFlags,
 ) -> Result<Option<Observation>> {
+    Ok(capture_pending_all(shared, capturer, intent, flags)?.and_then(|c| c.observation))
+}
+
+/// [`capture_pending`], with everything the capture did; `None` when nothing was pending and
+/// the branch had not moved past the tree's version.
+fn capture_pending_all(
+    shared: &Shared,
+    capturer: &mut Capturer,
+    intent: Intent,
+    flags: OpFlags,
+) -> Result<Option<Captured>> {
     let (pending, intent) = take_pending(shared, capturer, intent)?;
-    if pending.is_empty() {
+    if pending.is_empty() && !capturer.behind()? {
         acknowledge(shared);
         return Ok(None);
     }
@@ -907,7 +999,12 @@ fn capture_pending(
             }
             settle(shared, &pending, &captured);
             acknowledge(shared);
-            Ok(captured.observation)
+            if !captured.written.is_empty() {
+                // The events of what the capture wrote in from others are its own.
+                drain(shared);
+                capturer.forget_own_writes(&mut lock(&shared.pending).dirty, &captured.written);
+            }
+            Ok(Some(captured))
         }
         Err(e) => {
             keep_pending(shared, pending);

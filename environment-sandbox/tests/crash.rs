@@ -59,6 +59,21 @@ fn child(dir: &Path, role: &str) {
                 writeln!(out.lock(), "captured {}", obs.version).unwrap();
             }
         },
+        "sync" => {
+            // A second working copy, following the first: each of the first's captures is
+            // written into it.
+            let copy = Tracker::open(env.clone(), copy_config(dir)).unwrap();
+            loop {
+                for _ in 0..rng.random_range(1..20) {
+                    mutate(&dir.join("work"), &mut rng);
+                }
+                tracker
+                    .capture_now(Intent::new(IntentKind::Command, "work"), OpFlags::COMMAND)
+                    .unwrap();
+                let plan = copy.sync().unwrap();
+                writeln!(out.lock(), "synced {}", plan.to).unwrap();
+            }
+        }
         _ => {
             let a = env.resolve("a").unwrap();
             let b = env.resolve("b").unwrap();
@@ -135,6 +150,55 @@ fn killed_during_capture() {
         acked.len() > KILLS / 2,
         "too little progress to mean anything"
     );
+}
+
+fn copy_config(dir: &Path) -> TrackerConfig {
+    let mut cfg = TrackerConfig::new(dir.join("copy"), ActorId::new("agent:copy").unwrap());
+    cfg.auto = false;
+    cfg
+}
+
+#[test]
+fn killed_while_writing_others_changes_into_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("work")).unwrap();
+    let mut rng = rand::rng();
+    {
+        let (env, tracker) = open(dir.path());
+        for _ in 0..200 {
+            mutate(&dir.path().join("work"), &mut rng);
+        }
+        tracker
+            .capture_now(Intent::new(IntentKind::Edit, "start"), OpFlags::empty())
+            .unwrap();
+        drop(Tracker::attach(env, copy_config(dir.path())).unwrap());
+    }
+    let mut synced = 0;
+    for _ in 0..KILLS / 2 {
+        synced += run_and_kill(dir.path(), "sync", &mut rng).len();
+        let (env, tracker) = open(dir.path());
+        let ops = env.verify(&ActorId::system()).unwrap().ops;
+        // Reopened, the copy finishes the writing the kill interrupted and holds the head;
+        // nothing half-written is ever recorded as the copy's own change.
+        let copy = Tracker::open(env.clone(), copy_config(dir.path())).unwrap();
+        assert!(copy.interrupted_restore().unwrap().is_none());
+        copy.sync().unwrap();
+        let head = env.head("main").unwrap();
+        assert_eq!(disk(&dir.path().join("copy"), &no_skip), view(&env, &head));
+        assert_eq!(disk(&dir.path().join("work"), &no_skip), view(&env, &head));
+        assert!(
+            env.refused(&ActorId::new("agent:copy").unwrap(), "main", 1)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            env.verify(&ActorId::system()).unwrap().ops,
+            ops,
+            "the copy recorded a change of its own"
+        );
+        drop(tracker);
+    }
+    assert!(synced > 0, "no sync ever completed before a kill");
 }
 
 #[test]

@@ -516,7 +516,7 @@ fn a_head_moved_through_the_api_is_written_into_the_tree() {
         )
         .unwrap();
     let head = s.env.head("main").unwrap();
-    let plan = s.tracker.sync_from(&before).unwrap();
+    let plan = s.tracker.sync().unwrap();
     assert_eq!((plan.from, plan.to), (before, head));
     let w = s.work.path();
     assert_eq!(
@@ -649,7 +649,6 @@ fn read_only_directories_are_restored_whole() {
 fn special_files_scenario(_: &std::path::Path) {
     use environment_core::{EntryKind, Key, Meta, Value};
     let s = setup(|w| write(w, "a.txt", b"a"));
-    let before = s.env.head("main").unwrap();
     let special = |kind: EntryKind, ty: &str, rdev: u64| {
         let mut meta = Meta::of(kind);
         meta.mode = 0o600;
@@ -675,7 +674,7 @@ fn special_files_scenario(_: &std::path::Path) {
                 ),
         )
         .unwrap();
-    let plan = s.tracker.sync_from(&before).unwrap();
+    let plan = s.tracker.sync().unwrap();
     let w = s.work.path();
     use std::os::unix::fs::FileTypeExt;
     assert!(

@@ -795,13 +795,12 @@ pub(super) fn merge(g: &Session<'_>, p: MergeParams) -> Result<Merged, ServiceEr
         .with_tracker(|t| t.hold())
         .map_err(ServiceError::from)?;
     g.capture("capture before a merge")?;
-    let before = g.env().head(g.branch()).map_err(ServiceError::from)?;
     let intent = Intent::new(IntentKind::Merge, format!("merge {}", p.source));
     let outcome = g
         .env()
         .merge(g.actor(), &p.source, g.branch(), intent)
         .map_err(ServiceError::from)?;
-    let plan = shared.sync_from(&before).map_err(ServiceError::from)?;
+    let plan = shared.sync().map_err(ServiceError::from)?;
     let mut conflicts = Vec::with_capacity(outcome.conflicts.len());
     for key in &outcome.conflicts {
         let c = shared

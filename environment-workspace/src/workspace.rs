@@ -229,12 +229,13 @@ impl Workspace {
         self.with_tracker(|t| t.plan_restore_with(&others, target))
     }
 
-    /// Writes into every tracked tree what changed on the branch since `from`, after the head
-    /// moved through the environment's API (a merge).
-    pub fn sync_from(&self, from: &OpId) -> Result<RestorePlan> {
-        let mut plan = self.with_tracker(|t| t.sync_from(from))?;
+    /// Writes into every tracked tree what changed on the branch since the version it holds,
+    /// after the head moved through the environment's API (a merge) or on another machine
+    /// (see [`Tracker::sync`]).
+    pub fn sync(&self) -> Result<RestorePlan> {
+        let mut plan = self.with_tracker(|t| t.sync())?;
         for t in self.extra.read().unwrap_or_else(|p| p.into_inner()).iter() {
-            plan.steps.extend(t.sync_from(from)?.steps);
+            plan.steps.extend(t.sync()?.steps);
         }
         Ok(plan)
     }

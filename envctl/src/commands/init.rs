@@ -43,10 +43,178 @@ pub fn run(
         )
         .hint("use it as it is; `envctl status` shows it"));
     }
-    std::fs::create_dir_all(&dir).map_err(|e| Failure::io("create", &dir, e))?;
+    let (ws, marker, kept) = make_home(&dir, home)?;
+    // The rootfs first, so that the first capture takes it too; an init that fails takes back
+    // what it made, so that nothing half-made is left for `status` to accept and a second
+    // `init` to refuse.
+    let made = (|| -> Outcome<_> {
+        if *stores != Stores::default() {
+            stores.write(&ws.home)?;
+            // Reached now, so that an environment whose shared stores cannot be reached is not
+            // made.
+            stores.open_queue()?;
+            stores.open_policy()?;
+            stores.open_effects()?;
+        }
+        if stores.shares_history() {
+            let env = Session::open_stores(ws.clone(), actor.clone())?.env;
+            // Another machine's environment: this tree would be recorded over it.
+            if env.branches()?.len() > 1 || env.head(MAIN)? != env.first_version()? {
+                return Err(Failure::new(
+                    ExitCode::Conflict,
+                    "the shared log holds an environment already",
+                )
+                .hint("attach a working copy of it with `envctl attach --stores FILE DIR`"));
+            }
+        }
+        let rootfs_at = match rootfs {
+            Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),
+            None => None,
+        };
+        Ok((Session::open(ws.clone(), actor)?, rootfs_at))
+    })();
+    let (session, rootfs_at) = match made {
+        Ok(m) => m,
+        Err(f) => {
+            take_back(&ws.home, &marker, kept.as_deref());
+            return Err(f);
+        }
+    };
+    let head = session.head()?;
+    let files = session.env.op(&head)?.summary.total();
+    if json {
+        print_json(&json!({
+            "dir": ws.dir.display().to_string(),
+            "home": ws.home.display().to_string(),
+            "branch": MAIN,
+            "version": head.to_string(),
+            "captured": files,
+            "rootfs": rootfs_at.map(|p| p.display().to_string()),
+            "shared_queue": stores.queue.is_some(),
+            "shared_policy": stores.policy.is_some(),
+            "shared_effects": stores.effects.is_some() || stores.log.is_some(),
+            "shared_log": stores.log.is_some(),
+            "shared_blobs": stores.blobs.is_some(),
+        }));
+    } else {
+        println!(
+            "Initialized an environment in {} (home {}): {files} path(s) captured at {}.",
+            ws.dir.display(),
+            ws.home.display(),
+            head.short()
+        );
+        if let Some(r) = rootfs_at {
+            println!("Managed rootfs seeded at {}.", r.display());
+        }
+        for (part, name) in [
+            (stores.queue.is_some(), "queue"),
+            (stores.policy.is_some(), "policy"),
+            (
+                stores.effects.is_some() || stores.log.is_some(),
+                "effect log",
+            ),
+            (stores.log.is_some(), "history (operations and branches)"),
+        ] {
+            if part {
+                println!("The {name} is shared through PostgreSQL (see stores.toml in the home).");
+            }
+        }
+        if stores.blobs.is_some() {
+            println!(
+                "The file contents are shared through the bucket (see stores.toml in the home)."
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Makes `dir` a new working copy of the environment whose shared stores `stores_file` names.
+pub fn attach(
+    stores_file: &Path,
+    dir: &Path,
+    home: Option<&Path>,
+    actor: ActorId,
+    json: bool,
+) -> Outcome<()> {
+    let stores = Stores::parse(stores_file)?;
+    if !stores.shares_history() {
+        return Err(Failure::usage(format!(
+            "{} names no shared log: there is no environment to attach to",
+            stores_file.display()
+        ))
+        .hint("use the stores.toml of an environment made with `envctl init --shared-log --shared-blobs`"));
+    }
+    if Workspace::at(dir)?.is_some() {
+        return Err(Failure::new(
+            ExitCode::Conflict,
+            format!("{} is an environment already", dir.display()),
+        )
+        .hint("attach to an empty or new directory"));
+    }
+    if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) {
+        return Err(Failure::new(
+            ExitCode::Conflict,
+            format!("{} is not empty", dir.display()),
+        )
+        .hint("attach to an empty or new directory: what is in it would be recorded over the environment"));
+    }
+    let (ws, marker, kept) = make_home(dir, home)?;
+    let attached = (|| -> Outcome<_> {
+        stores.write(&ws.home)?;
+        let session = Session::open_stores(ws.clone(), actor)?;
+        let progress = Progress::spinner("writing the head into the working copy");
+        let mut config = session.tracker_config(environment_core::witness(), false);
+        config.auto = false;
+        let tracker = environment_sandbox::Tracker::attach(session.env.clone(), config);
+        progress.finish();
+        let version = tracker?.holds()?;
+        Ok((session, version))
+    })();
+    let (session, version) = match attached {
+        Ok(a) => a,
+        Err(f) => {
+            take_back(&ws.home, &marker, kept.as_deref());
+            return Err(f);
+        }
+    };
+    let files = session
+        .env
+        .list(
+            &session.actor,
+            &environment_core::KeyPrefix::all(environment_core::Namespace::Fs),
+            &version,
+        )?
+        .len();
+    if json {
+        print_json(&json!({
+            "dir": ws.dir.display().to_string(),
+            "home": ws.home.display().to_string(),
+            "branch": MAIN,
+            "version": version.to_string(),
+            "written": files,
+        }));
+    } else {
+        println!(
+            "Attached a working copy in {} (home {}): {files} path(s) written at {}.",
+            ws.dir.display(),
+            ws.home.display(),
+            version.short()
+        );
+    }
+    Ok(())
+}
+
+/// Makes the home of a new workspace in `dir` (made if missing): `DIR/.environment`, or
+/// `home` named by the marker file. Returns the workspace, the marker, and what a home given
+/// with --home held before (a failed command leaves exactly that).
+fn make_home(
+    dir: &Path,
+    home: Option<&Path>,
+) -> Outcome<(Workspace, PathBuf, Option<Vec<std::ffi::OsString>>)> {
+    std::fs::create_dir_all(dir).map_err(|e| Failure::io("create", dir, e))?;
     let dir = dir
         .canonicalize()
-        .map_err(|e| Failure::io("resolve", &dir, e))?;
+        .map_err(|e| Failure::io("resolve", dir, e))?;
     let marker = dir.join(MARKER);
     // What a home given with --home held before: a failed init leaves exactly that.
     let kept: Option<Vec<std::ffi::OsString>> = home.filter(|h| h.exists()).map(|h| {
@@ -75,66 +243,7 @@ pub fn run(
         home,
         credentials: Default::default(),
     };
-    // The rootfs first, so that the first capture takes it too; an init that fails takes back
-    // what it made, so that nothing half-made is left for `status` to accept and a second
-    // `init` to refuse.
-    let made = (|| -> Outcome<_> {
-        if *stores != Stores::default() {
-            stores.write(&ws.home)?;
-            // Reached now, so that an environment whose shared stores cannot be reached is not
-            // made.
-            stores.open_queue()?;
-            stores.open_policy()?;
-            stores.open_effects()?;
-        }
-        let rootfs_at = match rootfs {
-            Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),
-            None => None,
-        };
-        Ok((Session::open(ws.clone(), actor)?, rootfs_at))
-    })();
-    let (session, rootfs_at) = match made {
-        Ok(m) => m,
-        Err(f) => {
-            take_back(&ws.home, &marker, kept.as_deref());
-            return Err(f);
-        }
-    };
-    let head = session.head()?;
-    let files = session.env.op(&head)?.summary.total();
-    if json {
-        print_json(&json!({
-            "dir": ws.dir.display().to_string(),
-            "home": ws.home.display().to_string(),
-            "branch": MAIN,
-            "version": head.to_string(),
-            "captured": files,
-            "rootfs": rootfs_at.map(|p| p.display().to_string()),
-            "shared_queue": stores.queue.is_some(),
-            "shared_policy": stores.policy.is_some(),
-            "shared_effects": stores.effects.is_some(),
-        }));
-    } else {
-        println!(
-            "Initialized an environment in {} (home {}): {files} path(s) captured at {}.",
-            ws.dir.display(),
-            ws.home.display(),
-            head.short()
-        );
-        if let Some(r) = rootfs_at {
-            println!("Managed rootfs seeded at {}.", r.display());
-        }
-        if stores.queue.is_some() {
-            println!("The queue is shared through PostgreSQL (see stores.toml in the home).");
-        }
-        if stores.policy.is_some() {
-            println!("The policy is shared through PostgreSQL (see stores.toml in the home).");
-        }
-        if stores.effects.is_some() {
-            println!("The effect log is shared through PostgreSQL (see stores.toml in the home).");
-        }
-    }
-    Ok(())
+    Ok((ws, marker, kept))
 }
 
 /// Removes what a failed `init` made: the marker, and the home, or, if the home was there

@@ -212,6 +212,8 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
             shared_queue,
             shared_policy,
             shared_effects,
+            shared_log,
+            shared_blobs,
         } => {
             let actor = actor_of(&cli, &default_human())?;
             let dir = dir.clone().or(cli.chdir.clone());
@@ -225,6 +227,12 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
                 effects: shared_effects
                     .clone()
                     .map(|postgres| crate::stores::Shared { postgres }),
+                log: shared_log
+                    .clone()
+                    .map(|postgres| crate::stores::Shared { postgres }),
+                blobs: shared_blobs
+                    .clone()
+                    .map(|bucket| crate::stores::SharedBlobs { bucket }),
             };
             init::run(
                 dir,
@@ -234,6 +242,11 @@ pub fn dispatch(mut cli: Cli) -> Outcome<i32> {
                 actor,
                 json,
             )?;
+            return Ok(0);
+        }
+        Command::Attach { stores, dir, home } => {
+            let actor = actor_of(&cli, &default_human())?;
+            init::attach(stores, dir, home.as_deref(), actor, json)?;
             return Ok(0);
         }
         Command::Mcp => {

@@ -152,6 +152,15 @@ impl LogRead for SqliteLog<'_> {
             .exists([])?)
     }
 
+    fn first_op(&self) -> Result<Option<OpId>> {
+        let id: Option<Vec<u8>> = self
+            .conn
+            .prepare_cached("SELECT id FROM ops ORDER BY seq LIMIT 1")?
+            .query_row([], |r| r.get(0))
+            .optional()?;
+        id.map(|id| op_id_from(&id)).transpose()
+    }
+
     fn capture_run(&self, seq: u64) -> Result<Option<Vec<u8>>> {
         let bytes: Option<Option<Vec<u8>>> = self
             .conn
@@ -294,6 +303,7 @@ impl LogRead for SqliteTx<'_> {
         find_op(id: &OpId) -> Result<Option<StoredOp>>;
         op_ids_between(lo: &[u8], hi: &[u8]) -> Result<Vec<OpId>>;
         has_ops() -> Result<bool>;
+        first_op() -> Result<Option<OpId>>;
         capture_run(seq: u64) -> Result<Option<Vec<u8>>>;
         each_op(f: &mut dyn FnMut(LogRow<'_>) -> Result<()>) -> Result<()>;
         each_kept_op(f: &mut dyn FnMut(Operation, NodeId) -> Result<()>) -> Result<()>;

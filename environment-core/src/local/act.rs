@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::refused::Refused;
 use super::{Inner, LocalEnvironment, OpDraft, Permit};
 use crate::action::{ActRequest, Change, Observation, Refusal};
-use crate::authz::{Action, Decision};
+use crate::authz::{Action, Decision, Verdict};
 use crate::blob::{ShareWindow, WriteGuard};
 use crate::error::{EnvError, Result, StaleWrite};
 use crate::key::Key;
@@ -311,8 +311,9 @@ impl Inner {
             changes: _,
             mut flags,
             effects,
-            refusal: _,
+            refusal,
         } = req;
+        let (mut puts, mut refused) = (puts, refused);
 
         let spent = |puts| Spent {
             _puts: puts,
@@ -330,12 +331,15 @@ impl Inner {
             let moved = moved_keys(tx, &base_view, &head_view, puts.iter().map(|(k, _)| k))?;
             if !moved.is_empty() {
                 let ops = self.ops_that_changed(tx, &head_id, &base_id, &moved)?;
-                return Err(EnvError::Conflict(Box::new(StaleWrite {
-                    keys: moved,
-                    ops,
-                    base: base_id,
-                    current: head_id,
-                })));
+                if refusal == Refusal::Whole {
+                    return Err(EnvError::Conflict(Box::new(StaleWrite {
+                        keys: moved,
+                        ops,
+                        base: base_id,
+                        current: head_id,
+                    })));
+                }
+                refuse_stale(tx, &head_view, &moved, &ops, &mut puts, &mut refused)?;
             }
             rebased = true;
         }
@@ -455,6 +459,47 @@ fn moved_keys<'k>(
         }
     }
     Ok(moved)
+}
+
+/// Takes out of `puts` the changes to `moved` keys (changed on the branch since the act's base,
+/// by `ops`): one that puts what the head holds already is dropped (nothing to record), any
+/// other is refused as a stale write, so the change made in a tree is kept, never laid over
+/// the newer one.
+fn refuse_stale(
+    log: &dyn LogRead,
+    head: &Ptr,
+    moved: &[Key],
+    ops: &[OpId],
+    puts: &mut Vec<Put>,
+    refused: &mut Vec<Refused>,
+) -> Result<()> {
+    let moved: HashSet<&Key> = moved.iter().collect();
+    let by: Vec<String> = ops.iter().take(3).map(OpId::to_string).collect();
+    let decision = Decision {
+        verdict: Verdict::Deny,
+        rules: Vec::new(),
+        policy_version: 0,
+        explanation: format!(
+            "the key changed on the branch after the version this change was made on (by {})",
+            by.join(", ")
+        ),
+        next: "read the key at the branch's head and make the change again".to_owned(),
+        spend: Vec::new(),
+    };
+    let mut kept = Vec::with_capacity(puts.len());
+    for (key, value) in std::mem::take(puts) {
+        if !moved.contains(&key) {
+            kept.push((key, value));
+        } else if tree::get(&Nodes(log), head, &key)? != value {
+            let change = match value {
+                Some(v) => Change::Put(key, v),
+                None => Change::Delete(key),
+            };
+            refused.push(Refused::of(change, decision.clone()));
+        }
+    }
+    *puts = kept;
+    Ok(())
 }
 
 /// Counts what was added, modified and removed, naming the first keys.

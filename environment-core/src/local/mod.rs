@@ -283,6 +283,17 @@ impl LocalEnvironment {
         &self.inner.blobs
     }
 
+    /// The environment's first operation: its creation, whose view is empty (a new working
+    /// copy holds it before anything is written into it). Never dropped.
+    pub fn first_version(&self) -> Result<OpId> {
+        self.inner.read(|log| {
+            log.first_op()?.ok_or_else(|| EnvError::Integrity {
+                at: "the log".into(),
+                detail: "no operation is recorded".into(),
+            })
+        })
+    }
+
     /// The operation at the head of `branch`.
     pub fn head(&self, branch: &str) -> Result<OpId> {
         self.inner.read(|log| {

@@ -333,7 +333,7 @@ impl Tournament {
             (false, live) => {
                 env.merge(&self.actor, &winner.branch, &self.target, intent)?;
                 if let Some(tracker) = live {
-                    tracker.sync_from(&head)?;
+                    tracker.sync()?;
                 }
             }
         }
