@@ -1,7 +1,8 @@
 //! environment-sandbox against its peers, side by side on the same tree in one run:
 //! capture after 1 and 1,000 changed files vs `git add -A && git commit`; restore of 1 and 1,000
 //! files vs `rsync -a --delete` (a full scan), and of a 200,000-entry directory; the first
-//! capture of the whole tree vs `cp -a`; a full rescan vs a parallel stat walk and `find -ls`.
+//! capture of the whole tree vs `cp -a`; a full rescan vs a parallel stat walk and `find -ls`;
+//! attaching a new working copy of the whole tree vs `git clone` from a local bare repository.
 //!
 //! A recorded `exec` of `true` (authorize, run, store its output, capture, commit one operation)
 //! vs spawning and waiting for `true` alone.
@@ -303,6 +304,66 @@ fn bench_wide_directory(c: &mut Criterion) {
     g.finish();
 }
 
+/// A new working copy of the whole tree's version (what a second machine does to join): the
+/// tree written into an empty directory and tracked from there, against `git clone` of the
+/// same tree from a local bare repository (hard-linked objects, then a checkout).
+fn bench_attach(c: &mut Criterion) {
+    const GROUP: &str = "attach a working copy of the whole tree";
+    if !wanted(GROUP) {
+        return;
+    }
+    let f = fixture();
+    let bare = f.scratch.join("bare.git");
+    let git = format!(
+        "git --git-dir={} --work-tree=. -c user.name=bench -c user.email=bench@localhost",
+        bare.display()
+    );
+    sh(
+        &f.tree,
+        &format!(
+            "git init -q --bare {} && {git} add -A && {git} commit -q -m init",
+            bare.display()
+        ),
+    );
+    let mut g = c.benchmark_group(GROUP);
+    g.sample_size(10);
+    g.sampling_mode(criterion::SamplingMode::Flat);
+    // Fresh directories, deleted when the group ends (see `bench_first_capture`).
+    let fresh = std::cell::Cell::new(0u32);
+    let next = || {
+        fresh.set(fresh.get() + 1);
+        sync_disk();
+        f.scratch.join(format!("copy-{}", fresh.get()))
+    };
+    g.bench_function("environment", |b| {
+        b.iter_batched(
+            next,
+            |copy| {
+                let mut cfg = TrackerConfig::new(&copy, ActorId::new("agent:second").unwrap());
+                cfg.auto = false;
+                drop(Tracker::attach(f.env.clone(), cfg).unwrap());
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("git clone", |b| {
+        b.iter_batched(
+            next,
+            |copy| {
+                sh(
+                    &f.scratch,
+                    &format!("git clone -q {} {}", bare.display(), copy.display()),
+                )
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+    for i in 1..=fresh.get() {
+        let _ = std::fs::remove_dir_all(f.scratch.join(format!("copy-{i}")));
+    }
+}
+
 fn bench_first_capture(c: &mut Criterion) {
     if !wanted("first capture of the whole tree") {
         return;
@@ -519,6 +580,6 @@ fn bench_sandbox_start(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = bench_exec, bench_sandbox_start, bench_capture, bench_rescan, bench_restore, bench_wide_directory, bench_first_capture, bench_fork
+    targets = bench_exec, bench_sandbox_start, bench_capture, bench_rescan, bench_restore, bench_wide_directory, bench_first_capture, bench_attach, bench_fork
 }
 criterion_main!(benches);

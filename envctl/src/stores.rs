@@ -152,6 +152,14 @@ impl Stores {
             .hint("add --shared-blobs s3://BUCKET/PREFIX (a [blobs] section with `bucket = ...`)"));
         }
         if let Some(b) = &self.blobs
+            && b.bucket.starts_with("memory:")
+        {
+            return Err(Failure::usage(
+                "blobs in memory are gone with the process that holds them: no other machine could read them",
+            )
+            .hint("use s3://BUCKET/PREFIX (or file:///DIR on a filesystem every machine mounts)"));
+        }
+        if let Some(b) = &self.blobs
             && b.bucket.contains('@')
         {
             return Err(Failure::usage(

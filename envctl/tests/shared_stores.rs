@@ -379,9 +379,14 @@ fn working_copies_on_two_machines_share_one_history() {
         std::fs::read_to_string(other.path().join("mine.txt")).unwrap(),
         "keep\n"
     );
-    // A shared log without shared blobs is a usage error.
-    let out = envctl_in(other.path(), &["init", "--shared-log", &conn]);
-    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!other.path().join(".environment").exists());
+    // A shared log without shared blobs, or with blobs only this process would see, is a
+    // usage error.
+    for blobs in [&[][..], &["--shared-blobs", "memory:///"]] {
+        let mut args = vec!["init", "--shared-log", conn.as_str()];
+        args.extend_from_slice(blobs);
+        let out = envctl_in(other.path(), &args);
+        assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(!other.path().join(".environment").exists());
+    }
     common::also_unprivileged("working_copies_on_two_machines_share_one_history");
 }

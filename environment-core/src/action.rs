@@ -61,10 +61,12 @@ pub enum Refusal {
     /// Records the changes the actor may make as its operation and, in the same transaction,
     /// each other one as a [`RefusedChange`] with its decision, listed in
     /// [`Observation::refused`]. For changes already made in a tree (a command's files), which
-    /// the caller then puts back to their value at the head. A change to a key that moved on
-    /// the branch since the request's [`base`](ActRequest::base) is refused the same way (a
-    /// stale write, denied by no rule) rather than failing the act, unless it puts what the
-    /// head holds already: then it is simply not recorded.
+    /// the caller then puts back to their value at the head. A change to a path (an `fs` key)
+    /// that moved on the branch since the request's [`base`](ActRequest::base) is refused the
+    /// same way ([`Verdict::Stale`](crate::Verdict::Stale)) rather than failing the act, unless
+    /// it puts what the head holds already: then it is simply not recorded; so is a path the
+    /// head's tree would leave without its directory. Other keys (the records of the command
+    /// that made the changes) are written over the head.
     Record,
 }
 

@@ -260,6 +260,13 @@ pub enum Verdict {
     Allow,
     /// The action must not happen.
     Deny,
+    /// A change made in a tree on top of a version the branch has moved past, to a key the
+    /// branch changed since (in another working copy, or through the API): kept as a refused
+    /// change, never laid over the newer value (see `Refusal::Record`).
+    Stale {
+        /// The operations that changed the key since (newest first, the first few).
+        by: Vec<String>,
+    },
     /// The action may happen once someone approves it.
     NeedsApproval {
         /// What must be approved, in words.

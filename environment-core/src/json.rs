@@ -255,7 +255,8 @@ pub struct Refused {
     pub branch: String,
     /// The branch's head when it was refused.
     pub head: String,
-    /// `deny` or `needs approval`.
+    /// `deny`, `needs approval`, or `stale` (the branch changed the path since the version the
+    /// change was made on).
     pub verdict: String,
     /// Why, in a few words.
     pub reason: String,
@@ -276,6 +277,7 @@ impl From<&RefusedChange> for Refused {
             head: r.head.to_string(),
             verdict: match r.decision.verdict {
                 Verdict::NeedsApproval { .. } => "needs approval",
+                Verdict::Stale { .. } => "stale",
                 _ => "deny",
             }
             .to_owned(),

@@ -55,6 +55,11 @@ pub struct CommandSpec {
     /// redacted from everything stored as `[redacted:NAME]`.
     #[serde(default)]
     pub secrets: BTreeMap<String, SecretRef>,
+    /// What the request presented beyond the actor's own rights (a granted approval, a
+    /// capability token): the command's changes in the tree are decided with it. Never
+    /// stored or sent: it belongs to the request that runs the command.
+    #[serde(skip)]
+    pub credentials: crate::local::Credentials,
 }
 
 impl CommandSpec {
@@ -67,6 +72,7 @@ impl CommandSpec {
             cwd: None,
             env: BTreeMap::new(),
             secrets: BTreeMap::new(),
+            credentials: crate::local::Credentials::default(),
         }
     }
 

@@ -472,12 +472,24 @@ impl Capturer {
         let dirty = if theirs.is_empty() {
             dirty
         } else {
+            // Only the paths changed here are read: one the tree's version has that is not as
+            // last captured or written, one it lacks that is there now (a new working copy
+            // misses them all).
+            let changed_here = |c: &KeyChange| -> Result<Option<Vec<u8>>> {
+                let Some(rel) = self.keys.rel(&c.key) else {
+                    return Ok(None);
+                };
+                let now = self.stat_now(rel);
+                let changed = match &c.before {
+                    Some(_) => now != self.cache.lookup(rel)?,
+                    None => now.is_some(),
+                };
+                Ok(changed.then(|| rel.to_vec()))
+            };
             with_theirs = dirty.clone();
-            with_theirs.extend(
-                theirs
-                    .iter()
-                    .filter_map(|c| self.keys.rel(&c.key).map(<[u8]>::to_vec)),
-            );
+            for c in &theirs {
+                with_theirs.extend(changed_here(c)?);
+            }
             &with_theirs
         };
         let head = held;
@@ -675,6 +687,7 @@ impl Capturer {
             Some(o) => (o.version, o.version),
             None => (now, now),
         };
+        let mut holds = holds;
         let (synced, written) = if under == head {
             (None, Vec::new())
         } else {
@@ -687,14 +700,22 @@ impl Capturer {
                 .into_iter()
                 .filter(|c| !put_back.contains(&c.key))
                 .collect();
-            let applied = self.write_theirs(head, under, holds, &changes)?;
+            let (applied, whole) = self.write_theirs(head, holds, &changes)?;
+            if !whole {
+                // A path changed here while the others' value was written is left for the
+                // next capture, which must still compare it with the version it was made on.
+                holds = head;
+            }
             let plan = crate::restore::RestorePlan {
                 not_restored: applied.not_restored,
                 ..plan
             };
             (Some(plan), applied.cache)
         };
-        self.cache.set_holds(&holds.to_string())?;
+        // Moved on only from the version this capture started from: another tracker of the
+        // same tree that moved it meanwhile is never taken back.
+        self.cache
+            .move_holds(&head.to_string(), &holds.to_string())?;
         Ok(Captured {
             observation: observation.filter(|o| !o.noop),
             files,
@@ -707,29 +728,20 @@ impl Capturer {
         })
     }
 
-    /// Writes into the tree the changes others committed between `from` (the version it
-    /// holds) and `to`, under a sync record that finishes them if this process dies mid-way;
-    /// the tree then holds `holds` (`to`, or the capture's operation on it). A path that
-    /// changed on disk since this capture looked at it is left alone, for the next capture.
+    /// Writes into the tree the changes others committed since `from` (the version it holds),
+    /// under a sync record to `to` (the version the tree then holds) that finishes them if this
+    /// process dies mid-way. A path that changed on disk since it was last captured or written
+    /// is left alone, for the next capture: the second value says whether none was.
     fn write_theirs(
         &mut self,
         from: OpId,
         to: OpId,
-        holds: OpId,
         changes: &[KeyChange],
-    ) -> Result<crate::restore::Applied> {
-        let mut untouched = Vec::with_capacity(changes.len());
-        for c in changes {
-            let Some(rel) = self.keys.rel(&c.key) else {
-                continue;
-            };
-            let now = match self.root.lstat(rel_path(rel)) {
-                Ok(st) => Some(StatEntry::of(&st)),
-                Err(_) => None,
-            };
-            if now == self.cache.lookup(rel)? {
-                untouched.push(c.clone());
-            }
+    ) -> Result<(crate::restore::Applied, bool)> {
+        let untouched = self.untouched(changes)?;
+        let whole = untouched.len() == changes.len();
+        if untouched.is_empty() {
+            return Ok((crate::restore::Applied::default(), whole));
         }
         let record = crate::statcache::RestoreIntent {
             target: to.to_string(),
@@ -739,10 +751,38 @@ impl Capturer {
         };
         self.cache
             .begin_restore(&record, crate::tracker::now_ms())?;
-        let applied = self.apply(&untouched)?;
+        let applied = self.apply_theirs(&untouched)?;
         self.cache.update(applied.cache.clone())?;
-        self.cache.end_restore_holding(&holds.to_string())?;
-        Ok(applied)
+        self.cache.end_restore()?;
+        Ok((applied, whole))
+    }
+
+    /// The changes whose path is on disk as it was last captured or written (by its stat):
+    /// nothing made here is written over. A directory made, removed or given a mode is always
+    /// among them (its stat moves with every entry made or removed in it); removing one that
+    /// holds something never recorded keeps it (see [`Capturer::apply_theirs`]).
+    pub(crate) fn untouched(&self, changes: &[KeyChange]) -> Result<Vec<KeyChange>> {
+        let dir_or_none =
+            |v: &Option<Value>| v.as_ref().is_none_or(|v| v.meta.kind == EntryKind::Dir);
+        let mut out = Vec::with_capacity(changes.len());
+        for c in changes {
+            let Some(rel) = self.keys.rel(&c.key) else {
+                continue;
+            };
+            let only_dirs = dir_or_none(&c.before) && dir_or_none(&c.after);
+            if only_dirs || self.stat_now(rel) == self.cache.lookup(rel)? {
+                out.push(c.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The stat of a path now, as the cache keeps it; `None` when nothing is there.
+    fn stat_now(&self, rel: &[u8]) -> Option<StatEntry> {
+        self.root
+            .lstat(rel_path(rel))
+            .ok()
+            .map(|st| StatEntry::of(&st))
     }
 
     /// Puts the paths of `refused` back to their value at the head they were refused against:

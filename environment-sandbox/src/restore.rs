@@ -199,10 +199,22 @@ impl Capturer {
     /// then files and symlinks). The run of file and symlink writes is written in parallel: in
     /// one view no file is another's ancestor, and their directories were written before them.
     pub(crate) fn apply(&self, changes: &[KeyChange]) -> Result<Applied> {
+        self.apply_keeping(changes, false)
+    }
+
+    /// [`Capturer::apply`] of what others committed into a tree being worked in: a directory
+    /// to remove that still holds something the noise rules do not ignore (made here and not
+    /// recorded yet) is kept with it, for the next capture, and named in what was not done.
+    pub(crate) fn apply_theirs(&self, changes: &[KeyChange]) -> Result<Applied> {
+        self.apply_keeping(changes, true)
+    }
+
+    fn apply_keeping(&self, changes: &[KeyChange], keep_unrecorded: bool) -> Result<Applied> {
         let mut cache = Vec::new();
         let mut run: Vec<FileWrite<'_>> = Vec::new();
         let mut links: Vec<FileWrite<'_>> = Vec::new();
-        let tree = self.tree_writer();
+        let mut tree = self.tree_writer();
+        tree.keep_unrecorded = keep_unrecorded;
         // Read-only directories are written as tar and rsync do: made writable while their
         // contents change, and given their final mode last, deepest first.
         let mut finals = self.open_up_parents(changes)?;
@@ -255,9 +267,10 @@ impl Capturer {
             }
             match &c.after {
                 None => {
-                    tree.remove(path)?;
                     finals.remove(rel);
-                    cache.push((rel.to_vec(), None));
+                    if tree.remove(path)? {
+                        cache.push((rel.to_vec(), None));
+                    }
                 }
                 Some(v) => {
                     if v.meta.kind == EntryKind::Dir {
@@ -398,12 +411,14 @@ impl Capturer {
             root: &self.root,
             noise: &self.noise,
             not_restored: std::sync::Mutex::new(Vec::new()),
+            keep_unrecorded: false,
         }
     }
 }
 
 /// What applying a restore did: the stat-cache updates for what it wrote, and what it could
 /// not do.
+#[derive(Default)]
 pub(crate) struct Applied {
     pub cache: Vec<(Vec<u8>, Option<StatEntry>)>,
     pub not_restored: Vec<(std::path::PathBuf, String)>,
@@ -417,6 +432,8 @@ struct TreeWriter<'a> {
     noise: &'a crate::noise::Noise,
     /// What could not be written, and why.
     not_restored: std::sync::Mutex<Vec<(std::path::PathBuf, String)>>,
+    /// Keep a directory to remove that holds what the noise rules do not ignore.
+    keep_unrecorded: bool,
 }
 
 impl TreeWriter<'_> {
@@ -453,11 +470,11 @@ impl TreeWriter<'_> {
     }
 
     /// Removes a path; a directory only if nothing but removable entries are in it (ignored
-    /// content keeps its directory).
-    fn remove(&self, path: &Path) -> Result<()> {
+    /// content keeps its directory). Whether it is gone.
+    fn remove(&self, path: &Path) -> Result<bool> {
         let (dir, name) = match self.root.parent(path) {
             Ok(x) => x,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
             Err(e) if fsops::is_escape(&e) => {
                 return Err(SandboxError::Escape {
                     path: path.to_owned(),
@@ -467,26 +484,47 @@ impl TreeWriter<'_> {
         };
         let st = match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
-            Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(rustix::io::Errno::NOENT) => return Ok(true),
             Err(e) => return Err(SandboxError::io("lstat", path)(errno(e))),
         };
         if fsops::file_type(&st) == FileType::Directory {
             match rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR) {
-                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(true),
+                Err(rustix::io::Errno::NOTEMPTY)
+                    if self.keep_unrecorded && self.holds_unrecorded(path) =>
+                {
+                    self.not_restored
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((
+                            path.to_path_buf(),
+                            "kept: it holds what was made here and not recorded yet".into(),
+                        ));
+                    Ok(false)
+                }
                 // What is left is ignored content (everything tracked under it went first): the
                 // target has no such directory, so it goes with it, but for precious paths.
-                Err(rustix::io::Errno::NOTEMPTY) => {
-                    self.remove_tree(&dir, name, path)?;
-                    Ok(())
-                }
+                Err(rustix::io::Errno::NOTEMPTY) => self.remove_tree(&dir, name, path),
                 Err(e) => Err(SandboxError::io("rmdir", path)(errno(e))),
             }
         } else {
             match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
-                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(true),
                 Err(e) => Err(SandboxError::io("unlink", path)(errno(e))),
             }
         }
+    }
+
+    /// Whether the directory `path` holds an entry the noise rules do not ignore.
+    fn holds_unrecorded(&self, path: &Path) -> bool {
+        let Ok(entries) = self.root.scan_dir(path) else {
+            return true;
+        };
+        entries.into_iter().any(|(name, st)| {
+            let is_dir = st.is_ok_and(|st| fsops::file_type(&st) == FileType::Directory);
+            let rel = path.join(OsStr::from_bytes(&name));
+            !self.noise.is_ignored(&rel, is_dir)
+        })
     }
 
     /// Removes the directory `name` of `dir` (at `path` under the root) and everything in it,

@@ -227,6 +227,18 @@ impl StatCache {
             .optional()?)
     }
 
+    /// Records that the tree holds `to`, if the record still says `from` (another tracker of
+    /// the same tree may have moved it meanwhile).
+    pub fn move_holds(&self, from: &str, to: &str) -> Result<()> {
+        if from != to {
+            self.conn.execute(
+                "UPDATE tree_holds SET version = ?3 WHERE scope = ?1 AND version = ?2",
+                params![self.scope, from, to],
+            )?;
+        }
+        Ok(())
+    }
+
     /// Records that the tree holds `version`.
     pub fn set_holds(&self, version: &str) -> Result<()> {
         self.conn.execute(
@@ -307,19 +319,6 @@ impl StatCache {
                 intent.intent
             ],
         )?;
-        Ok(())
-    }
-
-    /// Clears the restore intent and records that the tree holds `version`, at once: a crash
-    /// leaves either the intent (which is finished again) or the version.
-    pub fn end_restore_holding(&mut self, version: &str) -> Result<()> {
-        let tx = self.conn.transaction()?;
-        tx.execute("DELETE FROM restore_intent WHERE scope = ?1", [&self.scope])?;
-        tx.execute(
-            "INSERT OR REPLACE INTO tree_holds(scope, version) VALUES (?1, ?2)",
-            params![self.scope, version],
-        )?;
-        tx.commit()?;
         Ok(())
     }
 

@@ -239,12 +239,16 @@ fn finish(capturer: &mut Capturer, record: &RestoreIntent) -> Result<()> {
             let Some(from) = parse(from) else {
                 return Ok(());
             };
-            // A sync: the tree holds the target once it is written (and its own captures, which
-            // the next capture finds again and drops, the head holding them already).
+            // A sync: the tree holds the target once it is written. What changed on disk since
+            // (by its stat) is left for the next capture, from the version it was made on.
             let (_, changes) = capturer.plan_between(from, &target)?;
-            let applied = capturer.apply(&changes)?;
+            let untouched = capturer.untouched(&changes)?;
+            let applied = capturer.apply_theirs(&untouched)?;
             capturer.cache.update(applied.cache)?;
-            capturer.cache.set_holds(&target.to_string())
+            if untouched.len() == changes.len() {
+                capturer.cache.set_holds(&target.to_string())?;
+            }
+            Ok(())
         }
         (None, None) => Ok(()),
     }
@@ -553,10 +557,26 @@ impl Tracker {
         flags: OpFlags,
         extra: Vec<Change>,
     ) -> Result<Captured> {
+        self.capture_command_as(actor, intent, flags, extra, None)
+    }
+
+    fn capture_command_as(
+        &self,
+        actor: &ActorId,
+        intent: Intent,
+        flags: OpFlags,
+        extra: Vec<Change>,
+        presented: Option<&Credentials>,
+    ) -> Result<Captured> {
         drain(&self.shared);
         let mut capturer = lock(&self.shared.capturer);
         let (dirty, intent) = take_pending(&self.shared, &capturer, intent)?;
-        match capturer.capture_with(&dirty, Some(actor), intent, flags, extra) {
+        // Decided with what the command's request presented, for this capture only.
+        let own = capturer.env.clone();
+        capturer.env = presenting(&own, presented);
+        let captured = capturer.capture_with(&dirty, Some(actor), intent, flags, extra);
+        capturer.env = own;
+        match captured {
             Ok(captured) => {
                 if captured.observation.is_some() {
                     self.shared.captures.fetch_add(1, Ordering::Relaxed);
@@ -1169,6 +1189,19 @@ pub struct Presenting<'a> {
 }
 
 impl Presenting<'_> {
+    /// [`Tracker::capture_command`], decided with the credentials presented (a granted
+    /// approval covers the command's changes in the tree).
+    pub fn capture_command(
+        &self,
+        actor: &ActorId,
+        intent: Intent,
+        flags: OpFlags,
+        extra: Vec<Change>,
+    ) -> Result<Captured> {
+        self.tracker
+            .capture_command_as(actor, intent, flags, extra, Some(&self.credentials))
+    }
+
     /// [`Tracker::write_file`], decided with the credentials presented.
     pub fn write_file(
         &self,

@@ -5,59 +5,11 @@
 
 mod common;
 
-use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use common::{always, both, view};
+use common::{always, both, bottom, deep, name, view};
 use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, Options};
 use environment_sandbox::{Tracker, TrackerConfig};
-use rustix::fs::{Mode, OFlags};
-
-/// A directory name of 200 bytes.
-fn name(i: usize) -> String {
-    format!("{i:03}{}", "d".repeat(197))
-}
-
-/// Makes `depth` nested directories below `root` (fd by fd: the path is too long for one call)
-/// and writes `content` at the bottom; returns the bottom file's path relative to `root`.
-fn deep(root: &Path, depth: usize, content: &[u8]) -> String {
-    let mut dir: OwnedFd = rustix::fs::open(root, OFlags::DIRECTORY, Mode::empty()).unwrap();
-    let mut rel = Vec::new();
-    for i in 0..depth {
-        let n = name(i);
-        match rustix::fs::mkdirat(&dir, n.as_str(), Mode::from_raw_mode(0o755)) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => panic!("mkdirat: {e}"),
-        }
-        dir = rustix::fs::openat(&dir, n.as_str(), OFlags::DIRECTORY, Mode::empty()).unwrap();
-        rel.push(n);
-    }
-    let f = rustix::fs::openat(
-        &dir,
-        "bottom.txt",
-        OFlags::CREATE | OFlags::WRONLY | OFlags::TRUNC,
-        Mode::from_raw_mode(0o644),
-    )
-    .unwrap();
-    rustix::io::write(&f, content).unwrap();
-    rel.push("bottom.txt".into());
-    rel.join("/")
-}
-
-/// What the tree holds, read through descriptors (`disk` cannot open such paths).
-fn bottom(root: &Path, rel: &str) -> Option<Vec<u8>> {
-    let mut dir: OwnedFd = rustix::fs::open(root, OFlags::DIRECTORY, Mode::empty()).unwrap();
-    let parts: Vec<&str> = rel.split('/').collect();
-    let (last, dirs) = parts.split_last().unwrap();
-    for d in dirs {
-        dir = rustix::fs::openat(&dir, *d, OFlags::DIRECTORY, Mode::empty()).ok()?;
-    }
-    let f = rustix::fs::openat(&dir, *last, OFlags::RDONLY, Mode::empty()).ok()?;
-    let mut out = vec![0u8; 4096];
-    let n = rustix::io::read(&f, &mut out).unwrap();
-    out.truncate(n);
-    Some(out)
-}
 
 fn open(root: &Path, home: &Path) -> (LocalEnvironment, Tracker) {
     let env = LocalEnvironment::open(home, Options::default()).unwrap();

@@ -2,13 +2,15 @@
 //! each is captured on its own and committed based on the version its tree holds, so a copy
 //! that lacks what another committed never records deleting it; each receives the others'
 //! changes; a path changed in two copies keeps the first commit and the second change as
-//! refused (its content kept, the tree put back); a new copy is attached to an empty directory
-//! only, and holds the head when it returns.
+//! refused (its content kept, the tree put back), and so is a directory removed in one while
+//! the other puts something under it; writing the others' removal of a directory keeps what
+//! was made in it here and never recorded; a new copy is attached to an empty directory only,
+//! and holds the head when it returns.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use common::{disk, no_skip, view, write};
+use common::{bottom, deep, disk, no_skip, view, write};
 use environment_core::{ActorId, ErrorKind, Intent, IntentKind, LocalEnvironment, OpFlags};
 use environment_sandbox::{SandboxError, Tracker, TrackerConfig};
 
@@ -179,4 +181,74 @@ fn a_copy_is_attached_only_to_an_empty_directory_no_tracker_knows() {
     let err = Tracker::attach(t.env.clone(), config(&a_root, "agent:a")).unwrap_err();
     assert!(matches!(err, SandboxError::NotAttachable { .. }), "{err}");
     assert_eq!(t.env.verify(&ActorId::system()).unwrap().ops, ops);
+}
+
+fn refused_count(env: &LocalEnvironment) -> usize {
+    env.refused(&ActorId::system(), "main", 100).unwrap().len()
+}
+
+#[test]
+fn a_directory_removed_in_one_copy_while_the_other_adds_to_it_keeps_the_addition() {
+    // B adds under src/ first; A's removal of src/ then finds it there.
+    let t = two();
+    write(t.b.root(), "src/new.rs", b"b's\n");
+    capture(&t.b).unwrap();
+    std::fs::remove_dir_all(t.a.root().join("src")).unwrap();
+    capture(&t.a);
+    let head = view(&t.env, &t.env.head("main").unwrap());
+    assert!(
+        head.contains_key("src") && head.contains_key("src/new.rs"),
+        "{head:?}"
+    );
+    assert!(!head.contains_key("src/lib.rs"));
+    assert_eq!(refused_count(&t.env), 1, "the removal of src itself");
+    holds_head(&t.env, &t.a);
+    t.b.sync().unwrap();
+    holds_head(&t.env, &t.b);
+    // A copy attached now is written whole (no path without its directory).
+    let c = tempfile::tempdir().unwrap();
+    let copy = Tracker::attach(t.env.clone(), config(&c.path().join("c"), "agent:c")).unwrap();
+    holds_head(&t.env, &copy);
+}
+
+#[test]
+fn a_path_added_under_a_directory_another_copy_removed_is_kept_as_refused() {
+    // A removes src/ first; B's addition under it then has no home.
+    let t = two();
+    std::fs::remove_dir_all(t.a.root().join("src")).unwrap();
+    capture(&t.a).unwrap();
+    write(t.b.root(), "src/new.rs", b"b's\n");
+    capture(&t.b);
+    let head = view(&t.env, &t.env.head("main").unwrap());
+    assert!(!head.keys().any(|k| k.starts_with("src")), "{head:?}");
+    let refused = t.env.refused(&ActorId::system(), "main", 10).unwrap();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(
+        refused[0].key,
+        environment_core::Key::fs("src/new.rs").unwrap()
+    );
+    holds_head(&t.env, &t.b);
+}
+
+#[test]
+fn writing_a_removal_keeps_a_directory_holding_what_was_never_recorded() {
+    // B holds, under src/, a path beyond the key limit (never recorded); A removes src/.
+    let t = two();
+    let long = deep(&t.b.root().join("src"), 90, b"never recorded\n");
+    capture(&t.b);
+    t.a.sync().unwrap();
+    std::fs::remove_dir_all(t.a.root().join("src")).unwrap();
+    capture(&t.a).unwrap();
+    let plan = t.b.sync().unwrap();
+    assert_eq!(
+        bottom(&t.b.root().join("src"), &long).as_deref(),
+        Some(&b"never recorded\n"[..]),
+        "what was never recorded is still there"
+    );
+    assert!(!t.b.root().join("src/lib.rs").exists());
+    assert!(
+        plan.not_restored.iter().any(|(p, _)| p.ends_with("src")),
+        "{:?}",
+        plan.not_restored
+    );
 }

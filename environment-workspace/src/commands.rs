@@ -112,6 +112,7 @@ fn authorize(g: &Session<'_>, operation: &str, c: Command) -> Result<CommandSpec
     spec.env = c.env;
     spec.secrets = c.secrets;
     spec.intent = c.intent.unwrap_or_default();
+    spec.credentials = g.credentials();
     Ok(spec)
 }
 

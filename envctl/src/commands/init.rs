@@ -158,6 +158,7 @@ pub fn attach(
         )
         .hint("attach to an empty or new directory: what is in it would be recorded over the environment"));
     }
+    let existed = dir.exists();
     let (ws, marker, kept) = make_home(dir, home)?;
     let attached = (|| -> Outcome<_> {
         stores.write(&ws.home)?;
@@ -174,6 +175,15 @@ pub fn attach(
         Ok(a) => a,
         Err(f) => {
             take_back(&ws.home, &marker, kept.as_deref());
+            // The directory was empty or missing: what the attach wrote into it goes too.
+            if existed {
+                for entry in std::fs::read_dir(&ws.dir).into_iter().flatten().flatten() {
+                    let p = entry.path();
+                    let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+                }
+            } else {
+                let _ = std::fs::remove_dir_all(&ws.dir);
+            }
             return Err(f);
         }
     };

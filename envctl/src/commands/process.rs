@@ -173,9 +173,15 @@ pub fn exec(door: &Door, a: &ExecArgs, cwd: Option<String>, json: bool) -> Outco
     let Some((sentence, next)) = refused else {
         return Ok(status);
     };
-    // Part of what the command did was refused: the failure says all of what happened.
+    // Part of what the command did was refused: the failure says all of what happened. Paths
+    // another working copy changed first are a conflict, not a denial.
+    let code = if r.refused.iter().all(|c| c.verdict == "stale") {
+        ExitCode::Conflict
+    } else {
+        ExitCode::Denied
+    };
     let mut f = Failure::new(
-        ExitCode::Denied,
+        code,
         format!(
             "the command exited with status {status}{cut} and its other changes were recorded \
              as {op}, but {sentence}"

@@ -328,7 +328,12 @@ impl Inner {
             if tx.is_dropped(base_op.seq)? {
                 return Err(EnvError::VersionDropped(base_id));
             }
-            let moved = moved_keys(tx, &base_view, &head_view, puts.iter().map(|(k, _)| k))?;
+            // Under `Record`, only paths of a tree can be stale: the rest of such an act (the
+            // records of the command that made the changes) is written over the head.
+            let compared = puts.iter().map(|(k, _)| k).filter(|k| {
+                refusal == Refusal::Whole || k.namespace() == crate::key::Namespace::Fs
+            });
+            let moved = moved_keys(tx, &base_view, &head_view, compared)?;
             if !moved.is_empty() {
                 let ops = self.ops_that_changed(tx, &head_id, &base_id, &moved)?;
                 if refusal == Refusal::Whole {
@@ -340,6 +345,14 @@ impl Inner {
                     })));
                 }
                 refuse_stale(tx, &head_view, &moved, &ops, &mut puts, &mut refused)?;
+            }
+            if refusal == Refusal::Record {
+                let homeless = homeless(tx, &base_view, &head_view, &puts)?;
+                if !homeless.is_empty() {
+                    let (keys, why): (Vec<Key>, Vec<Key>) = homeless.into_iter().unzip();
+                    let ops = self.ops_that_changed(tx, &head_id, &base_id, &why)?;
+                    refuse_stale(tx, &head_view, &keys, &ops, &mut puts, &mut refused)?;
+                }
             }
             rebased = true;
         }
@@ -476,7 +489,7 @@ fn refuse_stale(
     let moved: HashSet<&Key> = moved.iter().collect();
     let by: Vec<String> = ops.iter().take(3).map(OpId::to_string).collect();
     let decision = Decision {
-        verdict: Verdict::Deny,
+        verdict: Verdict::Stale { by: by.clone() },
         rules: Vec::new(),
         policy_version: 0,
         explanation: format!(
@@ -500,6 +513,70 @@ fn refuse_stale(
     }
     *puts = kept;
     Ok(())
+}
+
+/// The paths of a rebased act that the head's tree would leave without a home, each with the
+/// key the branch changed that makes it so: a directory removed, or replaced by something
+/// else, while the branch put something under it since the act's base (the key under it); a
+/// path put under a directory the branch removed or replaced since (that directory).
+fn homeless(log: &dyn LogRead, base: &Ptr, head: &Ptr, puts: &[Put]) -> Result<Vec<(Key, Key)>> {
+    let nodes = Nodes(log);
+    let moved = |k: &Key| -> Result<bool> {
+        Ok(tree::get(&nodes, base, k)? != tree::get(&nodes, head, k)?)
+    };
+    let deleted: HashSet<&Key> = puts
+        .iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| k)
+        .collect();
+    let made_dirs: HashSet<&Key> = puts
+        .iter()
+        .filter(|(_, v)| v.as_ref().is_some_and(|v| v.meta.kind == EntryKind::Dir))
+        .map(|(k, _)| k)
+        .collect();
+    let mut out = Vec::new();
+    for (key, value) in puts {
+        if key.namespace() != crate::key::Namespace::Fs {
+            continue;
+        }
+        let is_dir = value
+            .as_ref()
+            .is_some_and(|v| v.meta.kind == EntryKind::Dir);
+        if !is_dir {
+            // Something the branch holds under it that this act does not remove.
+            let under = crate::key::KeyPrefix::new(key.namespace(), key.path().to_vec())?;
+            let mut child = None;
+            for (k, _) in tree::list(&nodes, head, &under)? {
+                if k != *key && !deleted.contains(&k) && moved(&k)? {
+                    child = Some(k);
+                    break;
+                }
+            }
+            if let Some(child) = child {
+                out.push((key.clone(), child));
+                continue;
+            }
+        }
+        if value.is_none() {
+            continue;
+        }
+        // Its nearest ancestor that this act does not make must be a directory at the head.
+        let mut at = key.parent();
+        while let Some(dir) = at {
+            if made_dirs.contains(&dir) {
+                at = dir.parent();
+                continue;
+            }
+            match tree::get(&nodes, head, &dir)? {
+                Some(v) if v.meta.kind == EntryKind::Dir => {}
+                // Never recorded (the root of a tree tracked under a prefix) is a home too.
+                _ if moved(&dir)? => out.push((key.clone(), dir)),
+                _ => {}
+            }
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// Counts what was added, modified and removed, naming the first keys.

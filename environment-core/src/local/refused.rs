@@ -203,6 +203,18 @@ pub fn put_back_note(refused: &[crate::json::Refused]) -> Option<(String, String
         0 => String::new(),
         n => format!(" and {n} more"),
     };
+    if refused.iter().all(|r| r.verdict == "stale") {
+        let sentence = format!(
+            "{} change(s) were NOT recorded: {} ({}), so they were put back to the branch's \
+             version and kept as refused changes: {}{more}",
+            refused.len(),
+            "another working copy or an action changed the same paths first",
+            first.reason,
+            named.join(", "),
+        );
+        let next = "read these paths again and redo the change on top of what they hold now";
+        return Some((sentence, next.to_owned()));
+    }
     let sentence = format!(
         "{} change(s) were NOT recorded: {} may not make them ({}), so they were put back to \
          their state before the command and kept as refused changes: {}{more}",
@@ -223,6 +235,13 @@ pub(crate) fn reason(d: &Decision) -> String {
             format!("it needs an approval from {}", from.join(" or "))
         }
         crate::authz::Verdict::NeedsApproval { .. } => "it needs an approval".to_owned(),
+        crate::authz::Verdict::Stale { by } => format!(
+            "the branch changed it since the tree's version, by {}",
+            by.iter()
+                .map(|op| op.get(..12).unwrap_or(op))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         _ if d.rules.is_empty() => "no rule permits it".to_owned(),
         _ => format!("forbidden by {}", d.rules.join(", ")),
     }

@@ -388,6 +388,7 @@ pub(crate) fn run_recorded(
     let intent = Intent::new(IntentKind::Command, cut(p.spec.intent_text(), MAX_INTENT));
     let captured = inner
         .tracker
+        .presenting(p.spec.credentials.clone())
         .capture_command(&p.spec.actor, intent, flags, extra)
         .map_err(|e| to_env(&program, e))?;
     drop(guard);

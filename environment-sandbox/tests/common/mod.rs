@@ -251,3 +251,77 @@ pub fn as_nobody(name: &str, unavailable: fn() -> Option<String>, scenario: impl
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A directory name of 200 bytes.
+pub fn name(i: usize) -> String {
+    format!("{i:03}{}", "d".repeat(197))
+}
+
+/// Makes `depth` nested directories below `root` (fd by fd: the path is too long for one call)
+/// and writes `content` at the bottom; returns the bottom file's path relative to `root`.
+pub fn deep(root: &Path, depth: usize, content: &[u8]) -> String {
+    let mut dir: std::os::fd::OwnedFd = rustix::fs::open(
+        root,
+        rustix::fs::OFlags::DIRECTORY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let mut rel = Vec::new();
+    for i in 0..depth {
+        let n = name(i);
+        match rustix::fs::mkdirat(&dir, n.as_str(), rustix::fs::Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => panic!("mkdirat: {e}"),
+        }
+        dir = rustix::fs::openat(
+            &dir,
+            n.as_str(),
+            rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        rel.push(n);
+    }
+    let f = rustix::fs::openat(
+        &dir,
+        "bottom.txt",
+        rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::TRUNC,
+        rustix::fs::Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    rustix::io::write(&f, content).unwrap();
+    rel.push("bottom.txt".into());
+    rel.join("/")
+}
+
+/// What the tree holds, read through descriptors (`disk` cannot open such paths).
+pub fn bottom(root: &Path, rel: &str) -> Option<Vec<u8>> {
+    let mut dir: std::os::fd::OwnedFd = rustix::fs::open(
+        root,
+        rustix::fs::OFlags::DIRECTORY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let parts: Vec<&str> = rel.split('/').collect();
+    let (last, dirs) = parts.split_last().unwrap();
+    for d in dirs {
+        dir = rustix::fs::openat(
+            &dir,
+            *d,
+            rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()?;
+    }
+    let f = rustix::fs::openat(
+        &dir,
+        *last,
+        rustix::fs::OFlags::RDONLY,
+        rustix::fs::Mode::empty(),
+    )
+    .ok()?;
+    let mut out = vec![0u8; 4096];
+    let n = rustix::io::read(&f, &mut out).unwrap();
+    out.truncate(n);
+    Some(out)
+}
