@@ -428,14 +428,58 @@ impl Capturer {
     /// with and are based on. The head when none is recorded (a tree tracked before the
     /// version it holds was kept), which is then recorded.
     pub(crate) fn held(&self) -> Result<OpId> {
-        if let Some(v) = self.cache.holds()?
-            && let Ok(id) = v.parse::<OpId>()
-        {
-            return Ok(id);
-        }
         let head = self.head()?;
-        self.cache.set_holds(&head.to_string())?;
-        Ok(head)
+        let Some(held) = self.cache.holds()?.and_then(|v| v.parse::<OpId>().ok()) else {
+            self.cache.set_holds(&head.to_string())?;
+            return Ok(head);
+        };
+        if held == head || !self.env.is_dropped(&held)? {
+            return Ok(held);
+        }
+        // Retention dropped it (on another machine, while this tree was idle): its nearest
+        // kept ancestor stands in. What changed between the two is on disk and at the head
+        // alike, so the next capture finds nothing to record there (or keeps a change as
+        // refused where the head changed it further); a path others added since is in
+        // neither, so it is never taken for a deletion. A path recorded once (on disk as the
+        // stat cache has it) that neither the head nor the stand-in has was removed by others
+        // since: it goes now, since no capture could tell it from one made here.
+        let mut at = held;
+        while self.env.is_dropped(&at)? {
+            let Some(parent) = self.env.op(&at)?.parents.first().copied() else {
+                break;
+            };
+            at = parent;
+        }
+        self.remove_recorded_outside(&[head, at])?;
+        self.cache.move_holds(&held.to_string(), &at.to_string())?;
+        Ok(at)
+    }
+
+    /// Removes from the tree the paths on disk as last captured or written that none of
+    /// `versions` has (a directory only once nothing unrecorded is left in it).
+    fn remove_recorded_outside(&self, versions: &[OpId]) -> Result<()> {
+        let prefix = self.keys.prefix(b"")?;
+        let mut known = HashSet::new();
+        for v in versions {
+            for (k, _) in self.env.list(&self.actor, &prefix, v)? {
+                if let Some(rel) = self.keys.rel(&k) {
+                    known.insert(rel.to_vec());
+                }
+            }
+        }
+        let mut gone = Vec::new();
+        for (rel, entry) in self.cache.all()? {
+            if !known.contains(rel) && self.stat_now(rel) == Some(*entry) {
+                gone.push(KeyChange {
+                    key: self.keys.key(rel)?,
+                    before: None,
+                    after: None,
+                });
+            }
+        }
+        crate::restore::in_plan_order(&mut gone);
+        self.apply_theirs(&gone)?;
+        Ok(())
     }
 
     /// Whether the branch moved past the version the tree holds (another working copy, or the

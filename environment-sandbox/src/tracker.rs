@@ -487,6 +487,25 @@ impl Tracker {
             }
             Err(e) => return Err(SandboxError::io("read", &config.root)(e)),
         }
+        if !Tracker::begin_copy(&env, &config)? {
+            return Err(refuse(
+                "a tracker of this environment already knows this directory",
+            ));
+        }
+        let tracker = Tracker::open(env, config)?;
+        // The opening capture wrote the head in; a commit since then is written in too.
+        tracker.sync()?;
+        Ok(tracker)
+    }
+
+    /// Records that the tree at `config.root` holds the environment's first, empty version,
+    /// unless a tracker of it is known already (then `false`, and nothing changes): its files
+    /// are then captured, when it is opened, as changes made on that version, rebased onto
+    /// whatever the branch holds by then, and never taken for deletions of what the branch has
+    /// and the tree lacks. For the first working copy of a shared environment, whose log
+    /// another machine may have started at the same moment; [`Tracker::attach`] starts from
+    /// it too.
+    pub fn begin_copy(env: &LocalEnvironment, config: &TrackerConfig) -> Result<bool> {
         let root = config
             .root
             .canonicalize()
@@ -496,16 +515,10 @@ impl Tracker {
             &scope(&root, &config.branch),
         )?;
         if cache.holds()?.is_some() || !cache.is_empty()? {
-            return Err(refuse(
-                "a tracker of this environment already knows this directory",
-            ));
+            return Ok(false);
         }
         cache.set_holds(&env.first_version()?.to_string())?;
-        drop(cache);
-        let tracker = Tracker::open(env, config)?;
-        // The opening capture wrote the head in; a commit since then is written in too.
-        tracker.sync()?;
-        Ok(tracker)
+        Ok(true)
     }
 
     /// A restore that was interrupted (its target), if any.

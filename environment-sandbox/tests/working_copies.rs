@@ -252,3 +252,22 @@ fn writing_a_removal_keeps_a_directory_holding_what_was_never_recorded() {
         plan.not_restored
     );
 }
+
+#[test]
+fn a_copy_whose_version_retention_dropped_catches_up_from_a_kept_one() {
+    let t = two();
+    let idle = t.b.holds().unwrap();
+    write(t.a.root(), "src/one.rs", b"1\n");
+    capture(&t.a).unwrap();
+    write(t.a.root(), "src/two.rs", b"2\n");
+    std::fs::remove_file(t.a.root().join("README")).unwrap();
+    capture(&t.a).unwrap();
+    assert_eq!(t.env.drop_versions(&ActorId::system(), &[idle]).unwrap(), 1);
+    t.env.gc(&ActorId::system()).unwrap();
+    write(t.b.root(), "notes", b"b's\n");
+    t.b.sync().unwrap();
+    holds_head(&t.env, &t.b);
+    let head = view(&t.env, &t.env.head("main").unwrap());
+    assert!(head.contains_key("notes") && head.contains_key("src/two.rs"));
+    assert_eq!(refused_count(&t.env), 0);
+}

@@ -57,7 +57,8 @@ pub fn run(
             stores.open_effects()?;
         }
         if stores.shares_history() {
-            let env = Session::open_stores(ws.clone(), actor.clone())?.env;
+            let session = Session::open_stores(ws.clone(), actor.clone())?;
+            let env = &session.env;
             // Another machine's environment: this tree would be recorded over it.
             if env.branches()?.len() > 1 || env.head(MAIN)? != env.first_version()? {
                 return Err(Failure::new(
@@ -66,6 +67,10 @@ pub fn run(
                 )
                 .hint("attach a working copy of it with `envctl attach --stores FILE DIR`"));
             }
+            // An init on another machine at the same moment: this tree's files are rebased
+            // onto its, never recorded as deleting them.
+            let config = session.tracker_config(environment_core::witness(), false);
+            environment_sandbox::Tracker::begin_copy(env, &config)?;
         }
         let rootfs_at = match rootfs {
             Some(src) => Some(seed_rootfs(src, &ws.home.join(ROOTFS_DIR))?),
