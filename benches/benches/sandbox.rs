@@ -49,6 +49,42 @@ fn sync_disk() {
     let _ = Command::new("sync").status();
 }
 
+/// Fresh directories under `scratch` for each iteration of a group, all deleted when it ends:
+/// on ext4, writing into space that 100,000 files freed a moment ago waits on the journal,
+/// which would make whichever side deletes more look slower.
+struct FreshDirs<'a> {
+    scratch: &'a Path,
+    prefix: &'static str,
+    made: std::cell::Cell<u32>,
+}
+
+impl FreshDirs<'_> {
+    fn new<'a>(scratch: &'a Path, prefix: &'static str) -> FreshDirs<'a> {
+        FreshDirs {
+            scratch,
+            prefix,
+            made: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The next directory's path (not made), after a `sync` so the last one's writes are
+    /// not paid for by this one.
+    fn next(&self) -> PathBuf {
+        self.made.set(self.made.get() + 1);
+        sync_disk();
+        self.scratch
+            .join(format!("{}-{}", self.prefix, self.made.get()))
+    }
+}
+
+impl Drop for FreshDirs<'_> {
+    fn drop(&mut self) {
+        for i in 1..=self.made.get() {
+            let _ = std::fs::remove_dir_all(self.scratch.join(format!("{}-{i}", self.prefix)));
+        }
+    }
+}
+
 fn have(tool: &str) -> bool {
     Command::new("sh")
         .arg("-c")
@@ -328,13 +364,8 @@ fn bench_attach(c: &mut Criterion) {
     let mut g = c.benchmark_group(GROUP);
     g.sample_size(10);
     g.sampling_mode(criterion::SamplingMode::Flat);
-    // Fresh directories, deleted when the group ends (see `bench_first_capture`).
-    let fresh = std::cell::Cell::new(0u32);
-    let next = || {
-        fresh.set(fresh.get() + 1);
-        sync_disk();
-        f.scratch.join(format!("copy-{}", fresh.get()))
-    };
+    let fresh = FreshDirs::new(&f.scratch, "copy");
+    let next = || fresh.next();
     g.bench_function("environment", |b| {
         b.iter_batched(
             next,
@@ -359,9 +390,6 @@ fn bench_attach(c: &mut Criterion) {
         )
     });
     g.finish();
-    for i in 1..=fresh.get() {
-        let _ = std::fs::remove_dir_all(f.scratch.join(format!("copy-{i}")));
-    }
 }
 
 fn bench_first_capture(c: &mut Criterion) {
@@ -372,15 +400,8 @@ fn bench_first_capture(c: &mut Criterion) {
     let mut g = c.benchmark_group("first capture of the whole tree");
     g.sample_size(10);
     g.sampling_mode(criterion::SamplingMode::Flat);
-    // Every iteration of both sides writes into a fresh directory, and nothing is deleted until
-    // the group ends: on ext4, writing into space that 100,000 files freed a moment ago waits
-    // on the journal, which would make whichever side deletes more (the copy) look slower.
-    let fresh = std::cell::Cell::new(0u32);
-    let next = || {
-        fresh.set(fresh.get() + 1);
-        sync_disk();
-        f.scratch.join(format!("first-{}", fresh.get()))
-    };
+    let fresh = FreshDirs::new(&f.scratch, "first");
+    let next = || fresh.next();
     g.bench_function("environment", |b| {
         b.iter_batched(
             next,
@@ -406,9 +427,7 @@ fn bench_first_capture(c: &mut Criterion) {
         )
     });
     g.finish();
-    for i in 1..=fresh.get() {
-        let _ = std::fs::remove_dir_all(f.scratch.join(format!("first-{i}")));
-    }
+    drop(fresh);
     drop(f.tracker);
 }
 

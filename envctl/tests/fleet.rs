@@ -12,7 +12,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Ws, code, envctl_in};
+use common::{Ws, code, envctl_in, fresh_bucket, fresh_schema};
 use rand::Rng;
 
 const RULES: &str = r#"
@@ -80,29 +80,6 @@ principal = "agent:tester"
 actions = ["write", "delete"]
 resource = { path = "tests/**" }
 "#;
-
-/// The test server's connection string with a new, empty schema of its own.
-fn fresh_schema() -> Option<String> {
-    let url = environment_conformance::prerequisite::postgres()?;
-    let schema = format!("fleet_{}_{:08x}", std::process::id(), rand::random::<u32>());
-    let admin: postgres::Config = url.parse().unwrap();
-    let mut client = admin.connect(postgres::NoTls).unwrap();
-    client
-        .batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .unwrap();
-    Some(format!("{url} options='-c search_path={schema}'"))
-}
-
-/// A new prefix in the test bucket.
-fn fresh_bucket() -> Option<String> {
-    let url = environment_conformance::prerequisite::s3()?;
-    Some(format!(
-        "{}/fleet-{}-{:08x}",
-        url.trim_end_matches('/'),
-        std::process::id(),
-        rand::random::<u32>()
-    ))
-}
 
 /// A second machine: a working copy attached through `stores`, acting as `actor`.
 fn attached(stores: &Path, actor: &'static str) -> Ws {

@@ -10,24 +10,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 
-use common::{Ws, code, envctl_in};
-
-/// The test server's connection string with a new, empty schema of its own, or `None` (a
-/// failure under `CI=true`) when no server is configured.
-fn fresh_schema() -> Option<String> {
-    let url = environment_conformance::prerequisite::postgres()?;
-    let schema = format!(
-        "envctl_{}_{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    );
-    let admin: postgres::Config = url.parse().unwrap();
-    let mut client = admin.connect(postgres::NoTls).unwrap();
-    client
-        .batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .unwrap();
-    Some(format!("{url} options='-c search_path={schema}'"))
-}
+use common::{Ws, code, envctl_in, fresh_bucket, fresh_schema};
 
 #[test]
 fn two_workspaces_share_one_queue() {
@@ -265,17 +248,6 @@ fn a_shared_store_over_tls_checks_the_ca_its_string_names() {
         assert_eq!(dir.join(".environment").exists(), expected == 0, "{name}");
     }
     common::also_unprivileged("a_shared_store_over_tls_checks_the_ca_its_string_names");
-}
-
-/// A new prefix in the test bucket, or `None` (a failure under `CI=true`) without one.
-fn fresh_bucket() -> Option<String> {
-    let url = environment_conformance::prerequisite::s3()?;
-    Some(format!(
-        "{}/envctl-{}-{:08x}",
-        url.trim_end_matches('/'),
-        std::process::id(),
-        rand::random::<u32>()
-    ))
 }
 
 #[test]

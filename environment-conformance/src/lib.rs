@@ -10,6 +10,8 @@
 //! - [`log_refusals`]: bad input to the log gets a typed error and changes nothing.
 //! - [`merge_laws`]: the laws of the three-way merge.
 //! - [`log_crash`]: a process killed at random moments loses nothing it acknowledged.
+//! - [`retention`]: protected versions, dropped versions on every handle, and the collection
+//!   of what only dropped versions used.
 //! - [`effect_port`]: the effect log's port, and environments on one log racing to begin one
 //!   effect.
 //! - [`policy_port`]: the policy's storage port, and two policies on one store racing for a
@@ -27,3 +29,4 @@ pub mod policy_port;
 pub mod prerequisite;
 pub mod queue_model;
 pub mod queue_port;
+pub mod retention;

@@ -165,38 +165,6 @@ fn gc_racing_writers_never_loses_committed_content() {
         .unwrap();
 }
 
-#[test]
-fn gc_removes_the_nodes_only_dropped_versions_used_and_the_kept_versions_read_in_full() {
-    let home = tempfile::tempdir().unwrap();
-    let env = LocalEnvironment::open(home.path(), Options::default()).unwrap();
-    let actor = ActorId::new("agent:gc").unwrap();
-    // Act i rewrites directories i%4 and (i+1)%4. The next act replaces the second one, while
-    // the first one lives on in the next three versions: dropping act i's version leaves part
-    // of what it stored dead and part of it alive.
-    let mut state = std::collections::BTreeMap::new();
-    let mut versions = Vec::new();
-    for i in 0..40 {
-        let mut r = ActRequest::new(actor.clone(), Intent::edit("two directories"));
-        for (dir, name) in [(i % 4, "x"), ((i + 1) % 4, "y")] {
-            let key = Key::fs(format!("d{dir}/{name}")).unwrap();
-            let value = Value::file(format!("{i} {dir} {name}"));
-            state.insert(key.clone(), value.clone());
-            r = r.put(key, value);
-        }
-        versions.push((env.act_blocking(r).unwrap().version, state.clone()));
-    }
-    let (dropped, kept): (Vec<_>, Vec<_>) = versions
-        .into_iter()
-        .enumerate()
-        .partition(|(i, _)| (10..30).contains(i));
-    let dropped: Vec<_> = dropped.into_iter().map(|(_, (v, _))| v).collect();
-    assert_eq!(env.drop_versions(&actor, &dropped).unwrap(), 20);
-    collect_nodes(&env, &actor, 1);
-    drop(env);
-    let kept: Vec<_> = kept.into_iter().map(|(_, version)| version).collect();
-    read_back_cold(home.path(), &actor, &kept);
-}
-
 /// Runs garbage collection, which must remove at least `least` nodes, and checks that the
 /// stored nodes went down by exactly as many as it reports.
 fn collect_nodes(env: &LocalEnvironment, actor: &ActorId, least: u64) {
@@ -314,4 +282,11 @@ fn an_act_whose_nodes_fill_more_than_a_block_keeps_them_in_its_row() {
     collect_nodes(&env, &actor, 1);
     drop(env);
     read_back_cold(home.path(), &actor, &[(first, kept.clone()), (third, kept)]);
+}
+
+#[test]
+fn retention_protects_drops_and_collects() {
+    environment_conformance::retention::protected_dropped_and_collected(
+        &environment_conformance::log_port::Embedded,
+    );
 }

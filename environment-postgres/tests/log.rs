@@ -133,6 +133,13 @@ fn denied_actions_change_nothing() {
 }
 
 #[test]
+fn retention_protects_drops_and_collects() {
+    if server() {
+        environment_conformance::retention::protected_dropped_and_collected(&Postgres);
+    }
+}
+
+#[test]
 fn stale_writes_conflict_or_are_kept_as_refused() {
     if server() {
         log_refusals::stale_writes(&Postgres);

@@ -268,3 +268,31 @@ pub fn also_unprivileged(test: &str) {
         "the unprivileged run ran nothing: {text}"
     );
 }
+
+/// The test server's connection string with a new, empty schema of its own, or `None` (a
+/// failure under `CI=true`) when no server is configured.
+pub fn fresh_schema() -> Option<String> {
+    let url = environment_conformance::prerequisite::postgres()?;
+    let schema = format!(
+        "envctl_{}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let admin: postgres::Config = url.parse().unwrap();
+    let mut client = admin.connect(postgres::NoTls).unwrap();
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .unwrap();
+    Some(format!("{url} options='-c search_path={schema}'"))
+}
+
+/// A new prefix in the test bucket, or `None` (a failure under `CI=true`) without one.
+pub fn fresh_bucket() -> Option<String> {
+    let url = environment_conformance::prerequisite::s3()?;
+    Some(format!(
+        "{}/envctl-{}-{:08x}",
+        url.trim_end_matches('/'),
+        std::process::id(),
+        rand::random::<u32>()
+    ))
+}
