@@ -271,3 +271,15 @@ fn a_copy_whose_version_retention_dropped_catches_up_from_a_kept_one() {
     assert!(head.contains_key("notes") && head.contains_key("src/two.rs"));
     assert_eq!(refused_count(&t.env), 0);
 }
+
+#[test]
+fn the_same_bytes_written_in_two_copies_are_no_conflict() {
+    let t = two();
+    write(t.a.root(), "README", b"agreed\n");
+    capture(&t.a).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    write(t.b.root(), "README", b"agreed\n");
+    capture(&t.b);
+    assert_eq!(refused_count(&t.env), 0);
+    holds_head(&t.env, &t.b);
+}

@@ -475,7 +475,8 @@ fn moved_keys<'k>(
 }
 
 /// Takes out of `puts` the changes to `moved` keys (changed on the branch since the act's base,
-/// by `ops`): one that puts what the head holds already is dropped (nothing to record), any
+/// by `ops`): one that puts what the head holds already (its modification time aside) is
+/// dropped (nothing to record), any
 /// other is refused as a stale write, so the change made in a tree is kept, never laid over
 /// the newer one.
 fn refuse_stale(
@@ -503,7 +504,7 @@ fn refuse_stale(
     for (key, value) in std::mem::take(puts) {
         if !moved.contains(&key) {
             kept.push((key, value));
-        } else if tree::get(&Nodes(log), head, &key)? != value {
+        } else if !same_but_time(&tree::get(&Nodes(log), head, &key)?, &value) {
             let change = match value {
                 Some(v) => Change::Put(key, v),
                 None => Change::Delete(key),
@@ -513,6 +514,23 @@ fn refuse_stale(
     }
     *puts = kept;
     Ok(())
+}
+
+/// Whether two values of a key are the same but for their modification times (two trees that
+/// wrote the same bytes at different moments agree).
+fn same_but_time(a: &Option<Value>, b: &Option<Value>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            a.content == b.content
+                && a.meta.kind == b.meta.kind
+                && a.meta.mode == b.meta.mode
+                && a.meta.size == b.meta.size
+                && a.meta.symlink_target == b.meta.symlink_target
+                && a.meta.attributes == b.meta.attributes
+        }
+        (None, None) => true,
+        _ => false,
+    }
 }
 
 /// The paths of a rebased act that the head's tree would leave without a home, each with the
