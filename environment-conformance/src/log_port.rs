@@ -250,3 +250,54 @@ pub fn a_version_dropped_on_one_handle_is_dropped_on_every_other(backend: &dyn B
         env.verify(&ActorId::system()).unwrap();
     }
 }
+
+/// Two handles merge the same two branches into each other at the same moment, round after
+/// round: each merge succeeds (a store that locks heads never has the two wait on each other
+/// in a cycle), and both branches end holding every file of both.
+pub fn opposite_merges_at_once_both_succeed(backend: &dyn Backend) {
+    const ROUNDS: usize = 25;
+    let place = backend.fresh();
+    let (a, b) = (
+        place.open(Options::default()),
+        place.open(Options::default()),
+    );
+    let actor = ActorId::new("agent:merger").unwrap();
+    let main = a.head("main").unwrap();
+    for name in ["left", "right"] {
+        a.create_branch(&actor, name, &main).unwrap();
+    }
+    for i in 0..ROUNDS {
+        for (env, branch) in [(&a, "left"), (&b, "right")] {
+            env.act_blocking(
+                ActRequest::new(actor.clone(), Intent::edit("work"))
+                    .on(branch)
+                    .put(Key::fs(format!("{branch}/{i}")).unwrap(), Value::file("x")),
+            )
+            .unwrap();
+        }
+        let start = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            for (env, from, into) in [(&a, "left", "right"), (&b, "right", "left")] {
+                let (start, actor) = (&start, &actor);
+                s.spawn(move || {
+                    start.wait();
+                    let merged = env.merge(actor, from, into, Intent::edit("merge"));
+                    assert!(merged.is_ok(), "round {i}, {from} into {into}: {merged:?}");
+                });
+            }
+        });
+    }
+    for branch in ["left", "right"] {
+        let head = a.head(branch).unwrap();
+        for i in 0..ROUNDS {
+            for side in ["left", "right"] {
+                let key = Key::fs(format!("{side}/{i}")).unwrap();
+                assert!(
+                    a.read(&actor, &key, &head).unwrap().is_some(),
+                    "{branch}: {key:?}"
+                );
+            }
+        }
+    }
+    a.verify(&ActorId::system()).unwrap();
+}

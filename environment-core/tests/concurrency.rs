@@ -23,3 +23,8 @@ async fn two_handles_taking_turns_build_on_each_other() {
 fn a_version_dropped_on_one_handle_is_dropped_on_every_other() {
     log_port::a_version_dropped_on_one_handle_is_dropped_on_every_other(&Embedded);
 }
+
+#[test]
+fn opposite_merges_at_once_both_succeed() {
+    log_port::opposite_merges_at_once_both_succeed(&Embedded);
+}

@@ -133,6 +133,13 @@ fn denied_actions_change_nothing() {
 }
 
 #[test]
+fn opposite_merges_at_once_both_succeed() {
+    if server() {
+        log_port::opposite_merges_at_once_both_succeed(&Postgres);
+    }
+}
+
+#[test]
 fn retention_protects_drops_and_collects() {
     if server() {
         environment_conformance::retention::protected_dropped_and_collected(&Postgres);

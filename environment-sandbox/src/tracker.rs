@@ -67,6 +67,11 @@ pub struct TrackerConfig {
     /// capture (no monitor, or one without a baseline). Off for read-only work: the tracker
     /// then captures only what a monitor knows, and later barriers rescan.
     pub rescan_on_open: bool,
+    /// In the background, how often the tracker looks whether the branch moved past the
+    /// version its tree holds (another machine's working copy committed) and writes those
+    /// changes in, as [`Tracker::sync`] does; `None`: only when it captures. Never while a
+    /// recorded command holds automatic captures back.
+    pub follow_every: Option<Duration>,
 }
 
 impl TrackerConfig {
@@ -84,6 +89,7 @@ impl TrackerConfig {
             monitor: None,
             rescan_on_open: true,
             unreadable_after: Duration::from_secs(10),
+            follow_every: Some(Duration::from_secs(2)),
         }
     }
 }
@@ -1123,9 +1129,17 @@ fn capture_loop(shared: &Shared) {
     // tree is unwatched, it is also rescanned at this interval.
     const BLIND_RESCAN_EVERY: Duration = Duration::from_secs(10);
     let mut last_capture = Instant::now();
+    let mut last_follow = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         thread::sleep(tick);
-        let due = {
+        // Others' commits are written in by the capture below, which finds the branch moved.
+        let follow = cfg
+            .follow_every
+            .is_some_and(|every| last_follow.elapsed() >= every);
+        if follow {
+            last_follow = Instant::now();
+        }
+        let due = follow || {
             let feed = lock(&shared.watcher);
             let rescan = feed.needs_rescan()
                 || (feed.is_blind() && last_capture.elapsed() >= BLIND_RESCAN_EVERY);

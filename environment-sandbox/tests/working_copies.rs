@@ -283,3 +283,36 @@ fn the_same_bytes_written_in_two_copies_are_no_conflict() {
     assert_eq!(refused_count(&t.env), 0);
     holds_head(&t.env, &t.b);
 }
+
+#[test]
+fn a_copy_tracked_in_the_background_follows_the_others() {
+    let t = two();
+    let root = t.b.root().to_path_buf();
+    drop(t.b);
+    let mut cfg = config(&root, "agent:b");
+    cfg.auto = true;
+    cfg.follow_every = Some(std::time::Duration::from_millis(100));
+    let b = Tracker::open(t.env.clone(), cfg).unwrap();
+    write(t.a.root(), "src/from_a.rs", b"a\n");
+    capture(&t.a).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !root.join("src/from_a.rs").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the copy never followed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Written in by the follow, not recorded again: the copy holds the head.
+    let head = t.env.head("main").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while b.holds().unwrap() != head {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the copy never caught up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(t.env.head("main").unwrap(), head);
+    assert_eq!(disk(&root, &no_skip), view(&t.env, &head));
+}

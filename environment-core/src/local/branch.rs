@@ -381,8 +381,15 @@ impl Inner {
         by: ByActor<'_>,
         intent: Intent,
     ) -> Result<MergeOutcome> {
-        let ours_id = existing_head(tx, target)?;
-        let theirs_id = existing_head(tx, source)?;
+        // Both heads are taken in name order (a shared store locks each as it is read), so two
+        // merges of the same branches in opposite directions, on two machines, never wait on
+        // each other in a cycle.
+        let (ours_id, theirs_id) = if source < target {
+            let theirs = existing_head(tx, source)?;
+            (existing_head(tx, target)?, theirs)
+        } else {
+            (existing_head(tx, target)?, existing_head(tx, source)?)
+        };
         let base_id = self
             .common_ancestor_in(tx, &ours_id, &theirs_id)?
             .ok_or_else(|| {
