@@ -806,19 +806,92 @@ impl Capturer {
     /// among them (its stat moves with every entry made or removed in it); removing one that
     /// holds something never recorded keeps it (see [`Capturer::apply_theirs`]).
     pub(crate) fn untouched(&self, changes: &[KeyChange]) -> Result<Vec<KeyChange>> {
+        /// From this many changes on, the whole cache is loaded once rather than asked for
+        /// each path (a new working copy's first sync writes every path).
+        const LOAD_FROM: usize = 256;
         let dir_or_none =
             |v: &Option<Value>| v.as_ref().is_none_or(|v| v.meta.kind == EntryKind::Dir);
+        let all = if changes.len() >= LOAD_FROM {
+            Some(self.cache.all()?)
+        } else {
+            None
+        };
         let mut out = Vec::with_capacity(changes.len());
         for c in changes {
             let Some(rel) = self.keys.rel(&c.key) else {
                 continue;
             };
             let only_dirs = dir_or_none(&c.before) && dir_or_none(&c.after);
-            if only_dirs || self.stat_now(rel) == self.cache.lookup(rel)? {
+            let cached = match all {
+                Some(all) => all.get(rel).copied(),
+                None => self.cache.lookup(rel)?,
+            };
+            if only_dirs || self.stat_now(rel) == cached {
                 out.push(c.clone());
             }
         }
         Ok(out)
+    }
+
+    /// The changes of an interrupted sync that are still to do or were done before the
+    /// interruption: a path on disk as last captured or written, one holding exactly the value
+    /// the sync was writing there (its own write, whose stat the cache had not learnt yet), or
+    /// one new to the tree that no capture ever saw (being made by the sync). A path changed
+    /// here otherwise is left for the next capture.
+    pub(crate) fn resumable(&self, changes: &[KeyChange]) -> Result<Vec<KeyChange>> {
+        let untouched = self.untouched(changes)?;
+        let kept: HashSet<&Key> = untouched.iter().map(|c| &c.key).collect();
+        let mut out = untouched.clone();
+        for c in changes.iter().filter(|c| !kept.contains(&c.key)) {
+            let Some(rel) = self.keys.rel(&c.key) else {
+                continue;
+            };
+            // A path new to the tree that no capture ever saw was being made by the sync (a
+            // new file is written at its name directly): finished, whatever it holds now.
+            let made_by_sync = c.before.is_none() && self.cache.lookup(rel)?.is_none();
+            if made_by_sync || self.holds_value(rel, c.after.as_ref()) {
+                out.push(c.clone());
+            }
+        }
+        crate::restore::in_plan_order(&mut out);
+        Ok(out)
+    }
+
+    /// Whether the path holds exactly `value` (`None`: nothing): a file's bytes, a symlink's
+    /// target. Anything else is taken as not.
+    fn holds_value(&self, rel: &[u8], value: Option<&Value>) -> bool {
+        let path = rel_path(rel);
+        let Some(v) = value else {
+            return self.root.lstat(path).is_err();
+        };
+        match v.meta.kind {
+            EntryKind::Symlink => self
+                .root
+                .readlink(path)
+                .is_ok_and(|t| Some(t.as_slice()) == v.meta.symlink_target.as_deref()),
+            EntryKind::File => {
+                let Ok(fd) = self
+                    .root
+                    .open_beneath(path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+                else {
+                    return false;
+                };
+                let mut file = File::from(fd);
+                match &v.content {
+                    Content::Inline(bytes) => {
+                        let mut now = Vec::new();
+                        file.read_to_end(&mut now).is_ok() && &now == bytes
+                    }
+                    Content::Blob(hash) => {
+                        let mut hasher = blake3::Hasher::new();
+                        std::io::copy(&mut file, &mut hasher).is_ok()
+                            && hasher.finalize().as_bytes() == &hash.0
+                    }
+                    Content::Chunks(_) => false,
+                }
+            }
+            _ => false,
+        }
     }
 
     /// The stat of a path now, as the cache keeps it; `None` when nothing is there.

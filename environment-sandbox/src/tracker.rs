@@ -245,10 +245,11 @@ fn finish(capturer: &mut Capturer, record: &RestoreIntent) -> Result<()> {
             let Some(from) = parse(from) else {
                 return Ok(());
             };
-            // A sync: the tree holds the target once it is written. What changed on disk since
-            // (by its stat) is left for the next capture, from the version it was made on.
+            // A sync: the tree holds the target once it is written. What changed on disk since,
+            // other than by the sync itself, is left for the next capture, from the version it
+            // was made on.
             let (_, changes) = capturer.plan_between(from, &target)?;
-            let untouched = capturer.untouched(&changes)?;
+            let untouched = capturer.resumable(&changes)?;
             let applied = capturer.apply_theirs(&untouched)?;
             capturer.cache.update(applied.cache)?;
             if untouched.len() == changes.len() {

@@ -186,10 +186,14 @@ fn killed_while_writing_others_changes_into_a_copy() {
         let head = env.head("main").unwrap();
         assert_eq!(disk(&dir.path().join("copy"), &no_skip), view(&env, &head));
         assert_eq!(disk(&dir.path().join("work"), &no_skip), view(&env, &head));
+        let refused = env.refused(&ActorId::system(), "main", 5).unwrap();
+        let at_head: Vec<_> = refused
+            .iter()
+            .map(|r| env.read_unchecked(&r.key, &r.head).unwrap())
+            .collect();
         assert!(
-            env.refused(&ActorId::new("agent:copy").unwrap(), "main", 1)
-                .unwrap()
-                .is_empty()
+            refused.is_empty(),
+            "{refused:#?}\nthe head had: {at_head:#?}"
         );
         assert_eq!(
             env.verify(&ActorId::system()).unwrap().ops,

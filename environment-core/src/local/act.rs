@@ -516,9 +516,16 @@ fn refuse_stale(
     Ok(())
 }
 
-/// Whether two values of a key are the same but for their modification times (two trees that
-/// wrote the same bytes at different moments agree).
+/// Whether two values of a key are the same but for when and how they were laid on disk (two
+/// trees that wrote the same bytes at different moments agree): their modification times, and
+/// whether the filesystem had allocated every block yet (`sparse`, which delayed allocation
+/// reports for a file just written).
 fn same_but_time(a: &Option<Value>, b: &Option<Value>) -> bool {
+    let lasting = |v: &Value| {
+        let mut attributes = v.meta.attributes.clone();
+        attributes.remove("sparse");
+        attributes
+    };
     match (a, b) {
         (Some(a), Some(b)) => {
             a.content == b.content
@@ -526,7 +533,7 @@ fn same_but_time(a: &Option<Value>, b: &Option<Value>) -> bool {
                 && a.meta.mode == b.meta.mode
                 && a.meta.size == b.meta.size
                 && a.meta.symlink_target == b.meta.symlink_target
-                && a.meta.attributes == b.meta.attributes
+                && lasting(a) == lasting(b)
         }
         (None, None) => true,
         _ => false,
