@@ -248,11 +248,15 @@ impl Stores {
         Ok(Some(Arc::new(bucket)))
     }
 
-    /// Opens the shared effect log, if there is one; with a shared log and no effect log of
-    /// its own, the log's database keeps it.
+    /// Where the effect log is shared: its own database, else, with a shared log and no effect
+    /// log of its own, the log's.
+    pub fn effects_at(&self) -> Option<&Shared> {
+        self.effects.as_ref().or(self.log.as_ref())
+    }
+
+    /// Opens the shared effect log, if there is one (see [`Stores::effects_at`]).
     pub fn open_effects(&self) -> Outcome<Option<Arc<dyn EffectStore>>> {
-        let effects = self.effects.clone().or_else(|| self.log.clone());
-        opened(&effects, "effect log", |address| {
+        opened(&self.effects_at().cloned(), "effect log", |address| {
             let config = store_config("envctl-effects").reading(address.ca_file);
             let store = PgEffectStore::open(address.config, config)?;
             Ok(Arc::new(store) as Arc<dyn EffectStore>)

@@ -219,6 +219,23 @@ fn a_shared_store_named_badly_is_refused_and_nothing_is_made() {
         assert_eq!(code(&out), 2, "{flag}: {}", common::stderr(&out));
         assert!(!dir.join(".environment").exists());
     }
+    // A bucket's address with credentials in it: refused before anything is reached, never
+    // echoed, nothing made.
+    let dir = tmp.path().join("work");
+    let out = envctl_in(
+        &dir,
+        &[
+            "init",
+            "--shared-log",
+            "host=/tmp user=env dbname=env",
+            "--shared-blobs",
+            "s3://key:hunter2@bucket/prefix",
+        ],
+    );
+    let err = common::stderr(&out);
+    assert_eq!(code(&out), 2, "{err}");
+    assert!(!err.contains("hunter2"), "a secret is never echoed: {err}");
+    assert!(!dir.join(".environment").exists());
     common::also_unprivileged("a_shared_store_named_badly_is_refused_and_nothing_is_made");
 }
 

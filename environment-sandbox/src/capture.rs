@@ -428,13 +428,18 @@ impl Capturer {
     /// with and are based on. The head when none is recorded (a tree tracked before the
     /// version it holds was kept), which is then recorded.
     pub(crate) fn held(&self) -> Result<OpId> {
+        Ok(self.position()?.0)
+    }
+
+    /// The version the tree holds and the branch's head, read once each.
+    fn position(&self) -> Result<(OpId, OpId)> {
         let head = self.head()?;
         let Some(held) = self.cache.holds()?.and_then(|v| v.parse::<OpId>().ok()) else {
             self.cache.set_holds(&head.to_string())?;
-            return Ok(head);
+            return Ok((head, head));
         };
         if held == head || !self.env.is_dropped(&held)? {
-            return Ok(held);
+            return Ok((held, head));
         }
         // Retention dropped it (on another machine, while this tree was idle): its nearest
         // kept ancestor stands in. What changed between the two is on disk and at the head
@@ -452,7 +457,7 @@ impl Capturer {
         }
         self.remove_recorded_outside(&[head, at])?;
         self.cache.move_holds(&held.to_string(), &at.to_string())?;
-        Ok(at)
+        Ok((at, head))
     }
 
     /// Removes from the tree the paths on disk as last captured or written that none of
@@ -485,7 +490,8 @@ impl Capturer {
     /// Whether the branch moved past the version the tree holds (another working copy, or the
     /// environment's API, committed): a capture then writes those changes into the tree.
     pub(crate) fn behind(&self) -> Result<bool> {
-        Ok(self.held()? != self.head()?)
+        let (held, head) = self.position()?;
+        Ok(held != head)
     }
 
     /// Captures the given paths (relative to the root; anything under a path that is gone is
@@ -501,11 +507,10 @@ impl Capturer {
         flags: OpFlags,
         extra: Vec<Change>,
     ) -> Result<Captured> {
-        let held = self.held()?;
         // What others committed since the tree's version: those paths are looked at too, so a
         // change made here to one of them is found (and refused as stale) before the newer
         // value is written over it.
-        let now = self.head()?;
+        let (held, now) = self.position()?;
         let (theirs_plan, theirs) = if now == held {
             (None, Vec::new())
         } else {
@@ -536,7 +541,6 @@ impl Capturer {
             }
             &with_theirs
         };
-        let head = held;
         let bulk = dirty.len() > BULK;
         let guard = self
             .env
@@ -583,7 +587,7 @@ impl Capturer {
                     match stays {
                         Some(st) => {
                             let value = without_content(&st, &why);
-                            if self.env.read_unchecked(&key, &head)?.as_ref() != Some(&value) {
+                            if self.env.read_unchecked(&key, &held)?.as_ref() != Some(&value) {
                                 all_quiet = false;
                                 changes.insert(key, Some(value));
                             }
@@ -594,7 +598,7 @@ impl Capturer {
                 }
                 Seen::Gone => {
                     let prefix = self.keys.prefix(rel)?;
-                    for (k, _) in self.env.list(&self.actor, &prefix, &head)? {
+                    for (k, _) in self.env.list(&self.actor, &prefix, &held)? {
                         if let Some(r) = self.keys.rel(&k) {
                             if self.noise.classify(rel_path(r), false) != Class::Quiet {
                                 all_quiet = false;
@@ -606,10 +610,10 @@ impl Capturer {
                     cache.push((rel.clone(), None));
                 }
                 // As last recorded or written (a restore's own write, seen again through a
-                // monitor): unchanged, whatever the head says now.
+                // monitor): unchanged, whatever the tree's version says now.
                 Seen::Present(_, stat, ..) if self.cache.lookup(rel)? == Some(*stat) => {}
                 Seen::Present(value, stat, class, _) => {
-                    let before = self.env.read_unchecked(&key, &head)?;
+                    let before = self.env.read_unchecked(&key, &held)?;
                     if before.as_ref() != Some(value) {
                         if *class != Class::Quiet {
                             all_quiet = false;
@@ -663,7 +667,7 @@ impl Capturer {
             // path changed on both sides is kept as refused (put back below).
             let mut req = ActRequest::new(actor.unwrap_or(&self.actor).clone(), intent)
                 .on(self.branch.clone())
-                .base(head)
+                .base(held)
                 .flags(flags)
                 .recording_refusals();
             req.changes = changes;
@@ -681,18 +685,12 @@ impl Capturer {
             .count();
         let files = files.saturating_sub(put_back as u64);
         // The cache has an entry for every key this capture changed, unless it recorded paths
-        // without content or changes of its caller's: then it no longer covers the head.
-        let from = head.to_string();
+        // without content or changes of its caller's: then it no longer covers the tree's version.
+        let from = held.to_string();
         let to = match &observation {
             None => Some(from.clone()),
             Some(o) if o.noop => Some(from.clone()),
-            Some(o)
-                if marked.is_empty()
-                    && !had_extra
-                    && self.env.op(&o.version)?.parents == [head] =>
-            {
-                Some(o.version.to_string())
-            }
+            Some(o) if marked.is_empty() && !had_extra && !o.rebased => Some(o.version.to_string()),
             Some(_) => None,
         };
         if disallowed.is_empty() {
@@ -702,7 +700,7 @@ impl Capturer {
             // The disk holds what was refused until it is put back: the cache forgets those
             // paths (so each is written whole, never patched from an entry that no longer
             // describes it), learns them again from the writes that put them back, and no
-            // longer vouches for the head meanwhile.
+            // longer vouches for the tree's version meanwhile.
             let back: HashSet<&[u8]> = disallowed
                 .iter()
                 .filter_map(|r| self.keys.rel(&r.key))
@@ -718,37 +716,38 @@ impl Capturer {
         // The version the branch stood at when this capture committed (or at its start, when
         // it committed nothing): what it has beyond the tree's version, others' changes, is
         // written into the tree, which then holds the capture's version.
-        let (under, holds) = match &observation {
+        let (under, mut holds) = match &observation {
+            // Not rebased: committed right on the tree's version.
+            Some(o) if !o.noop && !o.rebased => (held, o.version),
             Some(o) if !o.noop => (
                 self.env
                     .op(&o.version)?
                     .parents
                     .first()
                     .copied()
-                    .unwrap_or(head),
+                    .unwrap_or(held),
                 o.version,
             ),
             Some(o) => (o.version, o.version),
             None => (now, now),
         };
-        let mut holds = holds;
-        let (synced, written) = if under == head {
+        let (synced, written) = if under == held {
             (None, Vec::new())
         } else {
             let put_back: HashSet<&Key> = disallowed.iter().map(|r| &r.key).collect();
             let (plan, changes) = match theirs_plan {
                 Some(plan) if under == now => (plan, theirs),
-                _ => self.plan_between(head, &under)?,
+                _ => self.plan_between(held, &under)?,
             };
             let changes: Vec<KeyChange> = changes
                 .into_iter()
                 .filter(|c| !put_back.contains(&c.key))
                 .collect();
-            let (applied, whole) = self.write_theirs(head, holds, &changes)?;
+            let (applied, whole) = self.write_theirs(held, holds, &changes)?;
             if !whole {
                 // A path changed here while the others' value was written is left for the
                 // next capture, which must still compare it with the version it was made on.
-                holds = head;
+                holds = held;
             }
             let plan = crate::restore::RestorePlan {
                 not_restored: applied.not_restored,
@@ -759,7 +758,7 @@ impl Capturer {
         // Moved on only from the version this capture started from: another tracker of the
         // same tree that moved it meanwhile is never taken back.
         self.cache
-            .move_holds(&head.to_string(), &holds.to_string())?;
+            .move_holds(&held.to_string(), &holds.to_string())?;
         Ok(Captured {
             observation: observation.filter(|o| !o.noop),
             files,
@@ -839,9 +838,8 @@ impl Capturer {
     /// one new to the tree that no capture ever saw (being made by the sync). A path changed
     /// here otherwise is left for the next capture.
     pub(crate) fn resumable(&self, changes: &[KeyChange]) -> Result<Vec<KeyChange>> {
-        let untouched = self.untouched(changes)?;
-        let kept: HashSet<&Key> = untouched.iter().map(|c| &c.key).collect();
-        let mut out = untouched.clone();
+        let mut out = self.untouched(changes)?;
+        let kept: HashSet<Key> = out.iter().map(|c| c.key.clone()).collect();
         for c in changes.iter().filter(|c| !kept.contains(&c.key)) {
             let Some(rel) = self.keys.rel(&c.key) else {
                 continue;
@@ -857,8 +855,8 @@ impl Capturer {
         Ok(out)
     }
 
-    /// Whether the path holds exactly `value` (`None`: nothing): a file's bytes, a symlink's
-    /// target. Anything else is taken as not.
+    /// Whether the path holds exactly `value` (`None`: nothing): a file's bytes (see
+    /// `same_content`), a symlink's target. Anything else is taken as not.
     fn holds_value(&self, rel: &[u8], value: Option<&Value>) -> bool {
         let path = rel_path(rel);
         let Some(v) = value else {
@@ -869,27 +867,12 @@ impl Capturer {
                 .root
                 .readlink(path)
                 .is_ok_and(|t| Some(t.as_slice()) == v.meta.symlink_target.as_deref()),
-            EntryKind::File => {
-                let Ok(fd) = self
-                    .root
-                    .open_beneath(path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
-                else {
-                    return false;
-                };
-                let mut file = File::from(fd);
-                match &v.content {
-                    Content::Inline(bytes) => {
-                        let mut now = Vec::new();
-                        file.read_to_end(&mut now).is_ok() && &now == bytes
-                    }
-                    Content::Blob(hash) => {
-                        let mut hasher = blake3::Hasher::new();
-                        std::io::copy(&mut file, &mut hasher).is_ok()
-                            && hasher.finalize().as_bytes() == &hash.0
-                    }
-                    Content::Chunks(_) => false,
-                }
-            }
+            EntryKind::File => self
+                .root
+                .open_beneath(path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+                .is_ok_and(|fd| {
+                    same_content(&mut File::from(fd), &v.content, self.env.blobs()).unwrap_or(false)
+                }),
             _ => false,
         }
     }

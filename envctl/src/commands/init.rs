@@ -97,7 +97,7 @@ pub fn run(
             "rootfs": rootfs_at.map(|p| p.display().to_string()),
             "shared_queue": stores.queue.is_some(),
             "shared_policy": stores.policy.is_some(),
-            "shared_effects": stores.effects.is_some() || stores.log.is_some(),
+            "shared_effects": stores.effects_at().is_some(),
             "shared_log": stores.log.is_some(),
             "shared_blobs": stores.blobs.is_some(),
         }));
@@ -114,10 +114,7 @@ pub fn run(
         for (part, name) in [
             (stores.queue.is_some(), "queue"),
             (stores.policy.is_some(), "policy"),
-            (
-                stores.effects.is_some() || stores.log.is_some(),
-                "effect log",
-            ),
+            (stores.effects_at().is_some(), "effect log"),
             (stores.log.is_some(), "history (operations and branches)"),
         ] {
             if part {

@@ -293,9 +293,9 @@ impl Inner {
     ) -> Result<(Observation, Spent)> {
         let Prepared {
             req,
-            puts,
+            mut puts,
             permit,
-            refused,
+            mut refused,
             _guard,
             shared,
         } = p;
@@ -313,7 +313,6 @@ impl Inner {
             effects,
             refusal,
         } = req;
-        let (mut puts, mut refused) = (puts, refused);
 
         let spent = |puts| Spent {
             _puts: puts,
@@ -475,10 +474,9 @@ fn moved_keys<'k>(
 }
 
 /// Takes out of `puts` the changes to `moved` keys (changed on the branch since the act's base,
-/// by `ops`): one that puts what the head holds already (its modification time aside) is
-/// dropped (nothing to record), any
-/// other is refused as a stale write, so the change made in a tree is kept, never laid over
-/// the newer one.
+/// by `ops`): one that puts what the head holds already (see `same_but_time`) is dropped
+/// (nothing to record), any other is refused as a stale write, so the change made in a tree is
+/// kept, never laid over the newer one.
 fn refuse_stale(
     log: &dyn LogRead,
     head: &Ptr,

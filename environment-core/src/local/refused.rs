@@ -205,10 +205,10 @@ pub fn put_back_note(refused: &[crate::json::Refused]) -> Option<(String, String
     };
     if refused.iter().all(|r| r.verdict == "stale") {
         let sentence = format!(
-            "{} change(s) were NOT recorded: {} ({}), so they were put back to the branch's \
-             version and kept as refused changes: {}{more}",
+            "{} change(s) were NOT recorded: another working copy or an action changed the same \
+             paths first ({}), so they were put back to the branch's version and kept as \
+             refused changes: {}{more}",
             refused.len(),
-            "another working copy or an action changed the same paths first",
             first.reason,
             named.join(", "),
         );
