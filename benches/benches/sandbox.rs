@@ -2,7 +2,10 @@
 //! capture after 1 and 1,000 changed files vs `git add -A && git commit`; restore of 1 and 1,000
 //! files vs `rsync -a --delete` (a full scan), and of a 200,000-entry directory; the first
 //! capture of the whole tree vs `cp -a`; a full rescan vs a parallel stat walk and `find -ls`;
-//! attaching a new working copy of the whole tree vs `git clone` from a local bare repository.
+//! attaching a new working copy of the whole tree vs `git clone` from a local bare repository,
+//! from the embedded store and from PostgreSQL and a bucket (`ENVIRONMENT_TEST_POSTGRES` and
+//! `ENVIRONMENT_TEST_S3`; without them that row is skipped with the reason, and fails under
+//! `CI=true`).
 //!
 //! A recorded `exec` of `true` (authorize, run, store its output, capture, commit one operation)
 //! vs spawning and waiting for `true` alone.
@@ -14,11 +17,14 @@
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use environment_benches::{bench_mode, gen_tree, mutate, small_files};
+use environment_bucket::{BucketOptions, SharedBucket};
 use environment_core::{ActorId, Intent, IntentKind, LocalEnvironment, OpFlags, OpId, Options};
+use environment_postgres::{PgEffectStore, PgLogStore, PgStoreConfig};
 use environment_sandbox::{ForkConfig, Forks, Tracker, TrackerConfig};
 
 /// Whether a run filtered by name (`cargo bench --bench sandbox -- fork`) measures `group`: a
@@ -340,9 +346,47 @@ fn bench_wide_directory(c: &mut Criterion) {
     g.finish();
 }
 
+/// An environment kept in PostgreSQL and a bucket (what `envctl init --shared-log
+/// --shared-blobs` makes): a schema and a bucket prefix of its own.
+struct SharedStores {
+    server: postgres::Config,
+    bucket: String,
+}
+
+impl SharedStores {
+    /// Both servers, when the variables name them.
+    fn new() -> Option<SharedStores> {
+        let server = environment_benches::postgres_schema("bench_attach")?;
+        let s3 = environment_conformance::prerequisite::s3()?;
+        let bucket = format!(
+            "{}/attach{:016x}",
+            s3.trim_end_matches('/'),
+            rand::random::<u64>()
+        );
+        Some(SharedStores { server, bucket })
+    }
+
+    /// One machine's environment on the shared stores, its home (and blob cache) in `home`.
+    fn open(&self, home: &Path) -> LocalEnvironment {
+        let config = PgStoreConfig::default();
+        let cache = BucketOptions::new(home.join("blobs"));
+        let options = Options {
+            log_store: Some(PgLogStore::opener_on(self.server.clone(), &config)),
+            effects: Some(Arc::new(
+                PgEffectStore::open(self.server.clone(), config).unwrap(),
+            )),
+            shared_blobs: Some(Arc::new(SharedBucket::open(&self.bucket, cache).unwrap())),
+            ..Options::default()
+        };
+        LocalEnvironment::open(home, options).unwrap()
+    }
+}
+
 /// A new working copy of the whole tree's version (what a second machine does to join): the
 /// tree written into an empty directory and tracked from there, against `git clone` of the
-/// same tree from a local bare repository (hard-linked objects, then a checkout).
+/// same tree from a local bare repository (hard-linked objects, then a checkout). From the
+/// embedded store, and from PostgreSQL and a bucket into a new home (each file's blob
+/// fetched from the bucket, 64 requests in flight).
 fn bench_attach(c: &mut Criterion) {
     const GROUP: &str = "attach a working copy of the whole tree";
     if !wanted(GROUP) {
@@ -377,6 +421,29 @@ fn bench_attach(c: &mut Criterion) {
             BatchSize::PerIteration,
         )
     });
+    if let Some(shared) = SharedStores::new() {
+        // The first machine: the tree captured into the shared stores, its blobs sent.
+        let first = shared.open(&f.scratch.join("first-machine"));
+        let mut cfg = TrackerConfig::new(&f.tree, ActorId::new("service:watcher").unwrap());
+        cfg.auto = false;
+        assert!(Tracker::begin_copy(&first, &cfg).unwrap());
+        drop(Tracker::open(first.clone(), cfg).unwrap());
+        let head = first.head("main").unwrap();
+        let homes = FreshDirs::new(&f.scratch, "machine");
+        g.bench_function("environment on PostgreSQL and a bucket", |b| {
+            b.iter_batched(
+                || (next(), homes.next()),
+                |(copy, home)| {
+                    let env = shared.open(&home);
+                    let mut cfg = TrackerConfig::new(&copy, ActorId::new("agent:second").unwrap());
+                    cfg.auto = false;
+                    let tracker = Tracker::attach(env, cfg).unwrap();
+                    assert_eq!(tracker.holds().unwrap(), head);
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
     g.bench_function("git clone", |b| {
         b.iter_batched(
             next,

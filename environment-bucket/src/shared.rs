@@ -2,20 +2,27 @@
 //! [`SharedBlobs`] port, given to an environment as `Options::shared_blobs`.
 
 use std::collections::HashSet;
+use std::ops::ControlFlow;
 use std::sync::{Arc, mpsc};
 
 use environment_core::error::ErrorKind;
 use environment_core::{BlobStore, Hash, PortError, ShareWindow, SharedBlobs};
 use futures_util::{StreamExt, TryStreamExt};
 
+use crate::blobs::IN_FLIGHT;
 use crate::error::BucketError;
 use crate::{Bucket, BucketOptions, WriteWindow};
 
-/// How many blobs are read from the cache and sent in one go: a large file's chunks are not
-/// all held in memory at once.
-const BATCH: usize = 64;
-/// How many blobs are asked about at once.
-const IN_FLIGHT: usize = 16;
+/// How many bytes of blobs are read from this machine's store and sent in one go: a large
+/// file's chunks are not all held in memory at once, and a tree of small files is sent in
+/// batches of thousands, each waiting for the bucket once per round of requests.
+const BATCH_BYTES: usize = 64 << 20;
+
+/// How many blobs are fetched at once for a reader of many (a new working copy). More than a
+/// writer sends: S3 serves more reads than writes a second on one prefix, and a new copy of a
+/// tree of small files is otherwise spent waiting; the caller bounds the bytes asked for in
+/// one go (see `BlobStore::obtain_all`).
+const FETCH_IN_FLIGHT: usize = 256;
 
 /// A bucket shared by the machines of one environment, with the runtime its calls run on.
 ///
@@ -126,6 +133,15 @@ fn wait<T: Send + 'static>(
     answer.recv().ok()
 }
 
+/// A blob downloaded, or `None` when the bucket lacks it.
+fn found(downloaded: Result<Vec<u8>, BucketError>) -> Result<Option<Vec<u8>>, BucketError> {
+    match downloaded {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(BucketError::Missing(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The bucket's write window, as the port checks it.
 struct Window(Arc<WriteWindow>);
 
@@ -147,16 +163,24 @@ impl SharedBlobs for SharedBucket {
     fn share(&self, local: &BlobStore, hashes: &[Hash]) -> Result<Box<dyn ShareWindow>, PortError> {
         // One window, opened before the first blob is sent, for every batch.
         let window = Arc::new(self.bucket.window());
-        for batch in hashes.chunks(BATCH) {
-            let blobs = batch
-                .iter()
-                .map(|h| local.get(h))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| BucketError::from(e).port())?;
-            let (bucket, window) = (self.bucket.clone(), window.clone());
+        let mut rest = hashes;
+        while !rest.is_empty() {
+            let mut blobs = Vec::new();
+            let mut bytes = 0;
+            while bytes < BATCH_BYTES && blobs.len() < rest.len() {
+                let blob = local
+                    .get(&rest[blobs.len()])
+                    .map_err(|e| BucketError::from(e).port())?;
+                bytes += blob.len();
+                blobs.push(blob);
+            }
+            let (batch, later) = rest.split_at(blobs.len());
+            rest = later;
+            let (bucket, window, batch) = (self.bucket.clone(), window.clone(), batch.to_vec());
+            // `local` is this machine's store, which keeps them already.
             self.run(async move {
                 let slices: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
-                bucket.put_many(&window, &slices).await.map(drop)
+                bucket.send_many(&window, &slices, &batch).await
             })?;
         }
         Ok(Box::new(Window(window)))
@@ -164,13 +188,49 @@ impl SharedBlobs for SharedBucket {
 
     fn fetch(&self, hash: &Hash) -> Result<Option<Vec<u8>>, PortError> {
         let (bucket, hash) = (self.bucket.clone(), *hash);
-        self.run(async move {
-            match bucket.get(&hash).await {
-                Ok(bytes) => Ok(Some(bytes)),
-                Err(BucketError::Missing(_)) => Ok(None),
-                Err(e) => Err(e),
+        // The environment's store keeps what it fetches: not cached here a second time.
+        self.run(async move { found(bucket.download(&hash).await) })
+    }
+
+    fn fetch_each(
+        &self,
+        hashes: &[Hash],
+        keep: &mut dyn FnMut(Hash, Option<Vec<u8>>) -> ControlFlow<()>,
+    ) -> Result<(), PortError> {
+        let runtime = self.runtime.as_ref().ok_or_else(closed)?;
+        // The blobs come back over a channel as they arrive; a permit per blob fetched and
+        // not yet kept bounds what is held in memory when keeping is slower than fetching.
+        let permits = Arc::new(tokio::sync::Semaphore::new(FETCH_IN_FLIGHT));
+        let (arrived, next) = mpsc::channel();
+        let (bucket, wanted, held) = (self.bucket.clone(), hashes.to_vec(), permits.clone());
+        runtime.spawn(async move {
+            let mut fetched = futures_util::stream::iter(wanted)
+                .map(|hash| {
+                    let (bucket, held) = (bucket.clone(), held.clone());
+                    async move {
+                        // Given back by the thread that keeps the blob.
+                        if let Ok(permit) = held.acquire().await {
+                            permit.forget();
+                        }
+                        (hash, found(bucket.download(&hash).await))
+                    }
+                })
+                .buffer_unordered(FETCH_IN_FLIGHT);
+            while let Some(blob) = fetched.next().await {
+                if arrived.send(blob).is_err() {
+                    // The caller stopped: the requests still in flight are dropped with it.
+                    return;
+                }
             }
-        })
+        });
+        for _ in 0..hashes.len() {
+            let (hash, blob) = next.recv().map_err(|_| closed())?;
+            permits.add_permits(1);
+            if keep(hash, blob.map_err(|e| e.port())?).is_break() {
+                break;
+            }
+        }
+        Ok(())
     }
 
     fn missing(&self, hashes: &[Hash]) -> Result<Vec<Hash>, PortError> {

@@ -35,7 +35,7 @@ struct Shared {
 /// A machine: its own home (whose blob store is its cache of the bucket) on the shared stores.
 struct Machine {
     env: LocalEnvironment,
-    _home: tempfile::TempDir,
+    home: tempfile::TempDir,
 }
 
 /// The schema and bucket prefix of a new environment.
@@ -111,7 +111,7 @@ impl Shared {
             grace,
             Options::default(),
         );
-        Machine { env, _home: home }
+        Machine { env, home }
     }
 
     /// Where the blob named `hash` is kept, seen past the environment.
@@ -183,6 +183,17 @@ fn varied(len: usize, seed: u64) -> Vec<u8> {
     bytes
 }
 
+/// A file's value with `bytes` stored in chunks.
+fn chunked(env: &LocalEnvironment, bytes: &[u8]) -> Value {
+    let mut file = tempfile::tempfile().unwrap();
+    file.write_all(bytes).unwrap();
+    let put = env.blobs().put_chunked(&file, true).unwrap();
+    let mut value = Value::file("");
+    value.content = Content::Chunks(put.manifest);
+    value.meta.size = put.size;
+    value
+}
+
 #[test]
 fn what_one_machine_stores_another_reads_and_verifies() {
     let Some(shared) = shared("read") else { return };
@@ -193,13 +204,7 @@ fn what_one_machine_stores_another_reads_and_verifies() {
     let large = varied(3 << 20, 3);
     put(&a.env, "small.txt", Value::file(small.clone()));
     put(&a.env, "data.bin", Value::file(blob.clone()));
-    let mut file = tempfile::tempfile().unwrap();
-    file.write_all(&large).unwrap();
-    let chunked = a.env.blobs().put_chunked(&file, true).unwrap();
-    let mut value = Value::file("");
-    value.content = Content::Chunks(chunked.manifest);
-    value.meta.size = chunked.size;
-    let last = put(&a.env, "large.bin", value);
+    let last = put(&a.env, "large.bin", chunked(&a.env, &large));
 
     // The other machine sees the same head, and has cached none of the content yet.
     assert_eq!(b.env.head("main").unwrap(), last);
@@ -248,6 +253,114 @@ fn content_damaged_in_the_bucket_is_an_error_never_wrong_content() {
     assert!(b.env.verify_deep(&ActorId::system()).is_err());
     // The machine that stored it still has its own copy.
     assert_eq!(a.env.content(&value).unwrap(), varied(10_000, 15));
+}
+
+/// The bytes of the packs in a blob store's directory: what it keeps on disk.
+fn packed_bytes(blobs: &std::path::Path) -> u64 {
+    std::fs::read_dir(blobs.join("packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pack"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+#[test]
+fn a_new_machine_obtains_many_contents_at_once_each_checked_and_kept_once() {
+    let Some(shared) = shared("obtain") else {
+        return;
+    };
+    let (a, b) = (shared.machine(GRACE), shared.machine(GRACE));
+    const FILES: u64 = 300;
+    let mut request = ActRequest::new(actor(), Intent::edit("many files"));
+    for i in 0..FILES {
+        request = request.put(
+            Key::fs(format!("src/f{i}.bin")).unwrap(),
+            Value::file(varied(3_000, 100 + i)),
+        );
+    }
+    a.env.act_blocking(request).unwrap();
+    put(&a.env, "large.bin", chunked(&a.env, &varied(3 << 20, 7)));
+
+    let values: Vec<Value> = (0..FILES)
+        .map(|i| read(&b.env, &format!("src/f{i}.bin")))
+        .chain([read(&b.env, "large.bin")])
+        .collect();
+    let dangling = Hash([9; 32]);
+    let mut never_shared = Value::file("");
+    never_shared.content = Content::Blob(dangling);
+    never_shared.meta.size = 3_000;
+    let absent = b
+        .env
+        .blobs()
+        .obtain_contents(values.iter().chain([&never_shared]))
+        .unwrap();
+    assert_eq!(
+        absent,
+        vec![dangling],
+        "only what no machine shared is absent"
+    );
+
+    // Every content is now read here: with the bucket's objects gone, it still is.
+    let (store, prefix) = common::raw(&shared.root);
+    let keys: Vec<Path> = block_on(async {
+        use futures_util::TryStreamExt;
+        store
+            .list(Some(&prefix))
+            .map_ok(|m| m.location)
+            .try_collect()
+            .await
+    })
+    .unwrap();
+    assert!(keys.len() as u64 > FILES);
+    for key in &keys {
+        block_on(store.delete(key)).unwrap();
+    }
+    for (i, v) in values.iter().take(FILES as usize).enumerate() {
+        assert_eq!(b.env.content(v).unwrap(), varied(3_000, 100 + i as u64));
+    }
+    assert_eq!(
+        b.env.content(&values[FILES as usize]).unwrap(),
+        varied(3 << 20, 7)
+    );
+    // Kept once on this machine: the bucket does not cache a second copy of what the
+    // environment's store keeps.
+    // The small files' blobs are packed (the large file's chunks are files of their own).
+    let content = FILES * 3_000;
+    let on_disk = packed_bytes(&b.home.path().join("blobs"));
+    assert!(
+        on_disk >= content && on_disk < content + content / 4,
+        "{on_disk} bytes packed for {content} bytes of content"
+    );
+}
+
+#[test]
+fn contents_obtained_together_are_checked_and_the_damaged_one_is_not_kept() {
+    let Some(shared) = shared("obtaindamaged") else {
+        return;
+    };
+    let (a, b) = (shared.machine(GRACE), shared.machine(GRACE));
+    let mut request = ActRequest::new(actor(), Intent::edit("files"));
+    for i in 0..40 {
+        request = request.put(
+            Key::fs(format!("f{i}.bin")).unwrap(),
+            Value::file(varied(3_000, 500 + i)),
+        );
+    }
+    a.env.act_blocking(request).unwrap();
+    let values: Vec<Value> = (0..40)
+        .map(|i| read(&b.env, &format!("f{i}.bin")))
+        .collect();
+    let damaged = values[17].blob().unwrap();
+    shared.overwrite(&damaged, b"replaced by someone");
+    let err = EnvError::from(b.env.blobs().obtain_contents(&values).unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert!(
+        !b.env.blobs().contains(&damaged),
+        "damaged bytes are not kept"
+    );
+    let err = b.env.content(&values[17]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
 }
 
 #[test]

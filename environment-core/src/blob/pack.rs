@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -356,15 +356,21 @@ impl Packs {
             index.packs[id as usize].idx_read = repaired.valid_len;
             return Ok(());
         }
-        f.read_to_end(&mut bytes).map_err(io_err(&idx_path))?;
         if from == 0 {
+            f.read_to_end(&mut bytes).map_err(io_err(&idx_path))?;
             let parsed = parse(&bytes);
             index.apply(id, &parsed.records);
             index.packs[id as usize].idx_read = parsed.valid_len;
-        } else if (bytes.len() as u64) > from {
+        } else {
+            // Only the records appended since the last look: a reader that looks again after
+            // every miss (a cache filling from a shared store) costs what is new, not the
+            // whole index each time.
+            f.seek(io::SeekFrom::Start(from))
+                .map_err(io_err(&idx_path))?;
+            f.read_to_end(&mut bytes).map_err(io_err(&idx_path))?;
             // Records are appended whole by their writer; a partial one at the end is still
             // being written and is read next time.
-            let tail = &bytes[from as usize..];
+            let tail = &bytes[..];
             let mut records = Vec::new();
             let mut pos = 0;
             while let Some(r) = tail.get(pos..pos + RECORD).and_then(Record::decode) {

@@ -4,6 +4,7 @@
 //! fetched when read, checked against its hash.
 
 use std::collections::HashSet;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use crate::error::{BlobError, PortError};
@@ -23,6 +24,24 @@ pub trait SharedBlobs: Send + Sync {
 
     /// The blob's bytes, checked against its hash, or `None` when no machine shared it.
     fn fetch(&self, hash: &Hash) -> Result<Option<Vec<u8>>, PortError>;
+
+    /// Fetches each of `hashes` and hands it to `keep` as it arrives, in any order: its bytes
+    /// (which the caller checks against the hash), or `None` when no machine shared it. A store
+    /// reached over a network has many requests in flight, so a new working copy waits for
+    /// the bucket's latency once per batch rather than once per file. Stops, with no error,
+    /// when `keep` breaks.
+    fn fetch_each(
+        &self,
+        hashes: &[Hash],
+        keep: &mut dyn FnMut(Hash, Option<Vec<u8>>) -> ControlFlow<()>,
+    ) -> Result<(), PortError> {
+        for hash in hashes {
+            if keep(*hash, self.fetch(hash)?).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
 
     /// Which of `hashes` the shared store lacks.
     fn missing(&self, hashes: &[Hash]) -> Result<Vec<Hash>, PortError>;
@@ -56,6 +75,10 @@ impl std::fmt::Debug for Shared {
 /// How many times blobs are shared again when sharing itself outlasted the window (it waited
 /// out another machine's collection): no collection runs then, so the next share is quick.
 const SHARE_ATTEMPTS: usize = 3;
+
+/// At most this many bytes (as their values record them) are asked of the shared store in one
+/// go: it fetches many blobs at once, and this bounds what is held in memory meanwhile.
+const FETCH_BYTES: u64 = 64 << 20;
 
 impl BlobStore {
     /// This store as the cache of `shared`, the store of every machine of the environment:
@@ -92,8 +115,14 @@ impl BlobStore {
             .fetch(hash)
             .map_err(BlobError::Shared)?
             .ok_or(BlobError::Missing(*hash))?;
-        // Whatever the adapter checked: content from elsewhere is never taken on trust.
-        let actual = Hash(*blake3::hash(&bytes).as_bytes());
+        self.keep_fetched(hash, &bytes)?;
+        Ok(bytes)
+    }
+
+    /// Keeps a blob fetched from the shared store once it hashes to its name: whatever the
+    /// adapter checked, content from elsewhere is never taken on trust.
+    fn keep_fetched(&self, hash: &Hash, bytes: &[u8]) -> Result<(), BlobError> {
+        let actual = Hash(*blake3::hash(bytes).as_bytes());
         if actual != *hash {
             return Err(BlobError::Corrupt {
                 expected: *hash,
@@ -101,8 +130,97 @@ impl BlobStore {
             });
         }
         // A cache, not a record: no fsync (a copy lost in a crash is fetched again).
-        self.put_unsynced(&bytes)?;
-        Ok(bytes)
+        self.put_unsynced(bytes)?;
+        Ok(())
+    }
+
+    /// Makes every blob of `wanted` held here: those missing are fetched from the shared
+    /// store together ([`SharedBlobs::fetch_each`]), checked and kept. Each blob comes with the
+    /// size its value records, which bounds the bytes asked for in one go. Returns those
+    /// missing here that no machine shared (all those missing, without a shared store). Call
+    /// it before reading many blobs a machine may lack (a restore into a new working copy), so
+    /// each read finds its blob here.
+    pub fn obtain_all(&self, wanted: &[(Hash, u64)]) -> Result<Vec<Hash>, BlobError> {
+        // One look at what other processes packed, rather than one per missing blob.
+        self.packs.refresh()?;
+        let mut seen = HashSet::new();
+        let lacking: Vec<(Hash, u64)> = wanted
+            .iter()
+            .filter(|(h, _)| {
+                seen.insert(*h) && !self.packs.known(h) && !self.loose_path(h).exists()
+            })
+            .copied()
+            .collect();
+        let Some(Shared(shared)) = &self.shared else {
+            return Ok(lacking.into_iter().map(|(h, _)| h).collect());
+        };
+        let mut absent = Vec::new();
+        let mut failed = None;
+        let mut keep = |hash: Hash, bytes: Option<Vec<u8>>| {
+            let kept = match bytes {
+                Some(bytes) => self.keep_fetched(&hash, &bytes),
+                None => {
+                    absent.push(hash);
+                    Ok(())
+                }
+            };
+            kept.map_or_else(
+                |e| {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                },
+                |()| ControlFlow::Continue(()),
+            )
+        };
+        let mut batch = Vec::new();
+        let mut bytes = 0u64;
+        for (i, (hash, size)) in lacking.iter().enumerate() {
+            batch.push(*hash);
+            bytes = bytes.saturating_add(*size);
+            let last = i + 1 == lacking.len();
+            if last || bytes.saturating_add(lacking[i + 1].1) > FETCH_BYTES {
+                shared
+                    .fetch_each(&batch, &mut keep)
+                    .map_err(BlobError::Shared)?;
+                batch.clear();
+                bytes = 0;
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(absent),
+        }
+    }
+
+    /// [`BlobStore::obtain_all`] of the blobs the values' contents are kept in: each blob, and
+    /// each chunked content's manifest and then its pieces.
+    pub fn obtain_contents<'v>(
+        &self,
+        values: impl IntoIterator<Item = &'v crate::value::Value>,
+    ) -> Result<Vec<Hash>, BlobError> {
+        use crate::value::Content;
+        let mut blobs = Vec::new();
+        let mut manifests = Vec::new();
+        for value in values {
+            match &value.content {
+                Content::Inline(_) => {}
+                Content::Blob(h) => blobs.push((*h, value.meta.size)),
+                Content::Chunks(m) => {
+                    // A manifest's size is not recorded: it is small next to its pieces.
+                    blobs.push((*m, super::PACKED_MAX as u64));
+                    manifests.push(*m);
+                }
+            }
+        }
+        let mut absent = self.obtain_all(&blobs)?;
+        let mut pieces = Vec::new();
+        for m in manifests {
+            if !absent.contains(&m) {
+                pieces.extend(self.manifest(&m)?.pieces.iter().map(|p| (p.hash, p.len)));
+            }
+        }
+        absent.extend(self.obtain_all(&pieces)?);
+        Ok(absent)
     }
 
     /// The blobs a value's content is kept in: its blob, or its manifest and every chunk.
