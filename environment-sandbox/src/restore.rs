@@ -210,7 +210,7 @@ impl Capturer {
     }
 
     fn apply_keeping(&self, changes: &[KeyChange], keep_unrecorded: bool) -> Result<Applied> {
-        self.obtain_contents(changes)?;
+        obtain_contents(&self.env, changes.iter().filter_map(|c| c.after.as_ref()))?;
         let mut cache = Vec::new();
         let mut run: Vec<FileWrite<'_>> = Vec::new();
         let mut links: Vec<FileWrite<'_>> = Vec::new();
@@ -300,21 +300,6 @@ impl Capturer {
             cache,
             not_restored,
         })
-    }
-
-    /// In a working copy of a shared environment, fetches the contents the changes write that
-    /// this machine lacks, many at a time, before any is written: each file's write then
-    /// reads its blobs here rather than waiting on a request of its own. A content no machine
-    /// shared is left for its file's write to report.
-    fn obtain_contents(&self, changes: &[KeyChange]) -> Result<()> {
-        let blobs = self.env.blobs();
-        if blobs.shared().is_none() {
-            return Ok(());
-        }
-        blobs
-            .obtain_contents(changes.iter().filter_map(|c| c.after.as_ref()))
-            .map_err(environment_core::EnvError::from)?;
-        Ok(())
     }
 
     /// Makes every existing directory that a change writes into (or removes from) writable to
@@ -924,6 +909,23 @@ impl TreeWriter<'_> {
             });
         Ok(fits && rustix::fs::linkat(&first_dir, first_name, dir, tmp, AtFlags::empty()).is_ok())
     }
+}
+
+/// In a working copy of a shared environment, fetches the contents of `values` that this
+/// machine lacks, many at a time, before any is written: each file's write then reads its
+/// blobs here rather than waiting on a request of its own. A content no machine shared is left
+/// for its file's write to report.
+pub(crate) fn obtain_contents<'v>(
+    env: &LocalEnvironment,
+    values: impl IntoIterator<Item = &'v Value>,
+) -> Result<()> {
+    let blobs = env.blobs();
+    if blobs.shared().is_some() {
+        blobs
+            .obtain_contents(values)
+            .map_err(environment_core::EnvError::from)?;
+    }
+    Ok(())
 }
 
 /// Writes a file's content (leaving holes where the content is zeros, so sparse files stay

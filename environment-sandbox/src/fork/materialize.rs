@@ -10,7 +10,7 @@ use rustix::fs::{Mode, OFlags};
 
 use crate::capture::KeyMap;
 use crate::error::{Result, SandboxError};
-use crate::restore::fill;
+use crate::restore::{fill, obtain_contents};
 
 /// Above this many files the writing is spread over threads.
 const PARALLEL: usize = 256;
@@ -59,6 +59,7 @@ pub(super) fn materialize(
             std::fs::create_dir_all(parent).map_err(SandboxError::io("mkdir", parent))?;
         }
     }
+    obtain_contents(env, files.iter().map(|(_, v)| v))?;
     write_all(env, &files)?;
     // Deepest first, so a directory's mode never stops the setting of its children's.
     dirs.sort_by(|a, b| b.0.cmp(&a.0));
