@@ -133,6 +133,15 @@ fn wait<T: Send + 'static>(
     answer.recv().ok()
 }
 
+/// Closes a semaphore when dropped: whoever waits on it gives up.
+struct CloseOnDrop<'s>(&'s tokio::sync::Semaphore);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
 /// A blob downloaded, or `None` when the bucket lacks it.
 fn found(downloaded: Result<Vec<u8>, BucketError>) -> Result<Option<Vec<u8>>, BucketError> {
     match downloaded {
@@ -208,23 +217,29 @@ impl SharedBlobs for SharedBucket {
                 .map(|hash| {
                     let (bucket, held) = (bucket.clone(), held.clone());
                     async move {
-                        // Given back by the thread that keeps the blob.
-                        if let Ok(permit) = held.acquire().await {
-                            permit.forget();
-                        }
-                        (hash, found(bucket.download(&hash).await))
+                        // Given back by the thread that keeps the blob; closed when it stopped,
+                        // and then nothing more is asked of the bucket.
+                        let Ok(permit) = held.acquire().await else {
+                            return None;
+                        };
+                        permit.forget();
+                        Some((hash, found(bucket.download(&hash).await)))
                     }
                 })
                 .buffer_unordered(FETCH_IN_FLIGHT);
-            while let Some(blob) = fetched.next().await {
+            while let Some(Some(blob)) = fetched.next().await {
                 if arrived.send(blob).is_err() {
                     // The caller stopped: the requests still in flight are dropped with it.
                     return;
                 }
             }
         });
+        // However this ends, the downloads not started yet are not started.
+        let _stop = CloseOnDrop(&permits);
         for _ in 0..hashes.len() {
             let (hash, blob) = next.recv().map_err(|_| closed())?;
+            // Given back before the blob is kept, so a download is always free to go on while
+            // this thread works (or stops).
             permits.add_permits(1);
             if keep(hash, blob.map_err(|e| e.port())?).is_break() {
                 break;

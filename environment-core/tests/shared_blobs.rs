@@ -132,13 +132,17 @@ fn a_damaged_blob_among_many_is_an_error_and_is_not_kept() {
     let blobs = remote_blobs(&remote, 6);
     let damaged = blobs[3].0;
     remote.hold(damaged, b"replaced by someone");
-    let wanted: Vec<(Hash, u64)> = blobs.iter().map(|(h, b)| (*h, b.len() as u64)).collect();
+    // 40 MiB each as recorded: a batch each.
+    let wanted: Vec<(Hash, u64)> = blobs.iter().map(|(h, _)| (*h, 40 << 20)).collect();
     let err = store.obtain_all(&wanted).unwrap_err();
     assert!(
         matches!(err, BlobError::Corrupt { expected, .. } if expected == damaged),
         "{err}"
     );
     assert!(!store.contains(&damaged));
+    // The first failure ends it: the batches after it are not asked for.
+    assert_eq!(remote.asked.lock().unwrap().len(), 4);
+    assert!(store.contains(&blobs[2].0) && !store.contains(&blobs[4].0));
     // Without a shared store, what is lacking is named and nothing else happens.
     let alone = tempfile::tempdir().unwrap();
     let alone = BlobStore::open(alone.path()).unwrap();
@@ -146,4 +150,38 @@ fn a_damaged_blob_among_many_is_an_error_and_is_not_kept() {
         alone.obtain_all(&wanted).unwrap(),
         wanted.iter().map(|(h, _)| *h).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn a_torn_cached_copy_is_fetched_again_and_mended() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = Arc::new(Remote::default());
+    let store = BlobStore::open(dir.path()).unwrap().sharing(remote.clone());
+    // Large enough to be a file of its own, not packed.
+    let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let hash = hash_of(&bytes);
+    remote.hold(hash, &bytes);
+    assert!(store.obtain_all(&[(hash, 100_000)]).unwrap().is_empty());
+    let cached = store.location(&hash).unwrap().path;
+    assert_eq!(std::fs::read(&cached).unwrap(), bytes);
+    // What a power loss can leave of a file written without an fsync.
+    std::fs::set_permissions(&cached, mode(0o644)).unwrap();
+    std::fs::write(&cached, &bytes[..4096]).unwrap();
+
+    // Alone, the store reports the damage.
+    let alone = BlobStore::open(dir.path()).unwrap();
+    assert!(matches!(alone.get(&hash), Err(BlobError::Corrupt { .. })));
+    // As a cache, it fetches the blob again and mends its copy.
+    assert_eq!(store.get(&hash).unwrap(), bytes);
+    assert_eq!(std::fs::read(&cached).unwrap(), bytes);
+    // With nothing to fetch it from, the damage is an error, never wrong content.
+    std::fs::set_permissions(&cached, mode(0o644)).unwrap();
+    std::fs::write(&cached, b"torn").unwrap();
+    remote.blobs.lock().unwrap().clear();
+    assert!(store.get(&hash).is_err());
+}
+
+fn mode(mode: u32) -> std::fs::Permissions {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::Permissions::from_mode(mode)
 }

@@ -399,6 +399,15 @@ impl BlobStore {
     pub fn get(&self, hash: &Hash) -> Result<Vec<u8>, BlobError> {
         match self.get_here(hash) {
             Err(BlobError::Missing(_)) if self.shared.is_some() => self.fetch(hash),
+            // A cached copy left torn (written without an fsync, then the power went) is
+            // dropped and fetched again: this store is then a cache, not the record.
+            Err(BlobError::Corrupt { .. })
+                if self.shared.is_some() && self.loose_path(hash).exists() =>
+            {
+                let path = self.loose_path(hash);
+                fs::remove_file(&path).map_err(io_err(&path))?;
+                self.fetch(hash)
+            }
             found => found,
         }
     }

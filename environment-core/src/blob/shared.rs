@@ -76,6 +76,32 @@ impl std::fmt::Debug for Shared {
 /// out another machine's collection): no collection runs then, so the next share is quick.
 const SHARE_ATTEMPTS: usize = 3;
 
+/// What `lacking` is asked for in: runs of at most [`FETCH_BYTES`] (a blob larger than that
+/// alone).
+fn batches(lacking: &[(Hash, u64)]) -> Vec<Vec<Hash>> {
+    let mut all = Vec::new();
+    let mut batch = Vec::new();
+    let mut bytes = 0u64;
+    for (hash, size) in lacking {
+        if !batch.is_empty() && bytes.saturating_add(*size) > FETCH_BYTES {
+            all.push(std::mem::take(&mut batch));
+            bytes = 0;
+        }
+        batch.push(*hash);
+        bytes = bytes.saturating_add(*size);
+    }
+    if !batch.is_empty() {
+        all.push(batch);
+    }
+    all
+}
+
+/// The most a chunked file of `size` bytes has as its manifest (which records no size of its
+/// own): a piece each `CHUNK_MIN` bytes, each well under 64 bytes encoded.
+fn manifest_size(size: u64) -> u64 {
+    (size / super::CHUNK_MIN as u64 + 1) * 64
+}
+
 /// At most this many bytes (as their values record them) are asked of the shared store in one
 /// go: it fetches many blobs at once, and this bounds what is held in memory meanwhile.
 const FETCH_BYTES: u64 = 64 << 20;
@@ -155,41 +181,32 @@ impl BlobStore {
             return Ok(lacking.into_iter().map(|(h, _)| h).collect());
         };
         let mut absent = Vec::new();
-        let mut failed = None;
-        let mut keep = |hash: Hash, bytes: Option<Vec<u8>>| {
-            let kept = match bytes {
-                Some(bytes) => self.keep_fetched(&hash, &bytes),
-                None => {
-                    absent.push(hash);
-                    Ok(())
-                }
-            };
-            kept.map_or_else(
-                |e| {
-                    failed = Some(e);
-                    ControlFlow::Break(())
-                },
-                |()| ControlFlow::Continue(()),
-            )
-        };
-        let mut batch = Vec::new();
-        let mut bytes = 0u64;
-        for (i, (hash, size)) in lacking.iter().enumerate() {
-            batch.push(*hash);
-            bytes = bytes.saturating_add(*size);
-            let last = i + 1 == lacking.len();
-            if last || bytes.saturating_add(lacking[i + 1].1) > FETCH_BYTES {
-                shared
-                    .fetch_each(&batch, &mut keep)
-                    .map_err(BlobError::Shared)?;
-                batch.clear();
-                bytes = 0;
+        for batch in batches(&lacking) {
+            let mut failed = None;
+            shared
+                .fetch_each(&batch, &mut |hash, bytes| {
+                    let kept = match bytes {
+                        Some(bytes) => self.keep_fetched(&hash, &bytes),
+                        None => {
+                            absent.push(hash);
+                            Ok(())
+                        }
+                    };
+                    kept.map_or_else(
+                        |e| {
+                            failed = Some(e);
+                            ControlFlow::Break(())
+                        },
+                        |()| ControlFlow::Continue(()),
+                    )
+                })
+                .map_err(BlobError::Shared)?;
+            // The first failure ends it: no further batch is asked for.
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(absent),
-        }
+        Ok(absent)
     }
 
     /// [`BlobStore::obtain_all`] of the blobs the values' contents are kept in: each blob, and
@@ -206,16 +223,16 @@ impl BlobStore {
                 Content::Inline(_) => {}
                 Content::Blob(h) => blobs.push((*h, value.meta.size)),
                 Content::Chunks(m) => {
-                    // A manifest's size is not recorded: it is small next to its pieces.
-                    blobs.push((*m, super::PACKED_MAX as u64));
+                    blobs.push((*m, manifest_size(value.meta.size)));
                     manifests.push(*m);
                 }
             }
         }
         let mut absent = self.obtain_all(&blobs)?;
+        let shared_by_none: HashSet<Hash> = absent.iter().copied().collect();
         let mut pieces = Vec::new();
         for m in manifests {
-            if !absent.contains(&m) {
+            if !shared_by_none.contains(&m) {
                 pieces.extend(self.manifest(&m)?.pieces.iter().map(|p| (p.hash, p.len)));
             }
         }
