@@ -75,6 +75,14 @@ impl ShareWindow for Open {
     }
 }
 
+/// A blob store in a new directory, as the cache of an empty shared store.
+fn cache() -> (tempfile::TempDir, Arc<Remote>, BlobStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = Arc::new(Remote::default());
+    let store = BlobStore::open(dir.path()).unwrap().sharing(remote.clone());
+    (dir, remote, store)
+}
+
 fn hash_of(bytes: &[u8]) -> Hash {
     Hash(*blake3::hash(bytes).as_bytes())
 }
@@ -93,9 +101,7 @@ fn remote_blobs(remote: &Remote, n: u8) -> Vec<(Hash, Vec<u8>)> {
 
 #[test]
 fn what_a_machine_lacks_is_obtained_in_batches_bounded_by_the_recorded_bytes() {
-    let dir = tempfile::tempdir().unwrap();
-    let remote = Arc::new(Remote::default());
-    let store = BlobStore::open(dir.path()).unwrap().sharing(remote.clone());
+    let (_dir, remote, store) = cache();
     let blobs = remote_blobs(&remote, 5);
     // One blob is held here already: it is not asked for.
     store.put(&blobs[4].1).unwrap();
@@ -126,9 +132,7 @@ fn what_a_machine_lacks_is_obtained_in_batches_bounded_by_the_recorded_bytes() {
 
 #[test]
 fn a_damaged_blob_among_many_is_an_error_and_is_not_kept() {
-    let dir = tempfile::tempdir().unwrap();
-    let remote = Arc::new(Remote::default());
-    let store = BlobStore::open(dir.path()).unwrap().sharing(remote.clone());
+    let (_dir, remote, store) = cache();
     let blobs = remote_blobs(&remote, 6);
     let damaged = blobs[3].0;
     remote.hold(damaged, b"replaced by someone");
@@ -154,9 +158,7 @@ fn a_damaged_blob_among_many_is_an_error_and_is_not_kept() {
 
 #[test]
 fn a_torn_cached_copy_is_fetched_again_and_mended() {
-    let dir = tempfile::tempdir().unwrap();
-    let remote = Arc::new(Remote::default());
-    let store = BlobStore::open(dir.path()).unwrap().sharing(remote.clone());
+    let (dir, remote, store) = cache();
     // Large enough to be a file of its own, not packed.
     let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let hash = hash_of(&bytes);

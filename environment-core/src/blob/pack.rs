@@ -370,10 +370,9 @@ impl Packs {
             f.read_to_end(&mut bytes).map_err(io_err(&idx_path))?;
             // Records are appended whole by their writer; a partial one at the end is still
             // being written and is read next time.
-            let tail = &bytes[..];
             let mut records = Vec::new();
             let mut pos = 0;
-            while let Some(r) = tail.get(pos..pos + RECORD).and_then(Record::decode) {
+            while let Some(r) = bytes.get(pos..pos + RECORD).and_then(Record::decode) {
                 records.push(r);
                 pos += RECORD;
             }

@@ -167,16 +167,19 @@ impl BlobStore {
     /// it before reading many blobs a machine may lack (a restore into a new working copy), so
     /// each read finds its blob here.
     pub fn obtain_all(&self, wanted: &[(Hash, u64)]) -> Result<Vec<Hash>, BlobError> {
-        // One look at what other processes packed, rather than one per missing blob.
-        self.packs.refresh()?;
         let mut seen = HashSet::new();
-        let lacking: Vec<(Hash, u64)> = wanted
+        let held = |h: &Hash| self.packs.known(h) || self.loose_path(h).exists();
+        let mut lacking: Vec<(Hash, u64)> = wanted
             .iter()
-            .filter(|(h, _)| {
-                seen.insert(*h) && !self.packs.known(h) && !self.loose_path(h).exists()
-            })
+            .filter(|(h, _)| seen.insert(*h) && !held(h))
             .copied()
             .collect();
+        if lacking.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One look at what other processes packed since, rather than one per missing blob.
+        self.packs.refresh()?;
+        lacking.retain(|(h, _)| !held(h));
         let Some(Shared(shared)) = &self.shared else {
             return Ok(lacking.into_iter().map(|(h, _)| h).collect());
         };
